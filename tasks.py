@@ -1,0 +1,127 @@
+"""Invoke tasks: thin wrappers over toolchain.pipeline. `invoke --list` shows them all.
+
+Chain them on one line: `invoke build push`. Defaults live in invoke.yaml; override with
+flags or INVOKE_* environment variables (e.g. INVOKE_REGISTRY_ADDRESS=host:5000).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from invoke import Collection, Exit, task
+
+from runtime.spec import SpecError
+from toolchain import pipeline, registry as registry_mod
+from toolchain.config import load_settings
+from toolchain.errors import ToolchainError
+from toolchain.progress import Reporter
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _run(c, fn, *args, quiet=False, as_json=False, **kwargs):
+    """Run one pipeline step; user errors become Exit(msg, code) with nothing half-done."""
+    try:
+        settings = load_settings(c.config, ROOT)
+        rep = Reporter(quiet=quiet or settings.quiet)
+        summary = fn(settings, *args, rep=rep, **kwargs)
+    except SpecError as e:
+        raise Exit(f"error: {e}\nnothing was built or written.", code=2)
+    except ToolchainError as e:
+        raise Exit(f"error: {e}", code=e.exit_code)
+    if as_json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+    return summary
+
+
+COMMON = {
+    "quiet": "Print only errors (for CI logs); the result summary still prints.",
+    "json": "Print a machine-readable JSON summary on stdout.",
+}
+
+
+@task(help={
+    "spec": "Cluster spec JSON to bake in (default: project.spec in invoke.yaml).",
+    "variant": "Comma-separated variants to build: cpu, gpu (default: all in image.variants).",
+    **COMMON,
+})
+def build(c, spec=None, variant=None, quiet=False, json=False):
+    """Build the layered images (base -> deps -> app -> spec) for each variant."""
+    out = _run(c, pipeline.build, spec, variant, quiet=quiet, as_json=json)
+    if not json:
+        for v, img in out["images"].items():
+            print(f"{v}: {img['local_ref']}  {img['image_id'][:19]}")
+
+
+@task(help={
+    "spec": "Cluster spec JSON the images were built with (its 'registry' overrides registry.address).",
+    "variant": "Comma-separated variants to push (default: all in image.variants).",
+    **COMMON,
+})
+def push(c, spec=None, variant=None, quiet=False, json=False):
+    """Push built images (starting the local registry if needed); record digests in build/images.json."""
+    out = _run(c, pipeline.push, spec, variant, quiet=quiet, as_json=json)
+    if not json:
+        for v, img in out["images"].items():
+            print(f"{v}: {img['repo_digest']}")
+        print(f"recorded in {out['images_json']}")
+
+
+# -- spec ------------------------------------------------------------------------
+@task(help={"file": "Path to the cluster spec JSON to validate.", "json": COMMON["json"]})
+def check(c, file, json=False):
+    """Validate a cluster spec and print what it resolved to (exit 2 if invalid)."""
+    try:
+        out = pipeline.check_spec(Path(file))
+    except SpecError as e:
+        raise Exit(f"error: {e}", code=2)
+    if json:
+        print(__import__("json").dumps(out, indent=2))
+    else:
+        for k, v in out.items():
+            print(f"{k:12} {v}")
+
+
+@task(help={"out": "Where to write the JSON Schema (default: cluster_specs/schema.json)."})
+def schema(c, out="cluster_specs/schema.json"):
+    """Write the cluster spec's JSON Schema (for editors and CI validation)."""
+    print(pipeline.write_schema(ROOT / out))
+
+
+# -- base and registry -------------------------------------------------------------
+@task(name="bootstrap", help=COMMON)
+def base_bootstrap(c, quiet=False, json=False):
+    """Make the base image offline with debootstrap + docker import (reused when present)."""
+    out = _run(c, pipeline.bootstrap_base, quiet=quiet, as_json=json)
+    if not json:
+        print(out["base"])
+
+
+@task(help={"quiet": COMMON["quiet"]})
+def start(c, quiet=False):
+    """Start the local docker-registry on registry.address (no-op if it answers)."""
+    st = _run(c, registry_mod.start_local, quiet=quiet)
+    print(f"registry {st.address} up" + (f" (pid {st.pid})" if st.pid else ""))
+
+
+@task
+def stop(c):
+    """Stop the local registry started by `registry.start` / `push`."""
+    settings = load_settings(c.config, ROOT)
+    print("stopped" if registry_mod.stop_local(settings) else "not running (nothing started by this project)")
+
+
+@task
+def status(c):
+    """Say whether the configured registry answers."""
+    settings = load_settings(c.config, ROOT)
+    st = registry_mod.status(settings)
+    print(f"registry {st.address}: {'up' if st.reachable else 'down'}")
+    if not st.reachable:
+        raise Exit(code=1)
+
+
+spec_ns = Collection("spec", check, schema)
+base_ns = Collection("base", base_bootstrap)
+registry_ns = Collection("registry", start, stop, status)
+ns = Collection(build, push, spec_ns, base_ns, registry_ns)

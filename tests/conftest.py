@@ -1,0 +1,82 @@
+"""Fixtures against the real Docker engine and a real docker-registry. Nothing here is mocked."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import docker
+import pytest
+import yaml
+
+from toolchain import pipeline
+from toolchain.config import ImageSettings, ProjectSettings, RegistrySettings, Settings
+from toolchain.progress import Reporter
+from toolchain.registry import start_local, stop_local
+
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+ROOT = Path(__file__).resolve().parent.parent
+SPEC = ROOT / "cluster_specs" / "local.json"
+REGISTRY_PORT = int(os.environ.get("TEST_REGISTRY_PORT", "5055"))
+
+
+def make_settings(workdir: Path, app_dir: Path, registry_address: str | None = None, **registry_kw) -> Settings:
+    """Project settings for a test: its own build dir and app copy, the shared wheelhouse cache."""
+    defaults = yaml.safe_load((ROOT / "invoke.yaml").read_text())
+    build_dir = workdir / "build"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    shared = ROOT / "build" / "wheelhouse"
+    shared.mkdir(parents=True, exist_ok=True)
+    if not (build_dir / "wheelhouse").exists():
+        (build_dir / "wheelhouse").symlink_to(shared)
+    reg = {"address": registry_address or f"127.0.0.1:{REGISTRY_PORT}", "data_dir": str(workdir.parent / "registry-data"),
+           "retry_backoff_s": 0.2, **registry_kw}
+    return Settings(
+        root=ROOT,
+        project=ProjectSettings(spec=str(SPEC), app_dir=str(app_dir), build_dir=str(build_dir),
+                                requirements=[str(ROOT / r) for r in defaults["project"]["requirements"]]),
+        image=ImageSettings(**defaults["image"]),
+        registry=RegistrySettings(**reg),
+    )
+
+
+@pytest.fixture(scope="session")
+def client():
+    c = docker.from_env(timeout=900)
+    c.ping()
+    return c
+
+
+@pytest.fixture(scope="session")
+def session_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("project")
+
+
+@pytest.fixture(scope="session")
+def app_dir(session_dir):
+    dst = session_dir / "app"
+    shutil.copytree(ROOT / "examples" / "train", dst)
+    return dst
+
+
+@pytest.fixture(scope="session")
+def settings(session_dir, app_dir):
+    return make_settings(session_dir / "main", app_dir)
+
+
+@pytest.fixture(scope="session")
+def built(client, settings):
+    """cpu and gpu images built once per session from whatever the engine already has."""
+    return pipeline.build(settings, str(SPEC), "cpu,gpu", Reporter())["images"]
+
+
+@pytest.fixture(scope="session")
+def registry(settings):
+    st = start_local(settings, Reporter())
+    yield st
+    if st.started_here:
+        stop_local(settings)
+
+
+def run_in(client, image: str, cmd: list[str], **kw) -> str:
+    return client.containers.run(image, cmd, remove=True, **kw).decode()

@@ -1,0 +1,56 @@
+"""Built images: imports work, spec baked at CLUSTER_SPEC_PATH, non-root, labelled, layers shared."""
+import json
+
+from conftest import SPEC, run_in
+from runtime.spec import spec_hash
+from toolchain.images import SPEC_PATH_IN_IMAGE
+
+
+def test_cpu_image_selfcheck(client, built):
+    img = built["cpu"]
+    out = json.loads(run_in(client, img["local_ref"], ["python", "-m", "runtime", "selfcheck"]).strip().splitlines()[-1])
+    assert out["cluster_spec_path"] == SPEC_PATH_IN_IMAGE
+    assert out["user"] != "root" and out["uid"] != 0
+    assert out["ray"] and out["torch"]
+    assert out["cluster_name"] == "local-docker"
+
+
+def test_spec_file_in_image_equals_input(client, built):
+    got = run_in(client, built["cpu"]["local_ref"], ["sh", "-c", 'cat "$CLUSTER_SPEC_PATH"'])
+    assert got.encode() == SPEC.read_bytes()
+
+
+def test_labels(client, built):
+    for variant, img in built.items():
+        labels = client.images.get(img["local_ref"]).labels
+        assert labels["io.raytrain.variant"] == variant
+        assert labels["io.raytrain.spec-sha256"] == spec_hash(SPEC)
+        assert labels["org.opencontainers.image.revision"]
+        assert labels["io.raytrain.toolchain-version"]
+
+
+def test_gpu_torch_is_cuda_build_and_base_shared(client, built):
+    out = run_in(client, built["gpu"]["local_ref"], ["python", "-m", "runtime", "selfcheck", "--require-cuda"])
+    assert json.loads(out.strip().splitlines()[-1])["torch_cuda"]
+    base = client.images.get(built["cpu"]["base_ref"]).attrs["RootFS"]["Layers"]
+    for variant in ("cpu", "gpu"):
+        layers = client.images.get(built[variant]["local_ref"]).attrs["RootFS"]["Layers"]
+        assert layers[: len(base)] == base
+
+
+def test_no_credentials_in_image_or_history(client, built):
+    img = client.images.get(built["cpu"]["local_ref"])
+    history = json.dumps(img.history()) + json.dumps(img.attrs["Config"])
+    for word in ("RAY_AUTH_TOKEN=", "PASSWORD", "SECRET", "AWS_"):
+        assert word not in history
+    found = run_in(client, built["cpu"]["local_ref"],
+                   ["sh", "-c", "ls -a /root /home/*/ 2>/dev/null; ls /root/.docker /home/*/.docker 2>/dev/null || true"])
+    assert ".netrc" not in found and "config.json" not in found
+
+
+def test_equal_inputs_give_equal_tags(settings, built):
+    from toolchain import pipeline
+    from toolchain.progress import Reporter
+    again = pipeline.build(settings, str(SPEC), "cpu", Reporter(quiet=True))["images"]["cpu"]
+    assert again["local_ref"] == built["cpu"]["local_ref"]
+    assert again["rebuilt"] == []

@@ -1,0 +1,64 @@
+"""The build cache works as users expect: a code change rebuilds app+spec, a spec change only spec,
+and a re-push uploads only the changed layers."""
+import json
+import shutil
+
+import pytest
+
+from conftest import SPEC, make_settings, run_in
+from toolchain import pipeline
+from toolchain.progress import Reporter
+
+
+def layers(client, ref):
+    return client.images.get(ref).attrs["RootFS"]["Layers"]
+
+
+@pytest.fixture
+def edited_project(tmp_path, app_dir, settings):
+    app = tmp_path / "app"
+    shutil.copytree(app_dir, app)
+    s = make_settings(tmp_path / "work", app, registry_address=settings.registry.address)
+    s.registry.data_dir = settings.registry.data_dir
+    return s, app
+
+
+def test_one_line_code_change_rebuilds_and_pushes_only_top_layers(client, built, registry, settings, edited_project):
+    s, app = edited_project
+    first = pipeline.build(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
+    assert first["local_ref"] == built["cpu"]["local_ref"] and first["rebuilt"] == []
+    push1 = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]["push"]
+
+    train = app / "train.py"
+    train.write_text(train.read_text().replace("lr=0.05", "lr=0.04"))
+    second = pipeline.build(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
+    assert second["rebuilt"] == ["app", "spec"]
+    assert second["deps_ref"] == first["deps_ref"] and second["local_ref"] != first["local_ref"]
+
+    old, new = layers(client, first["local_ref"]), layers(client, second["local_ref"])
+    deps_layers = layers(client, first["deps_ref"])
+    assert new[: len(deps_layers)] == old[: len(deps_layers)] == deps_layers
+    changed = [i for i, (a, b) in enumerate(zip(old, new)) if a != b]
+    assert changed and min(changed) >= len(deps_layers)
+
+    push2 = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]["push"]
+    assert push2["layers_pushed"] <= len(new) - len(deps_layers)
+    assert push2["layers_existing"] >= len(deps_layers)
+    assert push2["bytes_uploaded"] < 1_000_000 < push1["bytes_uploaded"] + 1_000_000
+    print(f"\nfirst push: {push1['bytes_uploaded']} B, after one-line change: {push2['bytes_uploaded']} B")
+    got = run_in(client, second["local_ref"], ["grep", "-c", "lr=0.04", "/opt/app/project/train.py"])
+    assert got.strip() == "1"
+
+
+def test_spec_change_rebuilds_only_spec_layer(client, built, edited_project, tmp_path):
+    s, _ = edited_project
+    spec2 = tmp_path / "spec2.json"
+    data = json.loads(SPEC.read_text())
+    data["cluster_name"] = "renamed-cluster"
+    spec2.write_text(json.dumps(data))
+    out = pipeline.build(s, str(spec2), "cpu", Reporter())["images"]["cpu"]
+    assert out["rebuilt"] == ["spec"]
+    assert out["app_ref"] == built["cpu"]["app_ref"]
+    old, new = layers(client, built["cpu"]["local_ref"]), layers(client, out["local_ref"])
+    assert old[:-1] == new[:-1] and old[-1] != new[-1]
+    assert run_in(client, out["local_ref"], ["sh", "-c", 'cat "$CLUSTER_SPEC_PATH"']).encode() == spec2.read_bytes()

@@ -1,0 +1,99 @@
+"""Cluster spec model: the seed format loads unchanged; bad specs name field, value and fix."""
+import json
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from runtime.spec import SpecError, json_schema, load_spec, parse_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "cluster_specs").glob("*.json"))
+EXAMPLES = [p for p in EXAMPLES if p.name != "schema.json"]
+
+# The seed document's format, field for field (ReaL's cluster_config.json).
+SEED = {
+    "cluster_type": "slurm",
+    "cluster_name": "my_cluster",
+    "fileroot": "/storage/ray",
+    "default_mount": "/storage:/storage",
+    "node_type_from_node_name": {"slurmd-\\d+$": "g8"},
+    "gpu_type_from_node_name": {"slurmd-\\d+$": "tesla"},
+    "cpu_image": "real-cpu:22.04-0.1.0",
+    "gpu_image": "real-gpu:23.10-py3-0.1.0",
+    "node_name_prefix": "slurmd-",
+}
+
+
+def test_seed_format_loads_verbatim():
+    spec = parse_spec(SEED)
+    assert spec.node_type("slurmd-12") == "g8"
+    assert spec.gpu_type("slurmd-3") == "tesla"
+    assert spec.node_type("login-1") is None
+    assert [m.as_string() for m in spec.mounts] == ["/storage:/storage"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_examples_load_and_match_schema(path):
+    load_spec(path)
+    jsonschema.validate(json.loads(path.read_text()), json_schema())
+
+
+def test_at_least_three_example_targets():
+    types = {json.loads(p.read_text())["cluster_type"] for p in EXAMPLES}
+    pyxis = [p for p in EXAMPLES if json.loads(p.read_text()).get("slurm", {}).get("pyxis")]
+    assert {"slurm", "kubernetes"} <= types and pyxis
+
+
+def test_committed_schema_is_current():
+    committed = json.loads((ROOT / "cluster_specs" / "schema.json").read_text())
+    assert committed == json_schema(), "run `invoke spec.schema` and commit cluster_specs/schema.json"
+
+
+def problems(data):
+    with pytest.raises(SpecError) as e:
+        parse_spec(data, "t.json")
+    return e.value.problems
+
+
+@pytest.mark.parametrize("change,field,words", [
+    ({"cluster_name": 7}, "cluster_name", ["valid string", "got 7"]),
+    ({"cluster_type": "pbs"}, "cluster_type", ["'slurm'", "got \"pbs\""]),
+    ({"fileroot": "data/exp"}, "fileroot", ["absolute", "data/exp"]),
+    ({"default_mount": "/a"}, "default_mount", ["/src:/dst", "'/a'"]),
+    ({"node_type_from_node_name": {"slurmd-(\\d+": "g8"}}, "node_type_from_node_name", ["regular expression", "slurmd-(\\\\d+"]),
+    ({"gpu_type_from_node_name": {"[a-": "x"}}, "gpu_type_from_node_name", ["regular expression"]),
+    ({"slurm": {"pyxis": "maybe"}}, "slurm.pyxis", ["boolean", "true or false"]),
+    ({"kubernetes": {"namespace": "Bad_NS"}}, "kubernetes.namespace", ["Bad_NS", "DNS label"]),
+])
+def test_bad_values_name_field_value_and_fix(change, field, words):
+    out = problems({**SEED, **change})
+    line = next(l for l in out if l.startswith(field + ":"))
+    for w in words:
+        assert w in line, (w, line)
+
+
+def test_unknown_keys_get_did_you_mean():
+    out = problems({**SEED, "fileroots": "/x", "slurm": {"partiton": "gpu"}})
+    assert "fileroots: unknown key; did you mean 'fileroot'?" in out
+    assert "slurm.partiton: unknown key; did you mean 'partition'?" in out
+
+
+def test_missing_required_fields_all_listed():
+    out = problems({"cluster_type": "slurm"})
+    for f in ("cluster_name", "fileroot", "cpu_image", "gpu_image"):
+        assert f"{f}: Field required; add this field" in out
+
+
+def test_kubernetes_needs_its_section():
+    out = problems({**SEED, "cluster_type": "kubernetes"})
+    assert any("needs a 'kubernetes' section" in l for l in out)
+
+
+def test_not_json_and_missing_file(tmp_path):
+    bad = tmp_path / "s.json"
+    bad.write_text("{ nope")
+    with pytest.raises(SpecError, match="not valid JSON at line 1"):
+        load_spec(bad)
+    with pytest.raises(SpecError, match="cannot read the file"):
+        load_spec(tmp_path / "absent.json")

@@ -1,0 +1,38 @@
+"""A small exception tree; every message carries the inputs that caused it and what to do."""
+
+
+class ToolchainError(Exception):
+    """Base class: anything the CLI reports as a user-facing error (exit code 1)."""
+
+    exit_code = 1
+
+
+class ConfigError(ToolchainError):
+    """Bad configuration or spec: nothing was changed (exit code 2)."""
+
+    exit_code = 2
+
+
+class BootstrapError(ToolchainError):
+    """The offline base image could not be made."""
+
+
+class WheelhouseError(ToolchainError):
+    """pip could not download the locked requirement set on the host."""
+
+
+class BuildError(ToolchainError):
+    """A docker build step failed; carries the stage, the image and the log tail."""
+
+    def __init__(self, stage: str, tag: str, message: str, log_tail: list[str]):
+        self.stage, self.tag, self.log_tail = stage, tag, log_tail
+        tail = "\n".join(f"    {line}" for line in log_tail[-15:])
+        super().__init__(f"building the {stage} layer ({tag}) failed: {message}\n  last build output:\n{tail}")
+
+
+class RegistryError(ToolchainError):
+    """The registry could not be started, reached, or refused the push."""
+
+
+class TransientRegistryError(RegistryError):
+    """A failure worth retrying (5xx, connection reset)."""

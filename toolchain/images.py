@@ -1,0 +1,219 @@
+"""Layered image builds: base -> deps -> app -> spec, each stage tagged by a content key.
+
+A stage is built only when its tag is missing, so a one-line code change rebuilds the app and
+spec stages, a spec change rebuilds the spec stage only, and a requirements change rebuilds
+deps and everything above. Equal inputs give equal tags.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import docker
+
+from runtime.spec import ClusterSpec, load_spec, spec_hash
+from toolchain import __version__
+from toolchain.bootstrap import BaseImage, ensure_base
+from toolchain.config import Settings
+from toolchain.docker_client import image_exists
+from toolchain.errors import BuildError, ConfigError
+from toolchain.hashing import iter_tree, key_of, tree_hash
+from toolchain.progress import Reporter
+from toolchain.templates import render, template_hash
+from toolchain.wheelhouse import LOCK, ensure_wheelhouse
+
+SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
+RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
+LABEL_PREFIX = "io.raytrain"
+_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./-]+$")
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    variant: str
+    local_ref: str
+    human_ref: str
+    image_id: str
+    spec_sha256: str
+    base_ref: str
+    deps_ref: str
+    app_ref: str
+    torch_source: str
+    rebuilt: list
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def split_image(ref: str) -> tuple[str, str | None]:
+    """'repo/name:tag' -> ('repo/name', 'tag'); digests and registry ports are kept apart correctly."""
+    name = ref.split("@", 1)[0]
+    head, _, last = name.rpartition("/")
+    if ":" in last:
+        last, tag = last.split(":", 1)
+        return (f"{head}/{last}" if head else last), tag
+    return name, None
+
+
+def image_names(spec: ClusterSpec, variant: str, settings: Settings) -> tuple[str, str]:
+    """(repository, human tag) for a variant, from the spec's cpu_image / gpu_image."""
+    repo, tag = split_image(spec.cpu_image if variant == "cpu" else spec.gpu_image)
+    if not re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", repo):
+        raise ConfigError(f"{variant}_image: {repo!r} is not a valid image repository name; use lowercase letters, digits, '.', '_', '-' and '/'")
+    return repo, tag or f"{variant}-{settings.image.human_tag}"
+
+
+def git_revision(root: Path) -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+        return rev + ("-dirty" if dirty else "")
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return "unknown"
+
+
+class Builder:
+    def __init__(self, client: docker.DockerClient, settings: Settings, rep: Reporter):
+        self.client, self.settings, self.rep = client, settings, rep
+        self.stage_repo = f"{settings.image.repository}-stages"
+        for token in (settings.image.user.name, settings.image.python):
+            if not _SAFE_TOKEN.match(token):
+                raise ConfigError(f"image settings: {token!r} must contain only letters, digits, '_', '.', '/', '-'")
+
+    # -- helpers ------------------------------------------------------------------
+    def _python_version(self, base: BaseImage) -> str:
+        out = self.client.containers.run(
+            base.ref, [self.settings.image.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], remove=True
+        )
+        return out.decode().strip()
+
+    def _build(self, stage: str, tag: str, context: Path, dockerfile: str, labels: dict | None = None) -> str:
+        (context / "Dockerfile").write_text(dockerfile)
+        self.rep.step(f"{stage}: building {tag}")
+        tail: list[str] = []
+        image_id = None
+        for chunk in self.client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False,
+                                           labels=labels or {}, decode=True):
+            if "stream" in chunk:
+                for line in chunk["stream"].splitlines():
+                    if line.strip():
+                        tail = (tail + [line])[-40:]
+                        if line.startswith("Step "):
+                            self.rep.detail(line.strip())
+            if "error" in chunk:
+                raise BuildError(stage, tag, chunk["error"].strip(), tail)
+            if "aux" in chunk and "ID" in chunk["aux"]:
+                image_id = chunk["aux"]["ID"]
+        if image_id is None:
+            raise BuildError(stage, tag, "the engine reported no image id", tail)
+        return image_id
+
+    def _context(self) -> Path:
+        ctx_root = self.settings.build_dir / "contexts"
+        ctx_root.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(dir=ctx_root))
+
+    # -- stages -------------------------------------------------------------------
+    def deps(self, base: BaseImage, variant: str, python_version: str, rebuilt: list):
+        wh = ensure_wheelhouse(self.settings, variant, python_version, self.rep)
+        user = self.settings.image.user
+        key = key_of("deps", base.key, wh.key, template_hash("deps.Dockerfile.j2"), user.model_dump(), self.settings.image.python)
+        ref = f"{self.stage_repo}:deps-{key[:16]}"
+        if image_exists(self.client, ref):
+            self.rep.step(f"deps: reusing {ref}")
+            return ref, key, wh
+        ctx = self._context()
+        try:
+            shutil.copytree(wh.path, ctx / "wheelhouse", copy_function=os.link)
+            text = render("deps.Dockerfile.j2", base_ref=base.ref, python=self.settings.image.python, uid=user.uid, user=user.name)
+            self._build("deps", ref, ctx, text)
+        finally:
+            shutil.rmtree(ctx, ignore_errors=True)
+        rebuilt.append("deps")
+        return ref, key, wh
+
+    def app(self, deps_ref: str, deps_key: str, rebuilt: list) -> tuple[str, str]:
+        app_dir = self.settings.path(self.settings.project.app_dir)
+        if not app_dir.is_dir():
+            raise ConfigError(f"project.app_dir: {app_dir} is not a directory; point it at your training code")
+        key = key_of("app", deps_key, tree_hash(RUNTIME_DIR), tree_hash(app_dir), template_hash("app.Dockerfile.j2"))
+        ref = f"{self.stage_repo}:app-{key[:16]}"
+        if image_exists(self.client, ref):
+            self.rep.step(f"app: reusing {ref}")
+            return ref, key
+        ctx = self._context()
+        try:
+            for src, dst in ((RUNTIME_DIR, ctx / "runtime"), (app_dir, ctx / "project")):
+                for f in iter_tree(src):
+                    target = dst / f.relative_to(src)
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    shutil.copy2(f, target)
+            self._build("app", ref, ctx, render("app.Dockerfile.j2", deps_ref=deps_ref))
+        finally:
+            shutil.rmtree(ctx, ignore_errors=True)
+        rebuilt.append("app")
+        return ref, key
+
+    def spec_layer(self, app_ref: str, app_key: str, spec_file: Path, variant: str, torch_source: str, rebuilt: list):
+        spec = load_spec(spec_file)
+        sha = spec_hash(spec_file)
+        repo, human = image_names(spec, variant, self.settings)
+        labels = {
+            "org.opencontainers.image.revision": git_revision(self.settings.root),
+            "org.opencontainers.image.version": __version__,
+            "org.opencontainers.image.title": repo,
+            f"{LABEL_PREFIX}.variant": variant,
+            f"{LABEL_PREFIX}.spec-sha256": sha,
+            f"{LABEL_PREFIX}.cluster-name": spec.cluster_name,
+            f"{LABEL_PREFIX}.toolchain-version": __version__,
+            f"{LABEL_PREFIX}.torch-source": torch_source,
+        }
+        user = self.settings.image.user.name
+        key = key_of("spec", app_key, sha, labels, user, template_hash("spec.Dockerfile.j2"), SPEC_PATH_IN_IMAGE)
+        ref = f"{repo}:{variant}-{key[:16]}"
+        if image_exists(self.client, ref):
+            self.rep.step(f"spec: reusing {ref}")
+        else:
+            ctx = self._context()
+            try:
+                shutil.copyfile(spec_file, ctx / "cluster-spec.json")
+                text = render("spec.Dockerfile.j2", app_ref=app_ref, spec_path=SPEC_PATH_IN_IMAGE, user=user)
+                self._build("spec", ref, ctx, text, labels)
+            finally:
+                shutil.rmtree(ctx, ignore_errors=True)
+            rebuilt.append("spec")
+        return ref, f"{repo}:{human}", sha
+
+    def build(self, variant: str, spec_file: Path) -> BuiltImage:
+        load_spec(spec_file)  # fail before any work
+        rebuilt: list = []
+        base = ensure_base(self.client, self.settings, self.rep)
+        if base.built:
+            rebuilt.append("base")
+        pyver = self._python_version(base)
+        deps_ref, deps_key, wh = self.deps(base, variant, pyver, rebuilt)
+        app_ref, app_key = self.app(deps_ref, deps_key, rebuilt)
+        ref, human_ref, sha = self.spec_layer(app_ref, app_key, spec_file, variant, wh.torch_source, rebuilt)
+        image = self.client.images.get(ref)
+        return BuiltImage(variant, ref, human_ref, image.id, sha, base.ref, deps_ref, app_ref, wh.torch_source, rebuilt)
+
+
+def build_all(client: docker.DockerClient, settings: Settings, variants: list[str], spec_file: Path, rep: Reporter) -> list[BuiltImage]:
+    """Build every variant; human tags are applied only once all of them built."""
+    builder = Builder(client, settings, rep)
+    built = [builder.build(v, spec_file) for v in variants]
+    for b in built:
+        repo, tag = b.human_ref.rsplit(":", 1)
+        client.api.tag(b.image_id, repo, tag)
+    record = settings.build_dir / "build.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_suffix(".tmp")
+    tmp.write_text(json.dumps({b.variant: b.as_dict() for b in built}, indent=2))
+    os.replace(tmp, record)
+    return built

@@ -1,0 +1,111 @@
+"""The local registry: Debian's docker-registry (CNCF distribution) on loopback, data in the project."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from toolchain.config import Settings
+from toolchain.errors import RegistryError
+from toolchain.progress import Reporter
+
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
+
+
+@dataclass(frozen=True)
+class RegistryStatus:
+    address: str
+    reachable: bool
+    started_here: bool
+    pid: int | None
+
+
+def is_local(address: str) -> bool:
+    return address.split("/")[0].rsplit(":", 1)[0] in LOOPBACK_HOSTS
+
+
+def ping(address: str, timeout: float = 2.0) -> bool:
+    host = address.split("/")[0]
+    try:
+        r = requests.get(f"http://{host}/v2/", timeout=timeout)
+        return r.status_code in (200, 401)
+    except requests.RequestException:
+        return False
+
+
+def _paths(settings: Settings) -> tuple[Path, Path, Path]:
+    data = settings.path(settings.registry.data_dir)
+    return data, data / "config.yml", data / "registry.pid"
+
+
+def start_local(settings: Settings, rep: Reporter, timeout: float = 30.0) -> RegistryStatus:
+    address = settings.registry.address
+    if ping(address):
+        return RegistryStatus(address, True, False, _read_pid(settings))
+    if not is_local(address):
+        raise RegistryError(f"registry {address} is not answering on /v2/; check the address (registry.address) and that it is up")
+    if not settings.registry.start_local:
+        raise RegistryError(f"local registry {address} is not running and registry.start_local is false; start it or enable start_local")
+    binary = shutil.which("docker-registry") or shutil.which("registry")
+    if binary is None:
+        raise RegistryError("no registry binary found; run `apt-get install docker-registry` (Debian) or point registry.address at a running registry")
+    data, config, pidfile = _paths(settings)
+    (data / "storage").mkdir(parents=True, exist_ok=True)
+    config.write_text(
+        "version: 0.1\n"
+        "log:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {(data / 'storage').resolve()}\n  delete:\n    enabled: true\n"
+        f"http:\n  addr: {address.split('/')[0]}\n"
+    )
+    log = open(data / "registry.log", "ab")
+    proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    pidfile.write_text(str(proc.pid))
+    rep.step(f"registry: started {binary} on {address} (pid {proc.pid}, data in {data})")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = (data / "registry.log").read_text(errors="replace").strip().splitlines()[-5:]
+            raise RegistryError(f"the local registry exited with {proc.returncode}: " + " | ".join(tail))
+        if ping(address, timeout=0.5):
+            return RegistryStatus(address, True, True, proc.pid)
+        time.sleep(0.2)
+    raise RegistryError(f"the local registry did not answer on {address} within {timeout:.0f}s; see {data / 'registry.log'}")
+
+
+def _read_pid(settings: Settings) -> int | None:
+    _, _, pidfile = _paths(settings)
+    try:
+        return int(pidfile.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def stop_local(settings: Settings) -> bool:
+    pid = _read_pid(settings)
+    _, _, pidfile = _paths(settings)
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pidfile.unlink(missing_ok=True)
+        return False
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+            time.sleep(0.1)
+        except ProcessLookupError:
+            break
+    pidfile.unlink(missing_ok=True)
+    return True
+
+
+def status(settings: Settings) -> RegistryStatus:
+    return RegistryStatus(settings.registry.address, ping(settings.registry.address), False, _read_pid(settings))

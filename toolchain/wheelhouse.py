@@ -1,0 +1,129 @@
+"""Host-side wheelhouse: the locked requirement set downloaded once with pip, for the image's Python.
+
+The image build never touches the network: the wheelhouse is copied into the build context
+and installed with ``pip --no-index``. A wheelhouse is reused as long as its requirement set is
+unchanged, so a re-run works offline. Its key (wheel names and sizes) keys the dependency layer.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolchain.config import Settings, TorchSettings
+from toolchain.errors import ConfigError, WheelhouseError
+from toolchain.hashing import key_of
+from toolchain.progress import Reporter, human_bytes
+
+MANIFEST = "manifest.json"
+LOCK = "requirements.lock"
+# Wheels must suit the image's interpreter and glibc, not the host's.
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(36, 16, -1)] + ["manylinux2014_x86_64", "linux_x86_64"]
+
+
+@dataclass(frozen=True)
+class Wheelhouse:
+    path: Path
+    key: str
+    requirements: list[str]
+    wheels: list[str]
+    size: int
+    torch_source: str
+
+
+def read_requirements(settings: Settings) -> list[str]:
+    lines: list[str] = []
+    for rel in settings.project.requirements:
+        path = settings.path(rel)
+        if not path.is_file():
+            raise ConfigError(f"project.requirements: {rel!r} does not exist; create it or remove it from invoke.yaml")
+        for line in path.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if line.startswith("-"):
+                raise ConfigError(f"{rel}: pip options ({line!r}) are not supported in a lock file; list requirements only")
+            if line:
+                lines.append(line)
+    for line in lines:
+        if line.lower().replace("_", "-").split("=")[0].split("<")[0].split(">")[0].strip() == "torch":
+            raise ConfigError(f"requirement {line!r}: torch is chosen per image variant; set image.torch.<variant> in invoke.yaml instead")
+    return lines
+
+
+def _pip_download(dest: Path, reqs: list[str], python_version: str, extra: list[str]) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
+           "-d", str(dest), "--only-binary=:all:", "--implementation", "cp", "--python-version", python_version]
+    for p in PLATFORMS:
+        cmd += ["--platform", p]
+    return subprocess.run(cmd + extra + reqs, capture_output=True, text=True)
+
+
+def choose_torch(settings: Settings, variant: str, python_version: str, rep: Reporter) -> tuple[str, str]:
+    """(requirement, source) for torch in a variant; the choice is remembered so re-runs work offline."""
+    torch: TorchSettings = settings.image.torch[variant]
+    if not torch.index_url:
+        return torch.requirement, "default index"
+    wanted = torch.index_requirement or torch.requirement
+    memo = settings.build_dir / "wheelhouse" / f"torch-{key_of(python_version, torch.model_dump())[:16]}.json"
+    if memo.is_file():
+        data = json.loads(memo.read_text())
+        return data["requirement"], data["source"]
+    rep.step(f"wheelhouse[{variant}]: looking for {wanted} on {torch.index_url}")
+    with tempfile.TemporaryDirectory() as tmp:
+        res = _pip_download(Path(tmp), [wanted], python_version, ["--no-deps", "--index-url", torch.index_url])
+    if res.returncode == 0:
+        choice = {"requirement": wanted, "source": torch.index_url}
+    else:
+        rep.warn(f"variant {variant}: {torch.index_url} gave no {wanted} ({_last_line(res.stderr)}); "
+                 f"using {torch.requirement} from pip's default index instead")
+        choice = {"requirement": torch.requirement, "source": "default index (fallback)"}
+    memo.parent.mkdir(parents=True, exist_ok=True)
+    memo.write_text(json.dumps(choice))
+    return choice["requirement"], choice["source"]
+
+
+def ensure_wheelhouse(settings: Settings, variant: str, python_version: str, rep: Reporter) -> Wheelhouse:
+    torch_req, torch_source = choose_torch(settings, variant, python_version, rep)
+    index = settings.image.torch[variant].index_url if torch_source not in ("default index", "default index (fallback)") else None
+    full = read_requirements(settings) + [torch_req]
+    req_key = key_of("wheelhouse", python_version, sorted(full), index)
+    path = settings.build_dir / "wheelhouse" / req_key[:16]
+    manifest = path / MANIFEST
+    if manifest.is_file():
+        data = json.loads(manifest.read_text())
+        rep.step(f"wheelhouse[{variant}]: reusing {path} ({len(data['wheels'])} wheels, {human_bytes(data['size'])})")
+        return Wheelhouse(path, data["key"], data["requirements"], data["wheels"], data["size"], torch_source)
+
+    tmp = path.with_name(path.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    extra = ["--find-links", str(tmp)]
+    if index:
+        res = _pip_download(tmp, [torch_req], python_version, ["--no-deps", "--index-url", index])
+        if res.returncode != 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise WheelhouseError(f"pip could not fetch {torch_req} from {index}: {_last_line(res.stderr)}")
+    rep.step(f"wheelhouse[{variant}]: pip download of {len(full)} requirements for Python {python_version}")
+    res = _pip_download(tmp, full, python_version, extra)
+    if res.returncode != 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise WheelhouseError(f"pip download failed for {variant} ({', '.join(full)}):\n    " + "\n    ".join(res.stderr.strip().splitlines()[-8:]))
+    wheels = sorted(p.name for p in tmp.glob("*.whl"))
+    sizes = {w: (tmp / w).stat().st_size for w in wheels}
+    (tmp / LOCK).write_text("\n".join(full) + "\n")
+    key = key_of("wheels", [(w, sizes[w]) for w in wheels], sorted(full))
+    data = {"key": key, "requirements": full, "wheels": wheels, "size": sum(sizes.values())}
+    (tmp / MANIFEST).write_text(json.dumps(data, indent=2))
+    shutil.rmtree(path, ignore_errors=True)
+    os.replace(tmp, path)
+    rep.detail(f"{len(wheels)} wheels, {human_bytes(data['size'])}, torch from {torch_source}")
+    return Wheelhouse(path, key, full, wheels, data["size"], torch_source)
+
+
+def _last_line(text: str) -> str:
+    lines = [l for l in text.strip().splitlines() if l.strip()]
+    return lines[-1].strip() if lines else "no output"
