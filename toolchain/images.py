@@ -104,8 +104,8 @@ class Builder:
                 for line in chunk["stream"].splitlines():
                     if line.strip():
                         tail = (tail + [line])[-40:]
-                        if line.startswith("Step "):
-                            self.rep.detail(line.strip())
+                        if line.startswith(("Step ", "Installing collected", "Successfully installed")):
+                            self.rep.detail(line.strip()[:160])
             if "error" in chunk:
                 raise BuildError(stage, tag, chunk["error"].strip(), tail)
             if "aux" in chunk and "ID" in chunk["aux"]:

@@ -1,0 +1,196 @@
+"""Who am I in this job? One normalized node identity from whatever the scheduler provides.
+
+Sources, each read from the environment: Slurm, SkyPilot, dstack, Kubernetes (indexed Job or
+StatefulSet ordinal plus a headless-service head address), and explicit RAYTRAIN_* variables.
+Explicit values win; scheduler sources that are present must agree with each other, otherwise
+the error names every variable that was seen.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import socket
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from runtime.spec import ClusterSpec
+
+
+class IdentityError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    source: str
+    node_rank: int
+    num_nodes: int
+    head_address: str
+    hostname: str
+    gpus_per_node: int = 0
+    node_addresses: tuple = field(default_factory=tuple)
+    node_type: Optional[str] = None
+    gpu_type: Optional[str] = None
+
+    @property
+    def is_head(self) -> bool:
+        return self.node_rank == 0
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm hostlist expression -> host names: 'n[1-3],gpu-[08-10,12]' -> n1 n2 n3 gpu-08 ..."""
+    hosts: list[str] = []
+    for item in _split_top(nodelist.strip()):
+        parts = re.split(r"(\[[^\]]*\])", item)
+        choices = []
+        for part in parts:
+            if part.startswith("["):
+                choices.append(_expand_range(part[1:-1], nodelist))
+            elif part:
+                choices.append([part])
+        hosts.extend("".join(c) for c in itertools.product(*choices))
+    return hosts
+
+
+def _split_top(s: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in s:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    if depth != 0:
+        raise IdentityError(f"SLURM node list {s!r} has unbalanced brackets")
+    return [x for x in out + [cur] if x]
+
+
+def _expand_range(body: str, whole: str) -> list[str]:
+    out = []
+    for r in body.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", r.strip())
+        if not m:
+            raise IdentityError(f"SLURM node list {whole!r}: cannot read range {r!r}")
+        lo, hi = m.group(1), m.group(2) or m.group(1)
+        width = len(lo)
+        out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
+    return out
+
+
+def _int(env: Mapping[str, str], name: str) -> Optional[int]:
+    v = env.get(name)
+    if v is None or v == "":
+        return None
+    try:
+        return int(v)
+    except ValueError:
+        raise IdentityError(f"{name}={v!r} is not an integer") from None
+
+
+def _gpus(value: Optional[str]) -> int:
+    """'8', 'gpu:8', 'a100:8', 'gpu:a100:4(IDX:0-3)' -> count."""
+    if not value:
+        return 0
+    first = value.split(",")[0]
+    m = re.search(r"(\d+)(?:\(.*\))?$", first)
+    return int(m.group(1)) if m else 0
+
+
+def _ips(value: Optional[str]) -> tuple:
+    return tuple(x for x in re.split(r"[\s,]+", value or "") if x)
+
+
+def _slurm(env):
+    if "SLURM_JOB_ID" not in env or "SLURM_NODEID" not in env:
+        return None
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodelist:
+        raise IdentityError("SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside an allocation (srun/sbatch)")
+    hosts = tuple(expand_nodelist(nodelist))
+    n = _int(env, "SLURM_STEP_NUM_NODES") or _int(env, "SLURM_NNODES") or _int(env, "SLURM_JOB_NUM_NODES") or len(hosts)
+    gpus = _gpus(env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE"))
+    return dict(node_rank=_int(env, "SLURM_NODEID"), num_nodes=n, head_address=hosts[0], node_addresses=hosts,
+                gpus_per_node=gpus, hostname=env.get("SLURMD_NODENAME"))
+
+
+def _prefixed(prefix, ips_var, gpus_var, num_var, head_var=None):
+    def read(env):
+        rank = _int(env, f"{prefix}_NODE_RANK")
+        if rank is None:
+            return None
+        ips = _ips(env.get(ips_var))
+        n = _int(env, num_var) or len(ips)
+        head = env.get(head_var) if head_var and env.get(head_var) else (ips[0] if ips else None)
+        if head is None:
+            raise IdentityError(f"{prefix}_NODE_RANK is set but neither {ips_var} nor a head address is; cannot find the head")
+        return dict(node_rank=rank, num_nodes=n, head_address=head, node_addresses=ips, gpus_per_node=_int(env, gpus_var) or 0)
+    return read
+
+
+def _kubernetes(env):
+    if "KUBERNETES_SERVICE_HOST" not in env or not env.get("RAYTRAIN_HEAD_ADDRESS"):
+        return None
+    rank = _int(env, "JOB_COMPLETION_INDEX")
+    if rank is None:
+        m = re.search(r"-(\d+)$", env.get("HOSTNAME", ""))
+        rank = int(m.group(1)) if m else None
+    if rank is None:
+        raise IdentityError("on Kubernetes: no JOB_COMPLETION_INDEX and HOSTNAME has no StatefulSet ordinal (name-N)")
+    return dict(node_rank=rank, num_nodes=_int(env, "RAYTRAIN_NUM_NODES"), head_address=env["RAYTRAIN_HEAD_ADDRESS"],
+                gpus_per_node=_int(env, "RAYTRAIN_GPUS_PER_NODE") or 0)
+
+
+SOURCES = {
+    "slurm": (_slurm, ("SLURM_JOB_ID", "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NNODES", "SLURM_GPUS_ON_NODE")),
+    "skypilot": (_prefixed("SKYPILOT", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_GPUS_PER_NODE", "SKYPILOT_NUM_NODES"),
+                 ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE")),
+    "dstack": (_prefixed("DSTACK", "DSTACK_NODES_IPS", "DSTACK_GPUS_PER_NODE", "DSTACK_NODES_NUM", "DSTACK_MASTER_NODE_IP"),
+               ("DSTACK_NODE_RANK", "DSTACK_NODES_IPS", "DSTACK_NODES_NUM", "DSTACK_MASTER_NODE_IP")),
+    "kubernetes": (_kubernetes, ("KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX", "HOSTNAME", "RAYTRAIN_HEAD_ADDRESS")),
+}
+EXPLICIT = {"node_rank": "RAYTRAIN_NODE_RANK", "num_nodes": "RAYTRAIN_NUM_NODES",
+            "head_address": "RAYTRAIN_HEAD_ADDRESS", "gpus_per_node": "RAYTRAIN_GPUS_PER_NODE"}
+
+
+def detect(env: Mapping[str, str] | None = None, spec: ClusterSpec | None = None, **explicit) -> NodeIdentity:
+    """Resolve this node's identity; keyword arguments (node_rank=..., ...) override everything."""
+    env = dict(os.environ if env is None else env)
+    found = {}
+    for name, (reader, _) in SOURCES.items():
+        got = reader(env)
+        if got is not None:
+            found[name] = got
+    if len(found) > 1:
+        keys = ("node_rank", "num_nodes")
+        values = {name: tuple(f.get(k) for k in keys) for name, f in found.items()}
+        if len({v for v in values.values()}) > 1:
+            seen = ", ".join(f"{v}={env[v]!r}" for name in found for v in SOURCES[name][1] if v in env)
+            raise IdentityError(f"schedulers disagree on node rank / node count ({values}); variables seen: {seen}. "
+                                f"Unset the stale ones or set RAYTRAIN_NODE_RANK and RAYTRAIN_NUM_NODES explicitly")
+    source, base = next(iter(found.items()), ("explicit", {}))
+    merged = dict(base)
+    for key, var in EXPLICIT.items():
+        if var in env and env[var] != "":
+            merged[key] = env[var] if key == "head_address" else _int(env, var)
+            if not found:
+                source = "explicit"
+    merged.update({k: v for k, v in explicit.items() if v is not None})
+    missing = [EXPLICIT[k] for k in ("node_rank", "num_nodes", "head_address") if merged.get(k) is None]
+    if missing:
+        seen = sorted(k for k in env if k.startswith(("SLURM_", "SKYPILOT_", "DSTACK_", "RAYTRAIN_", "JOB_COMPLETION")))
+        raise IdentityError(f"cannot tell this node's place in the job: missing {', '.join(missing)} "
+                            f"(scheduler variables seen: {', '.join(seen) or 'none'}); set them or run under Slurm/SkyPilot/dstack/Kubernetes")
+    rank, n = int(merged["node_rank"]), int(merged["num_nodes"])
+    if not 0 <= rank < n:
+        raise IdentityError(f"node rank {rank} is outside 0..{n - 1} (source: {source})")
+    hostname = merged.get("hostname") or env.get("HOSTNAME") or socket.gethostname()
+    return NodeIdentity(
+        source=source, node_rank=rank, num_nodes=n, head_address=str(merged["head_address"]), hostname=hostname,
+        gpus_per_node=int(merged.get("gpus_per_node") or 0), node_addresses=tuple(merged.get("node_addresses") or ()),
+        node_type=spec.node_type(hostname) if spec else None, gpu_type=spec.gpu_type(hostname) if spec else None,
+    )
