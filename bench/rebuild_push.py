@@ -44,7 +44,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-"))
     app = work / "app"
     shutil.copytree(ROOT / "examples" / "train", app)
-    s = make_settings(work / "w", app, registry_address="127.0.0.1:5077")
+    s = make_settings(work / "w", app, registry_address="127.0.0.1:5077", runtime_dir=ROOT / "runtime")
     start_local(s, rep)
     try:
         run(client, rep, work, app, s)

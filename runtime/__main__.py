@@ -1,4 +1,4 @@
-"""``python -m runtime <command>``: entry points that deploy artifacts run inside the image."""
+"""python -m runtime <command>: what deploy artifacts run inside the image on every node."""
 from __future__ import annotations
 
 import argparse
@@ -12,10 +12,32 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     sc = sub.add_parser("selfcheck", help="Import ray and torch, load the baked cluster spec, print a JSON report.")
     sc.add_argument("--require-cuda", action="store_true", help="Fail unless torch is a CUDA build.")
+    la = sub.add_parser("launch", help="Form the Ray cluster from the scheduler's variables; run CMD on the head.",
+                        description="Run on every node: python -m runtime launch [options] -- python train.py ...")
+    la.add_argument("--port-base", type=int, default=20000, help="GCS port; all of Ray's ports follow it (default 20000).")
+    la.add_argument("--port-stride", type=int, default=0,
+                    help="Offset node k's own ports by k*STRIDE, for several nodes on one host (default 0).")
+    la.add_argument("--barrier-timeout", type=float, default=300, help="Seconds the head waits for all nodes.")
+    la.add_argument("--join-timeout", type=float, default=300, help="Seconds a worker waits for the head.")
+    la.add_argument("--no-auth", action="store_true", help="Run Ray without token authentication (trusted networks only).")
+    la.add_argument("--num-cpus", type=int, default=None, help="CPUs this node offers Ray (default: detected).")
+    la.add_argument("--num-gpus", type=int, default=None, help="GPUs this node offers Ray (default: from the scheduler).")
+    la.add_argument("--node-ip", default=None, help="Address other nodes reach this one at (default: detected).")
+    la.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command, run on the head only.")
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
         return selfcheck.run(require_cuda=args.require_cuda)
-    return 2
+    from runtime.identity import IdentityError
+    from runtime.launch import LaunchError, LaunchOptions, launch
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    opts = LaunchOptions(port_base=args.port_base, port_stride=args.port_stride, barrier_timeout_s=args.barrier_timeout,
+                         join_timeout_s=args.join_timeout, auth="disabled" if args.no_auth else "token",
+                         num_cpus=args.num_cpus, num_gpus=args.num_gpus, node_ip=args.node_ip)
+    try:
+        return launch(cmd, opts)
+    except (LaunchError, IdentityError, ValueError) as e:
+        print(f"launch: error: {e}", file=sys.stderr, flush=True)
+        return 2
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ SPEC = ROOT / "cluster_specs" / "local.json"
 REGISTRY_PORT = int(os.environ.get("TEST_REGISTRY_PORT", "5055"))
 
 
-def make_settings(workdir: Path, app_dir: Path, registry_address: str | None = None, **registry_kw) -> Settings:
+def make_settings(workdir: Path, app_dir: Path, registry_address: str | None = None, runtime_dir: Path | None = None,
+                  **registry_kw) -> Settings:
     """Project settings for a test: its own build dir and app copy, the shared wheelhouse cache."""
     defaults = yaml.safe_load((ROOT / "invoke.yaml").read_text())
     build_dir = workdir / "build"
@@ -34,6 +35,7 @@ def make_settings(workdir: Path, app_dir: Path, registry_address: str | None = N
     return Settings(
         root=ROOT,
         project=ProjectSettings(spec=str(SPEC), app_dir=str(app_dir), build_dir=str(build_dir),
+                                runtime_dir=str(runtime_dir or app_dir.parent / "runtime"),
                                 requirements=[str(ROOT / r) for r in defaults["project"]["requirements"]]),
         image=ImageSettings(**defaults["image"]),
         registry=RegistrySettings(**reg),
@@ -54,8 +56,10 @@ def session_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def app_dir(session_dir):
+    """Snapshots of the example project and the runtime: edits to the repo mid-run change nothing."""
     dst = session_dir / "app"
-    shutil.copytree(ROOT / "examples" / "train", dst)
+    shutil.copytree(ROOT / "examples" / "train", dst, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "runtime", session_dir / "runtime", ignore=shutil.ignore_patterns("__pycache__"))
     return dst
 
 
@@ -76,6 +80,7 @@ def registry(settings):
     yield st
     if st.started_here:
         stop_local(settings)
+        shutil.rmtree(settings.registry.data_dir, ignore_errors=True)  # gigabytes of blobs
 
 
 def run_in(client, image: str, cmd: list[str], **kw) -> str:

@@ -54,3 +54,22 @@ def test_equal_inputs_give_equal_tags(settings, built):
     again = pipeline.build(settings, str(SPEC), "cpu", Reporter(quiet=True))["images"]["cpu"]
     assert again["local_ref"] == built["cpu"]["local_ref"]
     assert again["rebuilt"] == []
+
+
+def test_hostile_label_values_round_trip(client, built, tmp_path):
+    """Label values go through dockerfile_str: quotes, $, backslashes and spaces come back verbatim."""
+    from toolchain.templates import label_words
+    hostile = {"io.raytrain.test-a": 'x"; $(touch /tmp/pwned) `id` \\ ${HOME}', "io.raytrain.test-b": "a b=c '*' & {"}
+    (tmp_path / "Dockerfile").write_text(f"FROM {built['cpu']['base_ref']}\nLABEL {label_words(hostile)}\n")
+    image, _ = client.images.build(path=str(tmp_path), tag="raytrain-test-labels:1", rm=True)
+    try:
+        assert {k: image.labels[k] for k in hostile} == hostile
+    finally:
+        client.images.remove(image.id, force=True)
+
+
+def test_control_characters_rejected():
+    import pytest
+    from toolchain.templates import dockerfile_str
+    with pytest.raises(ValueError, match="control character"):
+        dockerfile_str("a\nRUN rm -rf /")

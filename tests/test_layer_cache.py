@@ -18,7 +18,8 @@ def layers(client, ref):
 def edited_project(tmp_path, app_dir, settings):
     app = tmp_path / "app"
     shutil.copytree(app_dir, app)
-    s = make_settings(tmp_path / "work", app, registry_address=settings.registry.address)
+    s = make_settings(tmp_path / "work", app, registry_address=settings.registry.address,
+                      runtime_dir=app_dir.parent / "runtime")
     s.registry.data_dir = settings.registry.data_dir
     return s, app
 

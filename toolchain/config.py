@@ -54,6 +54,7 @@ class RegistrySettings(_Strict):
 class ProjectSettings(_Strict):
     spec: str = "cluster_specs/local.json"
     app_dir: str = "examples/train"
+    runtime_dir: str = Field("runtime", description="The in-image runtime package copied into the app layer.")
     requirements: list[str] = Field(default_factory=lambda: ["runtime/requirements.txt"])
     build_dir: str = "build"
 

@@ -25,12 +25,12 @@ from toolchain.docker_client import image_exists
 from toolchain.errors import BuildError, ConfigError
 from toolchain.hashing import iter_tree, key_of, tree_hash
 from toolchain.progress import Reporter
-from toolchain.templates import render, template_hash
+from toolchain.templates import dockerfile_str, label_words, render, template_hash
 from toolchain.wheelhouse import LOCK, ensure_wheelhouse
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
-RUNTIME_DIR = Path(__file__).resolve().parent.parent / "runtime"
 LABEL_PREFIX = "io.raytrain"
+STAGE_LABEL = f"{LABEL_PREFIX}.stage"
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./-]+$")
 
 
@@ -93,13 +93,12 @@ class Builder:
         )
         return out.decode().strip()
 
-    def _build(self, stage: str, tag: str, context: Path, dockerfile: str, labels: dict | None = None) -> str:
+    def _build(self, stage: str, tag: str, context: Path, dockerfile: str) -> str:
         (context / "Dockerfile").write_text(dockerfile)
         self.rep.step(f"{stage}: building {tag}")
         tail: list[str] = []
         image_id = None
-        for chunk in self.client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False,
-                                           labels=labels or {}, decode=True):
+        for chunk in self.client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True):
             if "stream" in chunk:
                 for line in chunk["stream"].splitlines():
                     if line.strip():
@@ -131,8 +130,11 @@ class Builder:
         ctx = self._context()
         try:
             shutil.copytree(wh.path, ctx / "wheelhouse", copy_function=os.link)
-            text = render("deps.Dockerfile.j2", base_ref=base.ref, python=self.settings.image.python, uid=user.uid, user=user.name)
+            text = render("deps.Dockerfile.j2", base_ref=base.ref, python=self.settings.image.python, uid=user.uid,
+                          user=user.name, stage_label=dockerfile_str(STAGE_LABEL))
             self._build("deps", ref, ctx, text)
+            # the install stage (wheels + venv) stays behind as an untagged cache image: drop it
+            self.client.images.prune(filters={"dangling": True, "label": f"{STAGE_LABEL}=deps-install"})
         finally:
             shutil.rmtree(ctx, ignore_errors=True)
         rebuilt.append("deps")
@@ -142,14 +144,15 @@ class Builder:
         app_dir = self.settings.path(self.settings.project.app_dir)
         if not app_dir.is_dir():
             raise ConfigError(f"project.app_dir: {app_dir} is not a directory; point it at your training code")
-        key = key_of("app", deps_key, tree_hash(RUNTIME_DIR), tree_hash(app_dir), template_hash("app.Dockerfile.j2"))
+        runtime_dir = self.settings.path(self.settings.project.runtime_dir)
+        key = key_of("app", deps_key, tree_hash(runtime_dir), tree_hash(app_dir), template_hash("app.Dockerfile.j2"))
         ref = f"{self.stage_repo}:app-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"app: reusing {ref}")
             return ref, key
         ctx = self._context()
         try:
-            for src, dst in ((RUNTIME_DIR, ctx / "runtime"), (app_dir, ctx / "project")):
+            for src, dst in ((runtime_dir, ctx / "app" / "runtime"), (app_dir, ctx / "app" / "project")):
                 for f in iter_tree(src):
                     target = dst / f.relative_to(src)
                     target.parent.mkdir(parents=True, exist_ok=True)
@@ -174,8 +177,7 @@ class Builder:
             f"{LABEL_PREFIX}.toolchain-version": __version__,
             f"{LABEL_PREFIX}.torch-source": torch_source,
         }
-        user = self.settings.image.user.name
-        key = key_of("spec", app_key, sha, labels, user, template_hash("spec.Dockerfile.j2"), SPEC_PATH_IN_IMAGE)
+        key = key_of("spec", app_key, sha, labels, template_hash("spec.Dockerfile.j2"), SPEC_PATH_IN_IMAGE)
         ref = f"{repo}:{variant}-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"spec: reusing {ref}")
@@ -183,8 +185,8 @@ class Builder:
             ctx = self._context()
             try:
                 shutil.copyfile(spec_file, ctx / "cluster-spec.json")
-                text = render("spec.Dockerfile.j2", app_ref=app_ref, spec_path=SPEC_PATH_IN_IMAGE, user=user)
-                self._build("spec", ref, ctx, text, labels)
+                text = render("spec.Dockerfile.j2", app_ref=app_ref, spec_path=SPEC_PATH_IN_IMAGE, labels=label_words(labels))
+                self._build("spec", ref, ctx, text)
             finally:
                 shutil.rmtree(ctx, ignore_errors=True)
             rebuilt.append("spec")

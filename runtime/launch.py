@@ -1,0 +1,290 @@
+"""`python -m runtime launch -- CMD...`: run on every node; forms the Ray cluster, runs CMD on the head.
+
+Head: `ray start --head` on pinned ports, a readiness barrier until every expected node is alive
+(deadline, names the missing nodes, fails fast when a node dies), then the driver; its exit code is
+published in Ray's KV store and becomes every node's exit code. Workers: poll the head's GCS port
+until it answers (no fixed sleeps), join, and leave when the head finishes or dies (within seconds:
+the raylet's GCS reconnect timeout is lowered from Ray's 60 s).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from runtime.identity import NodeIdentity, detect
+from runtime.ports import RayPorts
+from runtime.spec import load_spec
+
+EXIT_KEY = b"raytrain:driver_exit"
+GCS_RECONNECT_S = 5
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+def log(ident: Optional[NodeIdentity], msg: str) -> None:
+    tag = f"[launch node{ident.node_rank}/{ident.num_nodes} {ident.hostname}]" if ident else "[launch]"
+    print(f"{tag} {msg}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class LaunchOptions:
+    port_base: int = 20000
+    port_stride: int = 0          # >0 when several nodes share one host: node k uses base + k*stride
+    barrier_timeout_s: float = 300
+    join_timeout_s: float = 300
+    auth: str = "token"           # token | disabled
+    num_cpus: Optional[int] = None
+    num_gpus: Optional[int] = None
+    node_ip: Optional[str] = None
+
+
+def routable_ip(ident: NodeIdentity, override: Optional[str] = None) -> str:
+    """The address other nodes reach this one at: the route towards the head, not 127.0.0.1."""
+    if override:
+        return override
+    head = ident.head_address
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(head), 9))
+            ip = s.getsockname()[0]
+        if not ip.startswith("127.") or ident.num_nodes == 1:
+            return ip
+    except OSError:
+        pass
+    return socket.gethostbyname(socket.gethostname())
+
+
+def ray_env(opts: LaunchOptions) -> dict:
+    env = dict(os.environ)
+    env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(GCS_RECONNECT_S)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    if opts.auth == "disabled":
+        env["RAY_AUTH_MODE"] = "disabled"
+        env.pop("RAY_AUTH_TOKEN", None)
+    else:
+        if not env.get("RAY_AUTH_TOKEN"):
+            raise LaunchError("RAY_AUTH_TOKEN is not set: every node of the job needs the same token at run time "
+                              "(the deploy artifacts generate one per job), or pass --no-auth to run without authentication")
+        env["RAY_AUTH_MODE"] = "token"
+    return env
+
+
+def check_shm(ident: NodeIdentity) -> None:
+    try:
+        st = os.statvfs("/dev/shm")
+    except OSError:
+        return
+    shm = st.f_frsize * st.f_blocks
+    if shm < 2 * 2**30:
+        log(ident, f"WARNING: /dev/shm is {shm / 2**20:.0f} MiB; Ray's object store falls back to slow disk. "
+                   "Give the container more (docker --shm-size=8g, a Kubernetes emptyDir with medium: Memory at /dev/shm)")
+
+
+def wait_for_port(host: str, port: int, deadline: float) -> bool:
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False
+
+
+def _start_args(opts: LaunchOptions, ident: NodeIdentity, ip: str) -> list[str]:
+    args = [f"--node-ip-address={ip}", "--disable-usage-stats"]
+    if opts.num_cpus is not None:
+        args.append(f"--num-cpus={opts.num_cpus}")
+    gpus = opts.num_gpus if opts.num_gpus is not None else (ident.gpus_per_node or None)
+    if gpus is not None:
+        args.append(f"--num-gpus={gpus}")
+    return args
+
+
+def barrier(ident: NodeIdentity, address: str, timeout_s: float) -> float:
+    """Block until every expected node is alive; return the time the last one registered."""
+    import ray
+    deadline = time.monotonic() + timeout_s
+    seen_dead: set = set()
+    while True:
+        nodes = ray.nodes()
+        alive = [n for n in nodes if n["Alive"]]
+        dead = [n for n in nodes if not n["Alive"] and n["NodeID"] not in seen_dead]
+        if dead:
+            names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeManagerHostname']})" for n in dead)
+            raise LaunchError(f"node(s) {names} joined and then died before all {ident.num_nodes} nodes were up")
+        if len(alive) >= ident.num_nodes:
+            return time.monotonic()
+        if time.monotonic() > deadline:
+            joined = sorted(n["NodeManagerAddress"] for n in alive)
+            missing = [a for a in ident.node_addresses if a not in joined] if ident.node_addresses else []
+            detail = f"missing: {', '.join(missing)}" if missing else f"{ident.num_nodes - len(alive)} node(s) missing"
+            raise LaunchError(f"only {len(alive)}/{ident.num_nodes} nodes joined within {timeout_s:.0f}s "
+                              f"(joined: {', '.join(joined)}; {detail}); check the workers' logs and that they reach "
+                              f"{address}")
+        time.sleep(0.1)
+
+
+def ports_for(ident: NodeIdentity, opts: LaunchOptions) -> RayPorts:
+    return RayPorts(opts.port_base, ident.node_rank * opts.port_stride)
+
+
+def _start_node(args: list[str], env: dict) -> subprocess.Popen:
+    """`ray start --block` as our child: stopping it stops exactly this node's Ray processes,
+    so several nodes can share one host (no `ray stop`, which would kill them all).
+    Its output goes to a file (a pipe nobody reads would block it); _tail() reads it back."""
+    out = tempfile.NamedTemporaryFile(prefix="ray-start-", suffix=".log", delete=False)
+    proc = subprocess.Popen(["ray", "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    proc.log_path = out.name  # type: ignore[attr-defined]
+    out.close()
+    return proc
+
+
+def _tail(proc: subprocess.Popen, lines: int = 15) -> str:
+    try:
+        with open(proc.log_path) as f:  # type: ignore[attr-defined]
+            return "\n    ".join(f.read().strip().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def _stop_node(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _wait_started(proc: subprocess.Popen, host: str, port: int, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise LaunchError(f"{what} exited with {proc.returncode}:\n    {_tail(proc)}")
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise LaunchError(f"{what} did not open {host}:{port} within {timeout_s:.0f}s")
+
+
+def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict, ip: str) -> int:
+    ports = ports_for(ident, opts)
+    address = f"{ip}:{ports.gcs}"
+    t0 = time.monotonic()
+    node = _start_node(["--head", "--include-dashboard=false", *ports.head_args(), *_start_args(opts, ident, ip)], env)
+    try:
+        _wait_started(node, ip, ports.gcs, 120, "ray start --head")
+        import ray
+        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+        last = barrier(ident, address, opts.barrier_timeout_s)
+        log(ident, f"barrier passed: {ident.num_nodes} node(s) alive {time.monotonic() - t0:.2f}s after head start; "
+                   f"driver starts {1000 * (time.monotonic() - last):.0f} ms after the last node registered")
+        proc = subprocess.Popen(cmd, env={**env, "RAY_ADDRESS": address})
+        forward = lambda sig, _f: proc.send_signal(sig)  # noqa: E731
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        code = proc.wait()
+        log(ident, f"driver exited with {code}")
+        from ray.experimental import internal_kv
+        internal_kv._internal_kv_put(EXIT_KEY, str(code).encode(), overwrite=True)
+        _wait_workers_left(ident, deadline=time.monotonic() + 2 * GCS_RECONNECT_S)
+        return code
+    finally:
+        _disconnect()
+        _stop_node(node)
+
+
+def _disconnect() -> None:
+    """Leave Ray before its GCS goes, or Ray's core worker ends this process with its own exit code."""
+    if "ray" in sys.modules:
+        import ray
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def _wait_workers_left(ident: NodeIdentity, deadline: float) -> None:
+    """Give workers a moment to read the exit code and leave cleanly before the head goes."""
+    import ray
+    while time.monotonic() < deadline:
+        if len([n for n in ray.nodes() if n["Alive"]]) <= 1:
+            return
+        time.sleep(0.2)
+
+
+def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str) -> int:
+    ports = ports_for(ident, opts)
+    head = ident.head_address
+    deadline = time.monotonic() + opts.join_timeout_s
+    log(ident, f"waiting for the head at {head}:{ports.gcs}")
+    if not wait_for_port(head, ports.gcs, deadline):
+        raise LaunchError(f"the head {head}:{ports.gcs} did not answer within {opts.join_timeout_s:.0f}s")
+    node = _start_node([f"--address={head}:{ports.gcs}", *ports.node_args(), *_start_args(opts, ident, ip)], env)
+    try:
+        log(ident, "joining the cluster")
+        return _follow_head(ident, node, f"{head}:{ports.gcs}")
+    finally:
+        _disconnect()
+        _stop_node(node)
+
+
+def _follow_head(ident: NodeIdentity, node: subprocess.Popen, address: str) -> int:
+    """Stay until the head publishes the driver's exit code, or this node's Ray exits (head lost)."""
+    import ray
+    from ray.experimental import internal_kv
+    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    lost_since = None
+    while True:
+        if node.poll() is not None:
+            log(ident, f"this node's Ray exited ({node.returncode}): the head is gone; leaving\n    {_tail(node, 5)}")
+            return 1
+        try:
+            val = internal_kv._internal_kv_get(EXIT_KEY)
+            lost_since = None
+            if val is not None:
+                code = int(val)
+                log(ident, f"driver finished with {code}; leaving")
+                return code
+        except Exception:
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > GCS_RECONNECT_S:
+                log(ident, "lost the head; leaving")
+                return 1
+        time.sleep(0.3)
+
+
+def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -> int:
+    env_in = dict(os.environ if env_in is None else env_in)
+    spec = load_spec(env_in["CLUSTER_SPEC_PATH"]) if env_in.get("CLUSTER_SPEC_PATH") else None
+    ident = detect(env_in, spec)
+    env = ray_env(opts)
+    # Ray reads its auth settings when it is imported: this process must see them before `import ray`
+    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_gcs_rpc_server_reconnect_timeout_s"):
+        if key in env:
+            os.environ[key] = env[key]
+        else:
+            os.environ.pop(key, None)
+    ip = routable_ip(ident, opts.node_ip)
+    log(ident, f"identity from {ident.source}: node {ident.node_rank} of {ident.num_nodes}, head {ident.head_address}, "
+               f"ip {ip}, gpus {ident.gpus_per_node}, node type {ident.node_type}")
+    check_shm(ident)
+    if shutil.which("ray") is None:
+        raise LaunchError("the `ray` command is not on PATH; run inside the image or activate the runtime's venv")
+    if ident.is_head:
+        if not cmd:
+            raise LaunchError("no driver command given: python -m runtime launch -- python train.py ...")
+        return run_head(ident, opts, cmd, env, ip)
+    return run_worker(ident, opts, env, ip)

@@ -1,0 +1,44 @@
+"""Every port a Ray node opens, pinned from one base so two jobs on a node do not collide."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+WORKER_PORTS = 100
+
+
+def ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+@dataclass(frozen=True)
+class RayPorts:
+    """GCS at `base`; this node's own ports at base + node_offset (non-zero when several nodes share a host)."""
+    base: int = 20000
+    node_offset: int = 0
+
+    def __post_init__(self):
+        low = ephemeral_low()
+        top = self.base + self.node_offset + 10 + WORKER_PORTS
+        if self.base < 1024 or top > low:
+            raise ValueError(f"port base {self.base}: Ray's ports {self.base}..{top} must lie "
+                             f"between 1024 and the kernel's ephemeral range (starts at {low}); pick e.g. 20000, 21000, ...")
+
+    @property
+    def gcs(self) -> int:
+        return self.base
+
+    def node_args(self) -> list[str]:
+        b = self.base + self.node_offset
+        return [f"--node-manager-port={b + 1}", f"--object-manager-port={b + 2}",
+                f"--dashboard-agent-grpc-port={b + 3}", f"--dashboard-agent-listen-port={b + 4}",
+                f"--metrics-export-port={b + 5}", f"--runtime-env-agent-port={b + 6}",
+                f"--min-worker-port={b + 10}", f"--max-worker-port={b + 10 + WORKER_PORTS - 1}"]
+
+    def head_args(self) -> list[str]:
+        b = self.base
+        # client server (b+7) and dashboard (b+8) stay reserved: minimal Ray runs neither
+        return [f"--port={b}", *self.node_args()]

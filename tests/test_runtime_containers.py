@@ -1,0 +1,111 @@
+"""End to end on the cpu image: head + two workers as containers on a Docker network, started only
+with the variables a scheduler gives (SkyPilot style), forming the cluster through the barrier."""
+import json
+import secrets
+import time
+
+import docker
+import pytest
+from testcontainers.core.container import DockerContainer
+from testcontainers.core.network import Network
+
+NAMES = ["rt-head", "rt-w1", "rt-w2"]
+
+
+def summary(logs: str) -> dict:
+    line = next(l for l in logs.splitlines() if l.startswith("SUMMARY "))
+    return json.loads(line[len("SUMMARY "):])
+
+
+class Job:
+    """Three containers from the image, as a SkyPilot-style scheduler would start them."""
+
+    def __init__(self, image, train_args=(), launch_args=(), token=None):
+        self.network = Network()
+        self.network.create()
+        self.token = token or secrets.token_hex(32)
+        self.image, self.train_args, self.launch_args = image, list(train_args), list(launch_args)
+        self.containers = {}
+
+    def start(self, rank):
+        env = {"SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NODE_IPS": "\n".join(NAMES), "SKYPILOT_NUM_NODES": "3",
+               "RAY_AUTH_TOKEN": self.token}
+        cmd = ["python", "-m", "runtime", "launch", "--num-cpus", "2", *self.launch_args]
+        if rank == 0:
+            cmd += ["--", "python", "train.py", "--cpus-per-worker", "0.5", "--fileroot", "/tmp/job", *self.train_args]
+        c = (DockerContainer(self.image).with_network(self.network).with_network_aliases(NAMES[rank])
+             .with_name(f"{NAMES[rank]}-{self.token[:8]}").with_envs(**env).with_command(cmd)
+             .with_kwargs(shm_size="1g"))
+        c.start()
+        self.containers[rank] = c
+        return c
+
+    def wait(self, rank, timeout=240) -> int:
+        return self.containers[rank].get_wrapped_container().wait(timeout=timeout)["StatusCode"]
+
+    def logs(self, rank) -> str:
+        return self.containers[rank].get_wrapped_container().logs().decode(errors="replace")
+
+    def close(self):
+        for c in self.containers.values():
+            try:
+                c.get_wrapped_container().remove(force=True)
+            except docker.errors.NotFound:
+                pass
+        self.network.remove()
+
+
+@pytest.fixture
+def job(built):
+    jobs = []
+
+    def make(**kw):
+        j = Job(built["cpu"]["local_ref"], **kw)
+        jobs.append(j)
+        return j
+
+    yield make
+    for j in jobs:
+        j.close()
+
+
+def test_workers_first_then_head_job_completes(job):
+    j = job(train_args=["--steps", "30"])
+    j.start(1)
+    j.start(2)
+    time.sleep(2)  # the workers really are up before the head: they must wait, not fail
+    j.start(0)
+    codes = [j.wait(r) for r in (0, 1, 2)]
+    head = j.logs(0)
+    assert codes == [0, 0, 0], head[-3000:]
+    s = summary(head)
+    assert s["steps"] == 30 and s["nodes"] == 3 and s["ranks_reported"] == [0, 1, 2]
+    assert s["final_loss"] < s["first_loss"] / 10
+    assert "barrier passed: 3 node(s) alive" in head
+    assert "waiting for the head" in j.logs(1)
+
+
+def test_head_killed_workers_leave_on_their_own(job):
+    j = job(train_args=["--steps", "100000", "--step-delay", "0.2"])
+    for r in (0, 1, 2):
+        j.start(r)
+    deadline = time.time() + 120
+    while "[driver] step 3 " not in j.logs(0):
+        assert time.time() < deadline, j.logs(0)[-2000:]
+        time.sleep(0.5)
+    j.containers[0].get_wrapped_container().kill()
+    t0 = time.time()
+    codes = [j.wait(r, timeout=30) for r in (1, 2)]
+    assert time.time() - t0 < 15
+    assert all(c != 0 for c in codes)
+
+
+def test_missing_token_is_a_clear_error(built, client):
+    out = client.containers.run(built["cpu"]["local_ref"], ["python", "-m", "runtime", "launch", "--", "true"],
+                                environment={"RAYTRAIN_NODE_RANK": "0", "RAYTRAIN_NUM_NODES": "1",
+                                             "RAYTRAIN_HEAD_ADDRESS": "127.0.0.1"}, remove=False, detach=True)
+    try:
+        assert out.wait(timeout=60)["StatusCode"] == 2
+        assert "RAY_AUTH_TOKEN is not set" in out.logs().decode()
+    finally:
+        out.remove(force=True)
