@@ -67,6 +67,22 @@ def push(c, spec=None, variant=None, quiet=False, json=False):
         print(f"recorded in {out['images_json']}")
 
 
+@task(help={
+    "target": "Where to run: local (Docker engine: head + workers as containers). Default: deploy.target.",
+    "spec": "Cluster spec JSON (default: project.spec).",
+    "nodes": "Number of nodes, head included (default: deploy.nodes).",
+    "name": "Job name: lowercase letters, digits, '-' (default: deploy.name).",
+    "dry_run": "Print what would run (containers, env, commands) and start nothing.",
+    **COMMON,
+})
+def deploy(c, target=None, spec=None, nodes=None, name=None, dry_run=False, quiet=False, json=False):
+    """Run the example job on the target from the pushed digests in build/images.json."""
+    out = _run(c, pipeline.deploy, spec, target, int(nodes) if nodes else None, name, dry_run, quiet=quiet,
+               as_json=json or dry_run)
+    if not (json or dry_run):
+        print(f"job {out['job']['name']} finished with exit code {out['exit_code']}")
+
+
 # -- spec ------------------------------------------------------------------------
 @task(help={"file": "Path to the cluster spec JSON to validate.", "json": COMMON["json"]})
 def check(c, file, json=False):
@@ -124,4 +140,4 @@ def status(c):
 spec_ns = Collection("spec", check, schema)
 base_ns = Collection("base", base_bootstrap)
 registry_ns = Collection("registry", start, stop, status)
-ns = Collection(build, push, spec_ns, base_ns, registry_ns)
+ns = Collection(build, push, deploy, spec_ns, base_ns, registry_ns)

@@ -71,7 +71,7 @@ def run(client, rep, work: Path, app: Path, s) -> None:
 
     # the one-line change, applied to both
     for f in (app / "train.py", ctx / "project" / "train.py"):
-        f.write_text(f.read_text().replace("lr=0.05", "lr=0.045"))
+        f.write_text(f.read_text() + "# one-line change\n")
     t0 = time.monotonic()
     layered = pipeline.build(s, str(SPEC), "cpu", rep)["images"]["cpu"]
     layered_build = time.monotonic() - t0

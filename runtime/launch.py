@@ -67,6 +67,9 @@ def routable_ip(ident: NodeIdentity, override: Optional[str] = None) -> str:
 def ray_env(opts: LaunchOptions) -> dict:
     env = dict(os.environ)
     env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(GCS_RECONNECT_S)
+    # declare a lost node dead after ~5 s instead of Ray's default, so its placement groups move sooner
+    env.setdefault("RAY_health_check_period_ms", "1000")
+    env.setdefault("RAY_health_check_failure_threshold", "5")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if opts.auth == "disabled":
         env["RAY_AUTH_MODE"] = "disabled"

@@ -38,6 +38,18 @@ def _probe_master_port() -> tuple[str, int]:
     return ray.util.get_node_ip_address(), port
 
 
+@ray.remote(num_cpus=0)
+def _read_worker_log(pid: int, lines: int) -> str:
+    """The tail of a worker process's Ray log files on this node."""
+    import glob
+    out = []
+    for path in sorted(glob.glob(f"/tmp/ray/session_latest/logs/worker-*-{pid}.*")):
+        if path.endswith((".out", ".err")):
+            with open(path, errors="replace") as f:
+                out.extend(f.read().splitlines()[-lines:])
+    return "\n".join(out[-lines:])
+
+
 class _WorkerHost:
     """Hosts one user worker: sets rank variables, joins torch.distributed, runs methods."""
 
@@ -62,7 +74,7 @@ class _WorkerHost:
 
     def status(self) -> dict:
         return {"rank": self.rank, "node": self.node, "pid": os.getpid(), "busy": self.busy,
-                "uptime_s": round(time.time() - self.started, 1)}
+                "node_id": ray.get_runtime_context().get_node_id(), "uptime_s": round(time.time() - self.started, 1)}
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -124,7 +136,8 @@ class RayWorkerGroup:
                                                    num_gpus=self._gpus).remote(
                 self.worker_class, env, self.init_args, self.init_kwargs, self.backend, self.init_timeout_s))
         self._dead = {}
-        self._guard(lambda: [w.status.remote() for w in self.workers], timeout=self.init_timeout_s, restartable=False)
+        self._info = self._guard(lambda: [w.status.remote() for w in self.workers], timeout=self.init_timeout_s,
+                                 restartable=False)
 
     def shutdown(self) -> None:
         for w in self.workers:
@@ -135,11 +148,23 @@ class RayWorkerGroup:
             ray.kill(w)
         self.workers = []
 
-    def _restart(self) -> None:
-        for w in self.workers:
-            ray.kill(w, no_restart=True)
+    def _restart(self, attempts: int = 6, pause_s: float = 3.0) -> None:
+        """Replace every worker. A node that just died may still look alive to Ray for a few seconds
+        (until its health checks fail and its placement group is rescheduled): a worker placed there
+        fails at start-up, so start-up is retried within this one restart."""
         self.restarts += 1
-        self._start()
+        for attempt in range(1, attempts + 1):
+            for w in self.workers:
+                ray.kill(w, no_restart=True)
+            try:
+                ray.get([pg.ready() for pg in self.cluster.get_placement_groups()], timeout=self.init_timeout_s)
+                self._start()
+                return
+            except (WorkerFailureError, ray.exceptions.GetTimeoutError) as e:
+                if attempt == attempts:
+                    raise WorkerFailureError(f"restart {self.restarts} could not bring the group back after "
+                                             f"{attempts} start-up attempts: {e}") from None
+                time.sleep(pause_s)
 
     # -- calls ------------------------------------------------------------------
     def _guard(self, make_refs: Callable[[], list], timeout: Optional[float], restartable: bool = True) -> list:
@@ -149,6 +174,7 @@ class RayWorkerGroup:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.WorkerCrashedError) as e:
             rank, cause = self._find_failure(refs, e)
             node = self.slots[rank].node_ip if rank is not None else None
+            cause += self._log_tail(rank)
             where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
             if restartable and self.restart_on_failure and self.restarts < self.max_restarts:
                 self._restart()
@@ -156,6 +182,19 @@ class RayWorkerGroup:
                                            f"({self.restarts}/{self.max_restarts})", rank, node) from None
             limit = f" after {self.restarts} restarts (max_restarts={self.max_restarts})" if self.restart_on_failure else ""
             raise WorkerFailureError(f"{where} failed{limit}: {cause}", rank, node) from None
+
+    def _log_tail(self, rank: Optional[int], lines: int = 20) -> str:
+        """The failing worker's last log lines, read on its node (if that node is still up)."""
+        info = getattr(self, "_info", None)
+        if rank is None or not info:
+            return ""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        try:
+            text = ray.get(_read_worker_log.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                info[rank]["node_id"], soft=False)).remote(info[rank]["pid"], lines), timeout=10)
+        except Exception:
+            return f"\n  (no log tail: node {info[rank]['node']} is gone)"
+        return f"\n  last log lines of rank {rank}:\n    " + "\n    ".join(text.splitlines()) if text else ""
 
     def _find_failure(self, refs: list, err: Exception) -> tuple[Optional[int], str]:
         ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)

@@ -85,3 +85,9 @@ def registry(settings):
 
 def run_in(client, image: str, cmd: list[str], **kw) -> str:
     return client.containers.run(image, cmd, remove=True, **kw).decode()
+
+
+@pytest.fixture(scope="session")
+def pushed(built, registry, settings):
+    """The cpu and gpu images pushed to the test registry, digests in the session's build/images.json."""
+    return pipeline.push(settings, str(SPEC), "cpu,gpu", Reporter())["images"]

@@ -14,8 +14,7 @@ from toolchain.metadata import read_images
 from toolchain.progress import Reporter
 
 
-def test_push_records_digest_and_pull_back_by_digest(client, built, registry, settings):
-    out = pipeline.push(settings, str(SPEC), "cpu,gpu", Reporter())
+def test_push_records_digest_and_pull_back_by_digest(client, built, pushed, settings):
     recorded = read_images(settings.build_dir)
     for v in ("cpu", "gpu"):
         entry = recorded[v]

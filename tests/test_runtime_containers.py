@@ -109,3 +109,38 @@ def test_missing_token_is_a_clear_error(built, client):
         assert "RAY_AUTH_TOKEN is not set" in out.logs().decode()
     finally:
         out.remove(force=True)
+
+
+def _wait_for(j, rank, text, timeout=180):
+    deadline = time.time() + timeout
+    while text not in j.logs(rank):
+        assert time.time() < deadline, f"{text!r} never appeared:\n" + j.logs(rank)[-3000:]
+        assert j.containers[rank].get_wrapped_container().reload() or True
+        time.sleep(0.5)
+
+
+def test_worker_killed_group_restarts_from_checkpoint(job):
+    j = job(train_args=["--steps", "40", "--step-delay", "0.3", "--ckpt-every", "5", "--max-restarts", "2",
+                        "--call-timeout", "60"])
+    for r in (0, 1, 2):
+        j.start(r)
+    _wait_for(j, 0, "[driver] step 12 ")
+    j.containers[2].get_wrapped_container().kill()
+    assert j.wait(0, timeout=300) == 0, j.logs(0)[-3000:]
+    head = j.logs(0)
+    s = summary(head)
+    assert s["steps"] == 40 and s["restarts"] == 1
+    assert "restarted the group (1/2)" in head and "resuming at step 10" in head
+    assert "resumed from checkpoint at step 10" in head
+
+
+def test_worker_failures_beyond_max_restarts_fail_cleanly(job):
+    j = job(train_args=["--steps", "100000", "--step-delay", "0.3", "--max-restarts", "0", "--call-timeout", "60"])
+    for r in (0, 1, 2):
+        j.start(r)
+    _wait_for(j, 0, "[driver] step 5 ")
+    j.containers[2].get_wrapped_container().kill()
+    code = j.wait(0, timeout=180)
+    head = j.logs(0)
+    assert code == 1, head[-3000:]
+    assert "[driver] FAILED: worker rank" in head and "failed after 0 restarts" in head

@@ -78,6 +78,7 @@ def test_restart_whole_group_then_give_up(vc):
     with pytest.raises(WorkerFailureError, match=r"worker rank 1 on .* failed after 1 restarts") as e:
         g.run_all_workers_single_data("crash_if", 1)
     assert not isinstance(e.value, WorkerGroupRestarted)
+    assert "last log lines of rank 1" in str(e.value) and "about to crash on rank 1" in str(e.value)
     g.shutdown()
 
 

@@ -51,6 +51,16 @@ class RegistrySettings(_Strict):
     retry_backoff_s: float = Field(2.0, ge=0)
 
 
+class DeploySettings(_Strict):
+    name: str = "example"
+    target: str = "local"
+    nodes: int = Field(3, ge=1)
+    cpus_per_node: int = Field(2, ge=1)
+    command: list[str] = Field(default_factory=lambda: ["python", "train.py", "--cpus-per-worker", "0.5"])
+    port_base: int = 20000
+    time_limit: str = "01:00:00"
+
+
 class ProjectSettings(_Strict):
     spec: str = "cluster_specs/local.json"
     app_dir: str = "examples/train"
@@ -64,6 +74,7 @@ class Settings(_Strict):
     project: ProjectSettings = Field(default_factory=ProjectSettings)
     image: ImageSettings
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
+    deploy: DeploySettings = Field(default_factory=DeploySettings)
     quiet: bool = False
 
     def path(self, rel: str) -> Path:
@@ -85,7 +96,7 @@ def _plain(obj: Any) -> Any:
 
 
 def load_settings(config: Any, root: Path) -> Settings:
-    data = {k: _plain(config.get(k)) for k in ("project", "image", "registry") if config.get(k) is not None}
+    data = {k: _plain(config.get(k)) for k in ("project", "image", "registry", "deploy") if config.get(k) is not None}
     data["quiet"] = bool(config.get("quiet", False))
     try:
         settings = Settings(root=root, **data)

@@ -70,10 +70,10 @@ def image_names(spec: ClusterSpec, variant: str, settings: Settings) -> tuple[st
 
 
 def git_revision(root: Path) -> str:
+    """HEAD's commit (the source revision label). Uncommitted edits are covered by the content keys."""
     try:
-        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
-        return rev + ("-dirty" if dirty else "")
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
 

@@ -110,3 +110,41 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
                  f"{res.layers_existing} already there, {human_bytes(res.bytes_uploaded)}, {res.seconds:.1f}s)")
         results[v] = {**record, "push": res.as_dict()}
     return {"images_json": str(path), "images": results}
+
+
+def deploy(settings: Settings, spec: str | None, target: str | None, nodes: int | None, name: str | None,
+           dry_run: bool, rep: Reporter) -> dict:
+    """Pre-flight (spec, pushed digests, job values) before anything starts; then the target."""
+    from deploy import local
+    from deploy.job import DeployError, build_job
+    from toolchain.metadata import images_file, read_images
+
+    spec_file = resolve_spec(settings, spec)
+    target = target or settings.deploy.target
+    if target != "local":
+        raise ConfigError(f"--target: {target!r} is not available yet; use 'local' (sbatch, pyxis and k8s are in progress)")
+    d = settings.deploy
+    try:
+        job = build_job(load_spec(spec_file), read_images(settings.build_dir), images_file(settings.build_dir),
+                        name=name or d.name, nodes=nodes or d.nodes, command=list(d.command),
+                        cpus_per_node=d.cpus_per_node, port_base=d.port_base, time_limit=d.time_limit, gpus_per_node=0)
+    except DeployError as e:
+        raise ConfigError(str(e)) from None
+    nodes_plan = local.plan(job, "<run-id>")
+    summary = {"target": target, "job": job.model_dump(mode="json"),
+               "containers": [{**n.__dict__, "environment": {**n.environment, "RAY_AUTH_TOKEN": "<generated per run>"}}
+                              for n in nodes_plan]}
+    if dry_run:
+        return summary
+    client = engine()
+    try:
+        client.images.get(job.image)
+    except Exception:
+        rep.step(f"deploy: pulling {job.image}")
+        client.images.pull(job.image)
+    rep.step(f"deploy[local]: {job.nodes} node(s) of {job.image}")
+    code = local.run(client, job)
+    summary["exit_code"] = code
+    if code != 0:
+        raise ToolchainError(f"the job {job.name!r} failed: the head exited with {code}")
+    return summary

@@ -1,0 +1,1 @@
+"""Deploy artifacts: one job model (job.py), one renderer/runner per target."""
