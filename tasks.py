@@ -5,7 +5,7 @@ flags or INVOKE_* environment variables (e.g. INVOKE_REGISTRY_ADDRESS=host:5000)
 """
 from __future__ import annotations
 
-import json
+import json as jsonlib
 from pathlib import Path
 
 from invoke import Collection, Exit, task
@@ -30,7 +30,7 @@ def _run(c, fn, *args, quiet=False, as_json=False, **kwargs):
     except ToolchainError as e:
         raise Exit(f"error: {e}", code=e.exit_code)
     if as_json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print(jsonlib.dumps(summary, indent=2, sort_keys=True))
     return summary
 
 
@@ -92,7 +92,7 @@ def check(c, file, json=False):
     except SpecError as e:
         raise Exit(f"error: {e}", code=2)
     if json:
-        print(__import__("json").dumps(out, indent=2))
+        print(jsonlib.dumps(out, indent=2))
     else:
         for k, v in out.items():
             print(f"{k:12} {v}")

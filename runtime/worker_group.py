@@ -11,7 +11,7 @@ import os
 import socket
 import time
 from datetime import timedelta
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy

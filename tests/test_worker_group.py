@@ -1,5 +1,4 @@
 """Worker groups on a real multi-raylet Ray cluster (ray.cluster_utils.Cluster, two nodes)."""
-import os
 from pathlib import Path
 
 import pytest
@@ -28,7 +27,6 @@ def two_nodes():
 
 @pytest.fixture
 def vc(two_nodes):
-    from helpers.workers import EnvReporter  # noqa: F401  (import check)
     c = RayVirtualCluster([2, 2], max_colocated_worker_groups=2)
     yield c
     c.shutdown()

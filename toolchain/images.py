@@ -26,7 +26,7 @@ from toolchain.errors import BuildError, ConfigError
 from toolchain.hashing import iter_tree, key_of, tree_hash
 from toolchain.progress import Reporter
 from toolchain.templates import dockerfile_str, label_words, render, template_hash
-from toolchain.wheelhouse import LOCK, ensure_wheelhouse
+from toolchain.wheelhouse import ensure_wheelhouse
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
 LABEL_PREFIX = "io.raytrain"

@@ -9,7 +9,7 @@ from toolchain.bootstrap import ensure_base
 from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
-from toolchain.images import build_all, image_names
+from toolchain.images import build_all
 from toolchain.metadata import read_build, record_image
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import push_image
