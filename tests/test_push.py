@@ -110,7 +110,7 @@ class FaultyProxy:
 
 
 @pytest.fixture
-def proxied(tmp_path, app_dir, built, registry, settings):
+def proxied(client, tmp_path, app_dir, built, registry, settings):
     made = []
 
     def make(method, status, failures, retries, body=b""):
@@ -123,6 +123,8 @@ def proxied(tmp_path, app_dir, built, registry, settings):
     yield make
     for p in made:
         p.close()
+        for tag in _tags_for(client, p.address + "/"):
+            client.images.remove(tag, noprune=True)
 
 
 def test_transient_5xx_is_retried(client, proxied):
