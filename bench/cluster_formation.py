@@ -8,6 +8,7 @@ Run: .venv/bin/python bench/cluster_formation.py
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import time
@@ -15,6 +16,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image cannot be pulled here
 sys.path.insert(0, str(ROOT))
 
 from test_runtime_containers import Job  # noqa: E402

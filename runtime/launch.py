@@ -169,6 +169,10 @@ def _stop_node(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    try:
+        os.unlink(proc.log_path)  # type: ignore[attr-defined]
+    except OSError:
+        pass
 
 
 def _wait_started(proc: subprocess.Popen, host: str, port: int, timeout_s: float, what: str) -> None:
@@ -238,6 +242,8 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str) -> 
     node = _start_node([f"--address={head}:{ports.gcs}", *ports.node_args(), *_start_args(opts, ident, ip)], env)
     try:
         log(ident, "joining the cluster")
+        # this node's raylet must be up before this process connects to Ray (it attaches to a local raylet)
+        _wait_started(node, ip, ports.base + ports.node_offset + 1, opts.join_timeout_s, "ray start (worker)")
         return _follow_head(ident, node, f"{head}:{ports.gcs}")
     finally:
         _disconnect()

@@ -4,6 +4,7 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 
@@ -24,12 +25,25 @@ def launch(rank, n, token, cmd=(), args=(), **extra):
             "--num-cpus", "1", *args]
     if cmd:
         argv += ["--", *cmd]
-    return subprocess.Popen(argv, env=node_env(rank, n, token, **extra), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    log = tempfile.TemporaryFile(mode="w+")  # a file, not a pipe: a full pipe would block the node
+    proc = subprocess.Popen(argv, env=node_env(rank, n, token, **extra), stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log = log
+    return proc
 
 
 def finish(procs, timeout=240):
-    return [(p.wait(timeout=timeout), p.stdout.read()) for p in procs]
+    out = []
+    try:
+        for p in procs:
+            code = p.wait(timeout=timeout)
+            p.log.seek(0)
+            out.append((code, p.log.read()))
+        return out
+    finally:
+        for p in procs:  # never leave a node running for the next test
+            if p.poll() is None:
+                p.terminate()
+                p.wait(timeout=60)
 
 
 def test_three_nodes_train_and_exit_together(tmp_path):
