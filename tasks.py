@@ -67,20 +67,55 @@ def push(c, spec=None, variant=None, quiet=False, json=False):
         print(f"recorded in {out['images_json']}")
 
 
-@task(help={
-    "target": "Where to run: local (Docker engine: head + workers as containers). Default: deploy.target.",
+@task(auto_shortflags=False, help={
+    "target": "local (containers on this Docker engine, runs the job), slurm (plain sbatch: the nodes' own "
+              "environment from slurm.env_setup), pyxis (sbatch with srun --container-* flags) or k8s (manifests). "
+              "Default: deploy.target.",
     "spec": "Cluster spec JSON (default: project.spec).",
     "nodes": "Number of nodes, head included (default: deploy.nodes).",
     "name": "Job name: lowercase letters, digits, '-' (default: deploy.name).",
-    "dry_run": "Print what would run (containers, env, commands) and start nothing.",
+    "gpus": "GPUs per node (default: the spec's slurm.gpus_per_node for slurm/pyxis, else 0). >0 picks the gpu image.",
+    "out": "Directory for the artifacts (default: build/deploy/<target>/<name>). Written all at once.",
+    "dry_run": "Print the pre-flight result and the rendered artifacts; write, convert and start nothing.",
+    "submit": "After writing: sbatch the script (slurm, pyxis) or create the token Secret and kubectl apply (k8s).",
+    "seeds": "k8s: one independent run per seed, e.g. '1-4' or '1,5,9' (names <name>-s<seed>; --seed is appended).",
+    "slots": "k8s with --seeds: NODE[:GPU] slots the runs are pinned to round-robin, e.g. 'node1:0,node1:1,node2'.",
+    "sqsh": "pyxis: convert the image to an enroot .sqsh (cached by digest in build/sqsh) and run from that file.",
+    "sqsh_to_fileroot": "pyxis --sqsh: also copy the .sqsh to <fileroot>/images/ and point srun at that copy.",
+    "port_stride": "Offset between the Ray ports of nodes that share a host (several slurmd per host). Default 0.",
     **COMMON,
 })
-def deploy(c, target=None, spec=None, nodes=None, name=None, dry_run=False, quiet=False, json=False):
-    """Run the example job on the target from the pushed digests in build/images.json."""
-    out = _run(c, pipeline.deploy, spec, target, int(nodes) if nodes else None, name, dry_run, quiet=quiet,
-               as_json=json or dry_run)
-    if not (json or dry_run):
-        print(f"job {out['job']['name']} finished with exit code {out['exit_code']}")
+def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, submit=False,
+           seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=0, quiet=False, json=False):
+    """Render the job for a target from the pushed digests (build/images.json); run it (local) or write it.
+
+    Pre-flight checks (digests, spec sections, GPU/node counts) run first; on failure nothing is written.
+    """
+    result = _run(c, pipeline.deploy, spec, target, int(nodes) if nodes else None, name, dry_run,
+                  quiet=quiet, as_json=json, out=out, submit=submit, gpus=int(gpus) if gpus is not None else None,
+                  seeds=seeds, slots=slots, sqsh=sqsh, sqsh_to_fileroot=sqsh_to_fileroot, port_stride=int(port_stride))
+    if json:
+        return
+    if dry_run:
+        for fname, text in result.get("rendered", {}).items():
+            print(f"# ---- {fname} (dry run: not written)\n{text}")
+        if result["target"] == "local":
+            print(jsonlib.dumps(result["containers"], indent=2))
+        return
+    if result["target"] == "local":
+        print(f"job {result['job']['name']} finished with exit code {result['exit_code']}")
+    for w in result.get("written", []):
+        print(f"wrote {w}")
+    if result.get("slurm_job_id"):
+        print(f"submitted Slurm job {result['slurm_job_id']}")
+
+
+@task(help={"spec": "Cluster spec JSON with a 'kubernetes' section (default: project.spec).",
+            "name": "Job name (or the fan-out's name) given to deploy (default: deploy.name)."})
+def destroy(c, spec=None, name=None):
+    """Delete what `deploy --target k8s --submit` created: its Jobs, pods, Service and Secret, by label."""
+    out = _run(c, pipeline.destroy, spec, name)
+    print(out["kubectl"].strip() or f"nothing labelled with {out['group']} in {out['namespace']}")
 
 
 # -- spec ------------------------------------------------------------------------
@@ -140,4 +175,4 @@ def status(c):
 spec_ns = Collection("spec", check, schema)
 base_ns = Collection("base", base_bootstrap)
 registry_ns = Collection("registry", start, stop, status)
-ns = Collection(build, push, deploy, spec_ns, base_ns, registry_ns)
+ns = Collection(build, push, deploy, destroy, spec_ns, base_ns, registry_ns)

@@ -10,6 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from runtime.spec import ClusterSpec, Mount, describe_errors
 
 JOB_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$"
+IMAGE_WORKDIR = "/opt/app/project"  # the app layer's project directory (dockerfiles/deps.Dockerfile.j2 WORKDIR)
+TIME_RE = r"^(\d+-\d{1,2}(:\d{2}){0,2}|\d+(:\d{2}){0,2})$"
 
 
 class DeployError(ValueError):
@@ -23,15 +25,24 @@ class JobSpec(BaseModel):
     nodes: int = Field(3, ge=1)
     gpus_per_node: int = Field(0, ge=0)
     cpus_per_node: int = Field(2, ge=1)
-    image: str = Field(..., description="Image pinned by digest (repo@sha256:...) or a local tag for local runs.")
+    image: Optional[str] = Field(None, description="Image pinned by digest (repo@sha256:...); None = the host's environment (plain sbatch).")
     command: list[str] = Field(..., min_length=1)
     env: dict[str, str] = Field(default_factory=dict)
     mounts: list[Mount] = Field(default_factory=list)
     port_base: int = Field(20000, ge=1024, le=60000)
-    time_limit: str = "01:00:00"
-    retries: int = Field(0, ge=0)
+    time_limit: str = Field("01:00:00", pattern=TIME_RE, description="Slurm time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]].")
+    retries: int = Field(0, ge=0, le=100)
+    memory: Optional[str] = Field(None, pattern=r"^[1-9][0-9]*[KMGT]?$", description="Memory per node, e.g. 64G.")
     shm_size: str = "2g"
     fileroot: str = "/tmp/raytrain"
+    workdir: Optional[str] = Field(None, description="Directory the command runs in (absolute); None = the image's.")
+
+    @field_validator("workdir", "fileroot")
+    @classmethod
+    def _absolute(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None and not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v!r}")
+        return v
 
     @field_validator("env")
     @classmethod
@@ -51,13 +62,15 @@ def image_for(images: dict, variant: str, images_file: Path) -> str:
 
 def build_job(spec: ClusterSpec, images: dict, images_file: Path, *, name: str, nodes: int, command: list[str],
               env: Optional[dict] = None, gpus_per_node: Optional[int] = None, cpus_per_node: int = 2,
-              time_limit: str = "01:00:00", retries: int = 0, port_base: int = 20000) -> JobSpec:
+              time_limit: str = "01:00:00", retries: int = 0, port_base: int = 20000,
+              workdir: Optional[str] = None, memory: Optional[str] = None, needs_image: bool = True) -> JobSpec:
+    """needs_image=False: the job runs in the nodes' own environment (plain sbatch), no image."""
     gpus = gpus_per_node if gpus_per_node is not None else (spec.slurm.gpus_per_node if spec.slurm else 0)
     variant = "gpu" if gpus else "cpu"
     try:
         return JobSpec(name=name, nodes=nodes, gpus_per_node=gpus, cpus_per_node=cpus_per_node,
-                       image=image_for(images, variant, images_file), command=command, env=env or {},
+                       image=image_for(images, variant, images_file) if needs_image else None, command=command, env=env or {},
                        mounts=spec.mounts, port_base=port_base, time_limit=time_limit, retries=retries,
-                       fileroot=spec.fileroot)
+                       fileroot=spec.fileroot, workdir=workdir, memory=memory)
     except ValidationError as e:
         raise DeployError("invalid job:\n  - " + "\n  - ".join(describe_errors(e, JobSpec))) from None

@@ -136,11 +136,14 @@ def _kubernetes(env):
     if "KUBERNETES_SERVICE_HOST" not in env or not env.get("RAYTRAIN_HEAD_ADDRESS"):
         return None
     rank = _int(env, "JOB_COMPLETION_INDEX")
-    if rank is None:
+    if rank is None and not env.get("RAYTRAIN_NODE_RANK"):
         m = re.search(r"-(\d+)$", env.get("HOSTNAME", ""))
         rank = int(m.group(1)) if m else None
     if rank is None:
-        raise IdentityError("on Kubernetes: no JOB_COMPLETION_INDEX and HOSTNAME has no StatefulSet ordinal (name-N)")
+        rank = _int(env, "RAYTRAIN_NODE_RANK")  # e.g. the head's own (non-indexed) Job
+    if rank is None:
+        raise IdentityError("on Kubernetes: no JOB_COMPLETION_INDEX, no RAYTRAIN_NODE_RANK and HOSTNAME has no "
+                            "StatefulSet ordinal (name-N)")
     return dict(node_rank=rank, num_nodes=_int(env, "RAYTRAIN_NUM_NODES"), head_address=env["RAYTRAIN_HEAD_ADDRESS"],
                 gpus_per_node=_int(env, "RAYTRAIN_GPUS_PER_NODE") or 0)
 
@@ -153,6 +156,7 @@ SOURCES = {
                ("DSTACK_NODE_RANK", "DSTACK_NODES_IPS", "DSTACK_NODES_NUM", "DSTACK_MASTER_NODE_IP")),
     "kubernetes": (_kubernetes, ("KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX", "HOSTNAME", "RAYTRAIN_HEAD_ADDRESS")),
 }
+# RAYTRAIN_NODE_RANK_OFFSET is added to a scheduler's rank (the workers' srun step numbers its nodes from 0).
 EXPLICIT = {"node_rank": "RAYTRAIN_NODE_RANK", "num_nodes": "RAYTRAIN_NUM_NODES",
             "head_address": "RAYTRAIN_HEAD_ADDRESS", "gpus_per_node": "RAYTRAIN_GPUS_PER_NODE"}
 
@@ -186,6 +190,9 @@ def detect(env: Mapping[str, str] | None = None, spec: ClusterSpec | None = None
         raise IdentityError(f"cannot tell this node's place in the job: missing {', '.join(missing)} "
                             f"(scheduler variables seen: {', '.join(seen) or 'none'}); set them or run under Slurm/SkyPilot/dstack/Kubernetes")
     rank, n = int(merged["node_rank"]), int(merged["num_nodes"])
+    offset = _int(env, "RAYTRAIN_NODE_RANK_OFFSET")
+    if offset and not env.get("RAYTRAIN_NODE_RANK") and explicit.get("node_rank") is None:
+        rank += offset  # a scheduler step that holds only some of the job's nodes (e.g. the workers' srun)
     if not 0 <= rank < n:
         raise IdentityError(f"node rank {rank} is outside 0..{n - 1} (source: {source})")
     hostname = merged.get("hostname") or env.get("HOSTNAME") or socket.gethostname()

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Optional
 
@@ -141,6 +142,14 @@ def ports_for(ident: NodeIdentity, opts: LaunchOptions) -> RayPorts:
     return RayPorts(opts.port_base, ident.node_rank * opts.port_stride)
 
 
+def temp_dir_args(ports: RayPorts, opts: LaunchOptions) -> list[str]:
+    """Nodes sharing a host would share Ray's session directory, where two raylets starting at
+    once can pick the same socket file; several nodes per host each get a temp dir named by port."""
+    if not opts.port_stride:
+        return []
+    return [f"--temp-dir={Path(tempfile.gettempdir()) / f'raytrain-{ports.base + ports.node_offset}'}"]
+
+
 def _start_node(args: list[str], env: dict) -> subprocess.Popen:
     """`ray start --block` as our child: stopping it stops exactly this node's Ray processes,
     so several nodes can share one host (no `ray stop`, which would kill them all).
@@ -192,7 +201,8 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
     ports = ports_for(ident, opts)
     address = f"{ip}:{ports.gcs}"
     t0 = time.monotonic()
-    node = _start_node(["--head", "--include-dashboard=false", *ports.head_args(), *_start_args(opts, ident, ip)], env)
+    node = _start_node(["--head", "--include-dashboard=false", *ports.head_args(), *temp_dir_args(ports, opts),
+                        *_start_args(opts, ident, ip)], env)
     try:
         _wait_started(node, ip, ports.gcs, 120, "ray start --head")
         import ray
@@ -239,7 +249,8 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str) -> 
     log(ident, f"waiting for the head at {head}:{ports.gcs}")
     if not wait_for_port(head, ports.gcs, deadline):
         raise LaunchError(f"the head {head}:{ports.gcs} did not answer within {opts.join_timeout_s:.0f}s")
-    node = _start_node([f"--address={head}:{ports.gcs}", *ports.node_args(), *_start_args(opts, ident, ip)], env)
+    node = _start_node([f"--address={head}:{ports.gcs}", *ports.node_args(), *temp_dir_args(ports, opts),
+                        *_start_args(opts, ident, ip)], env)
     try:
         log(ident, "joining the cluster")
         # this node's raylet must be up before this process connects to Ray (it attaches to a local raylet)

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
-for pair in docker-registry:docker-registry debootstrap:debootstrap mksquashfs:squashfs-tools; do
+for pair in docker-registry:docker-registry debootstrap:debootstrap mksquashfs:squashfs-tools \
+            slurmctld:slurm-wlm munged:munge; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair#*:}")
 done
 if [ ${#need[@]} -gt 0 ]; then

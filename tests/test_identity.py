@@ -81,3 +81,12 @@ def test_explicit_overrides_and_missing():
         detect({**SKY, "SKYPILOT_NODE_RANK": "5"})
     with pytest.raises(IdentityError, match="not an integer"):
         detect({**SKY, "SKYPILOT_NODE_RANK": "one"})
+
+
+def test_worker_step_offset_counts_after_the_head():
+    """The sbatch workers' srun numbers its nodes from 0; the offset and explicit job values fix that."""
+    step = {"SLURM_JOB_ID": "7", "SLURM_NODEID": "1", "SLURM_STEP_NODELIST": "n[2-3]", "SLURM_STEP_NUM_NODES": "2",
+            "RAYTRAIN_NODE_RANK_OFFSET": "1", "RAYTRAIN_NUM_NODES": "3", "RAYTRAIN_HEAD_ADDRESS": "10.0.0.1"}
+    ident = detect(step)
+    assert (ident.node_rank, ident.num_nodes, ident.head_address, ident.source) == (2, 3, "10.0.0.1", "slurm")
+    assert detect({**step, "RAYTRAIN_NODE_RANK": "0"}).node_rank == 0

@@ -113,38 +113,91 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
 
 
 def deploy(settings: Settings, spec: str | None, target: str | None, nodes: int | None, name: str | None,
-           dry_run: bool, rep: Reporter) -> dict:
-    """Pre-flight (spec, pushed digests, job values) before anything starts; then the target."""
-    from deploy import local
-    from deploy.job import DeployError, build_job
+           dry_run: bool, rep: Reporter, *, out: str | None = None, submit: bool = False, gpus: int | None = None,
+           seeds: str | None = None, slots: str | None = None, sqsh: bool = False, sqsh_to_fileroot: bool = False,
+           port_stride: int = 0) -> dict:
+    """Pre-flight (spec, pushed digests, job values, target sections), render, then write/submit/run.
+
+    --dry-run returns the rendered files in the summary and writes, converts and starts nothing.
+    """
+    from deploy import k8s, targets
+    from deploy.job import IMAGE_WORKDIR, DeployError, build_job
     from toolchain.metadata import images_file, read_images
 
     spec_file = resolve_spec(settings, spec)
+    cluster = load_spec(spec_file)
     target = target or settings.deploy.target
-    if target != "local":
-        raise ConfigError(f"--target: {target!r} is not available yet; use 'local' (sbatch, pyxis and k8s are in progress)")
     d = settings.deploy
+    job_name = name or d.name
     try:
-        job = build_job(load_spec(spec_file), read_images(settings.build_dir), images_file(settings.build_dir),
-                        name=name or d.name, nodes=nodes or d.nodes, command=list(d.command),
-                        cpus_per_node=d.cpus_per_node, port_base=d.port_base, time_limit=d.time_limit, gpus_per_node=0)
+        if target not in targets.TARGETS:
+            raise DeployError(f"--target: {target!r} is not one of {', '.join(targets.TARGETS)}")
+        plain = target == "slurm"
+        job = build_job(cluster, read_images(settings.build_dir), images_file(settings.build_dir),
+                        name=job_name, nodes=nodes or d.nodes, command=list(d.command), cpus_per_node=d.cpus_per_node,
+                        port_base=d.port_base, time_limit=d.time_limit, gpus_per_node=gpus if gpus is not None else
+                        (None if target in ("slurm", "pyxis") else 0),
+                        workdir=str(settings.path(settings.project.app_dir)) if plain else
+                        (IMAGE_WORKDIR if target in ("pyxis", "k8s") else None),
+                        needs_image=not plain)
+        req = targets.Request(
+            target=target, spec=cluster, job=job,
+            out_dir=settings.path(out) if out else settings.build_dir / "deploy" / target / job_name,
+            submit=submit, seeds=_int_list(seeds, "--seeds"), slots=[k8s.Slot.parse(x) for x in _words(slots)],
+            sqsh_dir=settings.build_dir / "sqsh" if sqsh else None, sqsh_to_fileroot=sqsh_to_fileroot,
+            port_stride=port_stride)
+        plan = targets.plan(req)
     except DeployError as e:
         raise ConfigError(str(e)) from None
-    nodes_plan = local.plan(job, "<run-id>")
-    summary = {"target": target, "job": job.model_dump(mode="json"),
-               "containers": [{**n.__dict__, "environment": {**n.environment, "RAY_AUTH_TOKEN": "<generated per run>"}}
-                              for n in nodes_plan]}
+    summary = plan.summary()
+    if target == "local":
+        from deploy import local
+        summary["containers"] = [{**n.__dict__, "environment": {**n.environment, "RAY_AUTH_TOKEN": "<generated per run>"}}
+                                 for n in local.plan(job, "<run-id>")]
     if dry_run:
+        summary["rendered"] = plan.files
         return summary
-    client = engine()
     try:
-        client.images.get(job.image)
-    except Exception:
-        rep.step(f"deploy: pulling {job.image}")
-        client.images.pull(job.image)
-    rep.step(f"deploy[local]: {job.nodes} node(s) of {job.image}")
-    code = local.run(client, job)
-    summary["exit_code"] = code
-    if code != 0:
-        raise ToolchainError(f"the job {job.name!r} failed: the head exited with {code}")
+        result = targets.execute(plan, engine, rep.step)
+    except DeployError as e:
+        raise ToolchainError(str(e)) from None
+    summary.update(result)
+    if target == "local" and summary["exit_code"] != 0:
+        raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}")
     return summary
+
+
+def destroy(settings: Settings, spec: str | None, name: str | None, rep: Reporter) -> dict:
+    """Delete the Kubernetes objects a k8s deploy --submit created (by label), seeds included."""
+    from deploy import k8s
+    from deploy.job import DeployError
+
+    cluster = load_spec(resolve_spec(settings, spec))
+    if cluster.kubernetes is None:
+        raise ConfigError("the cluster spec has no 'kubernetes' section: nothing to destroy")
+    group = name or settings.deploy.name
+    try:
+        out = k8s.destroy(group, cluster.kubernetes.namespace)
+    except DeployError as e:
+        raise ToolchainError(str(e)) from None
+    rep.step(f"deleted objects labelled {k8s.LABEL_GROUP}={group} in {cluster.kubernetes.namespace}")
+    return {"group": group, "namespace": cluster.kubernetes.namespace, "kubectl": out}
+
+
+def _words(text: str | None) -> list[str]:
+    return [w for w in (text or "").replace(",", " ").split() if w]
+
+
+def _int_list(text: str | None, flag: str) -> list[int]:
+    out = []
+    for w in _words(text):
+        if "-" in w:
+            lo, _, hi = w.partition("-")
+            if not (lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
+                raise ConfigError(f"{flag}: {w!r} is not a range like 1-8")
+            out += range(int(lo), int(hi) + 1)
+        elif w.isdigit():
+            out.append(int(w))
+        else:
+            raise ConfigError(f"{flag}: {w!r} is not a whole number")
+    return out

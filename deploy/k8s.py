@@ -1,0 +1,221 @@
+"""The Kubernetes target: manifests as data (serialised with yaml.safe_dump), then apply/delete.
+
+Per job (all objects labelled raytrain.io/job=<name>, so `destroy` deletes exactly them):
+  Service  <name>-head     headless, selects the head pod; its DNS name is the head address
+                           (publishNotReadyAddresses: workers may resolve it before readiness).
+  Job      <name>-head     one pod: `runtime launch -- <command>`, explicit RAYTRAIN_NODE_RANK=0;
+                           its exit code is the driver's.
+  Job      <name>-workers  an Indexed Job of nodes-1 pods: rank = JOB_COMPLETION_INDEX + 1.
+  Secret   <name>-ray-token  created by `launch` with a fresh token; the files on disk hold only
+                           the reference (secretKeyRef), never the value.
+Indexed Jobs rather than StatefulSets: a training run ends, and a Job records how it ended.
+Every pod: image by digest, /dev/shm as an in-memory emptyDir, fileroot from the spec's PVC,
+the spec's other mounts as hostPath, nodeSelector, nvidia.com/gpu limits, a TCP readiness
+probe on the node's Ray port (GCS on the head, raylet on workers), non-root.
+
+Multi-seed fan-out (`render_seeds`): one independent job per seed, named <name>-s<seed>,
+optionally pinned to (node, GPU) slots as in the seed's ReplicaSet recipe (nodeSelector on
+kubernetes.io/hostname and NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES instead of a GPU limit).
+"""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import yaml
+
+from deploy.job import DeployError, JobSpec
+from runtime.ports import RayPorts
+from runtime.spec import KubernetesOptions
+
+LABEL_JOB = "raytrain.io/job"
+LABEL_ROLE = "raytrain.io/role"
+LABEL_SEED = "raytrain.io/seed"
+LABEL_GROUP = "raytrain.io/group"  # the name given to deploy: one job, or every seed of a fan-out
+TOKEN_KEY = "token"
+KINDS = "jobs.batch,services,secrets"
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one seed runs: a node (kubernetes.io/hostname) and optionally one GPU index on it."""
+    node: str
+    gpu: Optional[int] = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Slot":
+        m = re.fullmatch(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(?::(\d+))?", text.strip())
+        if not m:
+            raise DeployError(f"--slots: {text!r} is not NODE or NODE:GPU_INDEX (e.g. phortx1:0)")
+        return cls(m.group(1), int(m.group(3)) if m.group(3) is not None else None)
+
+
+def names(job: JobSpec) -> dict:
+    return {"service": f"{job.name}-head", "head": f"{job.name}-head", "workers": f"{job.name}-workers",
+            "secret": f"{job.name}-ray-token"}
+
+
+def _quantity(size: str) -> str:
+    """docker-style '2g' -> Kubernetes '2Gi'."""
+    m = re.fullmatch(r"(\d+)([kmgKMG]?)", size)
+    if not m:
+        raise DeployError(f"shm size {size!r} is not a number with an optional k/m/g suffix")
+    return m.group(1) + {"": "", "k": "Ki", "m": "Mi", "g": "Gi"}[m.group(2).lower()]
+
+
+def _env(job: JobSpec, extra: dict) -> list[dict]:
+    n = names(job)
+    env = [{"name": k, "value": v} for k, v in sorted({**job.env, **extra}.items())]
+    env.append({"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": n["secret"], "key": TOKEN_KEY}}})
+    return env
+
+
+def _volumes(job: JobSpec, opts: KubernetesOptions) -> tuple[list, list]:
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": _quantity(job.shm_size)}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    if opts.fileroot_claim:
+        volumes.append({"name": "fileroot", "persistentVolumeClaim": {"claimName": opts.fileroot_claim}})
+        mounts.append({"name": "fileroot", "mountPath": job.fileroot})
+    for i, m in enumerate(job.mounts):
+        if opts.fileroot_claim and m.target == job.fileroot:
+            continue  # the PVC provides it
+        volumes.append({"name": f"mount-{i}", "hostPath": {"path": m.source, "type": "Directory"}})
+        mounts.append({"name": f"mount-{i}", "mountPath": m.target, "readOnly": "ro" in (m.options or "").split(",")})
+    return volumes, mounts
+
+
+def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: list[str], env_extra: dict,
+         slot: Optional[Slot]) -> dict:
+    if not job.image or "@sha256:" not in job.image:
+        raise DeployError(f"image {job.image!r} is not pinned by digest; run `invoke build push` first")
+    ports = RayPorts(job.port_base)
+    volumes, mounts = _volumes(job, opts)
+    resources: dict = {"requests": {"cpu": str(job.cpus_per_node)}}
+    if job.memory:
+        resources["requests"]["memory"] = job.memory + ("i" if job.memory[-1] in "KMGT" else "")
+    gpus = job.gpus_per_node or opts.gpus_per_pod
+    if slot and slot.gpu is not None:
+        env_extra = {**env_extra, "NVIDIA_VISIBLE_DEVICES": str(slot.gpu), "CUDA_VISIBLE_DEVICES": str(slot.gpu)}
+    elif gpus:
+        resources["limits"] = {"nvidia.com/gpu": gpus}
+    probe_port = ports.gcs if role == "head" else ports.base + 1
+    container = {
+        "name": "ray", "image": job.image, "command": ["python", "-m", "runtime"], "args": args,
+        "env": _env(job, env_extra), "resources": resources, "volumeMounts": mounts,
+        "ports": [{"name": "gcs" if role == "head" else "raylet", "containerPort": probe_port}],
+        "readinessProbe": {"tcpSocket": {"port": probe_port}, "periodSeconds": 5, "failureThreshold": 3},
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    if job.workdir:
+        container["workingDir"] = job.workdir
+    spec: dict = {"restartPolicy": "Never", "containers": [container], "volumes": volumes,
+                  "securityContext": {"runAsNonRoot": True}, "enableServiceLinks": False}
+    selector = dict(opts.node_selector)
+    if slot:
+        selector["kubernetes.io/hostname"] = slot.node
+    if selector:
+        spec["nodeSelector"] = selector
+    if opts.image_pull_secret:
+        spec["imagePullSecrets"] = [{"name": opts.image_pull_secret}]
+    return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def _meta(name: str, namespace: str, labels: dict) -> dict:
+    return {"name": name, "namespace": namespace, "labels": labels}
+
+
+def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None, slot: Optional[Slot] = None,
+           group: Optional[str] = None) -> list[dict]:
+    """The job's objects as plain dicts (Secret excluded: `launch` creates it with the token)."""
+    n = names(job)
+    base = {"app.kubernetes.io/name": "raytrain", "app.kubernetes.io/instance": job.name, LABEL_JOB: job.name,
+            LABEL_GROUP: group or job.name}
+    if seed is not None:
+        base[LABEL_SEED] = str(seed)
+    head_labels = {**base, LABEL_ROLE: "head"}
+    worker_labels = {**base, LABEL_ROLE: "worker"}
+    common = {"RAYTRAIN_NUM_NODES": str(job.nodes), "RAYTRAIN_HEAD_ADDRESS": n["service"],
+              "RAYTRAIN_JOB_NAME": job.name}
+    if seed is not None:
+        common["RAYTRAIN_SEED"] = str(seed)
+    launch = ["launch", f"--port-base={job.port_base}", f"--num-cpus={job.cpus_per_node}"]
+    if job.gpus_per_node:
+        launch.append(f"--num-gpus={job.gpus_per_node}")
+    objs = [{
+        "apiVersion": "v1", "kind": "Service", "metadata": _meta(n["service"], opts.namespace, head_labels),
+        "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": head_labels,
+                 "ports": [{"name": "gcs", "port": job.port_base, "targetPort": job.port_base}]},
+    }, {
+        "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(n["head"], opts.namespace, head_labels),
+        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": job.retries,
+                 "template": _pod(job, opts, "head", head_labels, [*launch, "--", *job.command],
+                                  {**common, "RAYTRAIN_NODE_RANK": "0"}, slot)},
+    }]
+    if job.nodes > 1:
+        objs.append({
+            "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(n["workers"], opts.namespace, worker_labels),
+            "spec": {"completionMode": "Indexed", "completions": job.nodes - 1, "parallelism": job.nodes - 1,
+                     "backoffLimit": job.retries * (job.nodes - 1),
+                     "template": _pod(job, opts, "worker", worker_labels, launch,
+                                      {**common, "RAYTRAIN_NODE_RANK_OFFSET": "1"}, slot)},
+        })
+    return objs
+
+
+def render_seeds(job: JobSpec, opts: KubernetesOptions, seeds: Sequence[int], slots: Sequence[Slot] = ()) -> list[dict]:
+    """One independent run per seed (command gets --seed N), round-robin over the slots."""
+    if len(set(seeds)) != len(seeds):
+        raise DeployError(f"--seeds: repeated seed in {list(seeds)}; each run needs its own")
+    objs = []
+    for i, seed in enumerate(seeds):
+        run = job.model_copy(update={"name": f"{job.name}-s{seed}", "command": [*job.command, "--seed", str(seed)]})
+        if len(run.name) > 52:
+            raise DeployError(f"job name {run.name!r} is too long for Kubernetes objects; use a shorter --name")
+        objs += render(run, opts, seed=seed, slot=slots[i % len(slots)] if slots else None, group=job.name)
+    return objs
+
+
+def secret(job_name: str, namespace: str, token: str, labels: dict) -> dict:
+    labels = {k: v for k, v in labels.items() if k != LABEL_ROLE}
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": _meta(f"{job_name}-ray-token", namespace, labels), "stringData": {TOKEN_KEY: token}}
+
+
+def dump(objs: list[dict]) -> str:
+    return yaml.safe_dump_all(objs, sort_keys=False, default_flow_style=False)
+
+
+def job_names(objs: list[dict]) -> list[str]:
+    return sorted({o["metadata"]["labels"][LABEL_JOB] for o in objs})
+
+
+def _kubectl(args: list[str], stdin: Optional[str] = None, kubectl: str = "kubectl") -> str:
+    try:
+        res = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, timeout=300)
+    except FileNotFoundError:
+        raise DeployError(f"{kubectl} is not on PATH; install kubectl or apply the written manifests yourself") from None
+    if res.returncode != 0:
+        raise DeployError(f"kubectl {' '.join(args[:2])} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+    return res.stdout
+
+
+def launch(objs: list[dict], namespace: str, token_factory, kubectl: str = "kubectl") -> str:
+    """Create each job's token Secret (fresh, never written to disk), then apply the objects."""
+    secrets = [secret(name, namespace, token_factory(), _labels_of(objs, name)) for name in job_names(objs)]
+    # JSON on stdin: the token goes to the API server, not to a file or a command line
+    return _kubectl(["apply", "-n", namespace, "-f", "-"], json.dumps({"apiVersion": "v1", "kind": "List",
+                                                                       "items": secrets + objs}), kubectl)
+
+
+def destroy(group: str, namespace: str, kubectl: str = "kubectl") -> str:
+    """Delete exactly what launch created, by label: the Jobs (with their pods), Services and Secrets
+    of the job, or of every seed run when GROUP is a fan-out's name."""
+    return _kubectl(["delete", KINDS, "-n", namespace, "-l", f"{LABEL_GROUP}={group}", "--cascade=foreground",
+                     "--ignore-not-found"], kubectl=kubectl)
+
+
+def _labels_of(objs: list[dict], name: str) -> dict:
+    return next(o["metadata"]["labels"] for o in objs if o["metadata"]["labels"][LABEL_JOB] == name)

@@ -1,0 +1,142 @@
+"""From one JobSpec to each target's files (the dry run), then the step that submits/applies.
+
+    plan(request)    pre-flight checks + rendered files; pure except reading the engine for .sqsh names
+    execute(plan)    writes the files all at once, then converts/submits/applies as asked
+"""
+from __future__ import annotations
+
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+import yaml
+
+from deploy import enroot, k8s, slurm
+from deploy.artifacts import write_all
+from deploy.job import DeployError, JobSpec
+from runtime.spec import ClusterSpec
+
+TARGETS = ("local", "slurm", "pyxis", "k8s")
+
+
+@dataclass
+class Request:
+    target: str
+    spec: ClusterSpec
+    job: JobSpec
+    out_dir: Path
+    submit: bool = False
+    seeds: list[int] = field(default_factory=list)
+    slots: list[k8s.Slot] = field(default_factory=list)
+    sqsh_dir: Optional[Path] = None       # pyxis: convert the image to .sqsh here and point srun at it
+    sqsh_to_fileroot: bool = False        # ... and copy it to <fileroot>/images (the path srun then uses)
+    port_stride: int = 0
+
+
+@dataclass
+class Plan:
+    request: Request
+    files: dict[str, str]
+    modes: dict[str, int] = field(default_factory=dict)
+    sqsh_path: Optional[Path] = None      # where the converted image goes (pyxis + sqsh)
+    sqsh_ref: Optional[str] = None        # what srun is told
+
+    def summary(self) -> dict:
+        r = self.request
+        return {"target": r.target, "job": r.job.model_dump(mode="json"), "out_dir": str(r.out_dir),
+                "files": sorted(self.files), "sqsh": self.sqsh_ref}
+
+
+def preflight(req: Request) -> None:
+    """Every problem at once, before anything is written or waits in a queue."""
+    job, spec, problems = req.job, req.spec, []
+    if req.target not in TARGETS:
+        problems.append(f"--target: {req.target!r} is not one of {', '.join(TARGETS)}")
+    if req.target in ("slurm", "pyxis"):
+        if spec.slurm is None or not spec.slurm.partition:
+            problems.append("slurm.partition: not set in the cluster spec; add \"slurm\": {\"partition\": \"...\"}")
+        if job.gpus_per_node and spec.slurm and spec.slurm.gpus_per_node and job.gpus_per_node != spec.slurm.gpus_per_node:
+            problems.append(f"GPUs per node: the job asks for {job.gpus_per_node}, the spec's slurm.gpus_per_node is "
+                            f"{spec.slurm.gpus_per_node}; make them agree")
+    if req.target == "k8s":
+        if spec.kubernetes is None:
+            problems.append("kubernetes.namespace: the cluster spec has no 'kubernetes' section; add one with a namespace")
+        for s in req.slots:
+            if s.gpu is not None and job.gpus_per_node > 1:
+                problems.append(f"--slots {s.node}:{s.gpu}: a GPU slot gives one GPU but the job asks for "
+                                f"{job.gpus_per_node} per node")
+    elif req.seeds or req.slots:
+        problems.append("--seeds/--slots: the multi-seed fan-out is for the k8s target")
+    if req.target in ("pyxis", "k8s", "local") and not (job.image and "@sha256:" in job.image):
+        problems.append(f"image: {job.image!r} is not pinned by digest; run `invoke build push` first")
+    if req.target == "slurm" and not (spec.slurm and spec.slurm.env_setup):
+        problems.append("slurm.env_setup: empty; plain sbatch needs the lines that make `python -m runtime` work "
+                        "on the nodes (module load ..., source /path/to/venv/bin/activate), or use --target pyxis")
+    if req.sqsh_dir and req.target != "pyxis":
+        problems.append("--sqsh: only the pyxis target runs .sqsh images")
+    if problems:
+        raise DeployError("pre-flight failed, nothing was written:\n  - " + "\n  - ".join(problems))
+
+
+def plan(req: Request) -> Plan:
+    preflight(req)
+    job, name = req.job, req.job.name
+    if req.target == "local":
+        return Plan(req, {})
+    if req.target == "k8s":
+        objs = (k8s.render_seeds(job, req.spec.kubernetes, req.seeds, req.slots) if req.seeds
+                else k8s.render(job, req.spec.kubernetes, slot=req.slots[0] if req.slots else None))
+        return Plan(req, {f"{name}.yaml": k8s.dump(objs)})
+    image, sqsh_path = None, None
+    if req.target == "pyxis":
+        if req.sqsh_dir:
+            repo, digest = job.image.split("@", 1)
+            sqsh_path = Path(req.sqsh_dir).resolve() / enroot.sqsh_name(repo, digest)
+            where = Path(job.fileroot) / "images" / sqsh_path.name if req.sqsh_to_fileroot else sqsh_path
+            image = slurm.squashfs_ref(str(where))
+        else:
+            image = slurm.pyxis_image(job.image)
+    script = slurm.render(job, req.spec.slurm, image, port_stride=req.port_stride)
+    return Plan(req, {f"{name}.sbatch": script}, {f"{name}.sbatch": 0o755}, sqsh_path, image)
+
+
+def execute(p: Plan, client_factory: Callable, progress: Callable[[str], None]) -> dict:
+    req = p.request
+    out = p.summary()
+    if req.target == "local":
+        from deploy import local
+        client = client_factory()
+        try:
+            client.images.get(req.job.image)
+        except Exception:
+            progress(f"pulling {req.job.image}")
+            client.images.pull(req.job.image)
+        progress(f"local: {req.job.nodes} node(s) of {req.job.image}")
+        out["exit_code"] = local.run(client, req.job)
+        return out
+    if p.sqsh_path:
+        repo, digest = req.job.image.split("@", 1)
+        res = enroot.convert(client_factory(), req.job.image, p.sqsh_path.parent, digest=digest, progress=progress)
+        progress(f"squashfs {'reused' if res.cached else 'written'}: {res.path} ({res.seconds:.1f}s)")
+        if req.sqsh_to_fileroot:
+            dest = Path(p.sqsh_ref)
+            if not dest.exists():
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                tmp = dest.with_name(f".{dest.name}.partial")
+                shutil.copyfile(res.path, tmp)
+                tmp.replace(dest)
+            progress(f"squashfs at {dest}")
+    written = write_all(req.out_dir, p.files, p.modes)
+    out["written"] = [str(w) for w in written]
+    for w in written:
+        progress(f"wrote {w}")
+    if req.submit and req.target in ("slurm", "pyxis"):
+        out["slurm_job_id"] = slurm.submit(written[0], req.job)
+        progress(f"submitted: Slurm job {out['slurm_job_id']}; output in {slurm.log_dir(req.job)}")
+    elif req.submit and req.target == "k8s":
+        objs = list(yaml.safe_load_all(p.files[f"{req.job.name}.yaml"]))
+        out["kubectl"] = k8s.launch(objs, req.spec.kubernetes.namespace, lambda: secrets.token_hex(32))
+        progress(f"applied {len(objs)} object(s); remove them with `invoke destroy --name {req.job.name}`")
+    return out

@@ -1,0 +1,160 @@
+"""Kubernetes manifests: strict schema validation, hostile values, seed fan-out, launch/destroy,
+and the exact container specs run as Docker containers until the job finishes."""
+import json
+import stat
+import time
+import uuid
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from deploy import k8s
+from deploy.job import DeployError, JobSpec
+from helpers import k8s_docker
+from runtime.spec import KubernetesOptions, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S_VERSION = "1.32.0"
+DIGEST = "registry.example.com:5000/raytrain-gpu@sha256:" + "cd" * 32
+
+
+def spec_job(**kw):
+    spec = load_spec(ROOT / "cluster_specs" / "kubernetes.json")
+    base = dict(name="train", nodes=3, gpus_per_node=1, cpus_per_node=8, image=DIGEST, memory="64G",
+                command=["python", "train.py"], env={"NCCL_DEBUG": "WARN"}, mounts=spec.mounts, fileroot=spec.fileroot)
+    return JobSpec(**{**base, **kw}), spec.kubernetes
+
+
+def validate_all(objs):
+    for o in objs:
+        kubernetes_validate.validate(o, K8S_VERSION, strict=True)
+
+
+def test_manifests_validate_in_strict_mode():
+    job, opts = spec_job()
+    objs = k8s.render(job, opts)
+    assert [o["kind"] for o in objs] == ["Service", "Job", "Job"]
+    validate_all(objs + [k8s.secret("train", opts.namespace, "t" * 64, objs[0]["metadata"]["labels"])])
+    svc, head, workers = objs
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["selector"][k8s.LABEL_ROLE] == "head"
+    pod = workers["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    assert c["image"] == DIGEST and c["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in c["volumeMounts"]
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in pod["volumes"]
+    assert {"name": "fileroot", "persistentVolumeClaim": {"claimName": "shared-fileroot"}} in pod["volumes"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB"}
+    assert workers["spec"]["completionMode"] == "Indexed" and workers["spec"]["completions"] == 2
+    token_env = next(e for e in c["env"] if e["name"] == "RAY_AUTH_TOKEN")
+    assert token_env["valueFrom"]["secretKeyRef"] == {"name": "train-ray-token", "key": "token"}
+    assert c["readinessProbe"]["tcpSocket"]["port"] == 20001
+    assert head["spec"]["template"]["spec"]["containers"][0]["args"][-3:] == ["--", "python", "train.py"]
+    for o in objs:
+        assert o["metadata"]["labels"][k8s.LABEL_GROUP] == "train"
+
+
+def test_a_broken_manifest_fails_validation():
+    """The validator is not a rubber stamp: a typo'd field is refused in strict mode."""
+    job, opts = spec_job()
+    obj = k8s.render(job, opts)[1]
+    obj["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+
+
+HOSTILE = ["; rm -rf /", "$(touch /tmp/pwned)", "`id`", "it's \"quoted\"", "line1\nline2", ": {", "*alias",
+           "&anchor", "- item", "# comment", "yes", "0x10", "null", "~", "{{ x }}", "'"]
+
+
+def test_hostile_values_survive_yaml_verbatim():
+    env = {f"V{i}": v for i, v in enumerate(HOSTILE)}
+    job, opts = spec_job(env=env, command=["python", "-c", *HOSTILE],
+                         mounts=[{"source": "/data/: {x}", "target": "/mnt/*a &b"}])
+    objs = k8s.render(job, opts)
+    text = k8s.dump(objs)
+    parsed = list(yaml.safe_load_all(text))
+    assert parsed == objs
+    validate_all(parsed)
+    c = parsed[1]["spec"]["template"]["spec"]["containers"][0]
+    assert {e["name"]: e.get("value") for e in c["env"]}.items() >= env.items()
+    assert c["args"][-len(HOSTILE):] == HOSTILE
+    assert "/mnt/*a &b" in [m["mountPath"] for m in c["volumeMounts"]]
+
+
+def test_seed_fanout_pins_runs_to_slots():
+    job, opts = spec_job(nodes=1)
+    slots = [k8s.Slot.parse("phortx1:0"), k8s.Slot.parse("phortx1:1"), k8s.Slot.parse("phortx2")]
+    objs = k8s.render_seeds(job, opts, [1, 2, 3, 4], slots)
+    validate_all(objs)
+    jobs = [o for o in objs if o["kind"] == "Job"]
+    assert [j["metadata"]["name"] for j in jobs] == ["train-s1-head", "train-s2-head", "train-s3-head", "train-s4-head"]
+    pods = [j["spec"]["template"]["spec"] for j in jobs]
+    assert [p["nodeSelector"]["kubernetes.io/hostname"] for p in pods] == ["phortx1", "phortx1", "phortx2", "phortx1"]
+    envs = [{e["name"]: e.get("value") for e in p["containers"][0]["env"]} for p in pods]
+    assert [e.get("CUDA_VISIBLE_DEVICES") for e in envs] == ["0", "1", None, "0"]
+    assert envs[0]["NVIDIA_VISIBLE_DEVICES"] == "0" and "limits" not in pods[0]["containers"][0]["resources"]
+    assert pods[2]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}  # whole node slot: a GPU limit
+    assert [p["containers"][0]["args"][-2:] for p in pods] == [["--seed", str(s)] for s in (1, 2, 3, 4)]
+    assert {o["metadata"]["labels"][k8s.LABEL_GROUP] for o in objs} == {"train"}
+    with pytest.raises(DeployError, match="repeated seed"):
+        k8s.render_seeds(job, opts, [1, 1])
+    with pytest.raises(DeployError, match="NODE or NODE:GPU_INDEX"):
+        k8s.Slot.parse("phortx1:zero")
+
+
+RECORDER = """#!/usr/bin/env python3
+import json, os, sys
+with open(os.environ["KUBECTL_RECORD"], "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "stdin": sys.stdin.read() if "-f" in sys.argv else ""}) + "\\n")
+"""
+
+
+def test_launch_sends_fresh_secrets_and_destroy_selects_what_was_rendered(tmp_path, monkeypatch):
+    """kubectl is a recorder here (no API server on this machine): it checks what we hand to it."""
+    kubectl = tmp_path / "kubectl"
+    kubectl.write_text(RECORDER)
+    kubectl.chmod(stat.S_IRWXU)
+    monkeypatch.setenv("KUBECTL_RECORD", str(tmp_path / "calls.jsonl"))
+    job, opts = spec_job(nodes=2)
+    objs = k8s.render_seeds(job, opts, [7, 8])
+    k8s.launch(objs, opts.namespace, lambda: uuid.uuid4().hex * 2, kubectl=str(kubectl))
+    k8s.destroy("train", opts.namespace, kubectl=str(kubectl))
+    apply, delete = [json.loads(l) for l in (tmp_path / "calls.jsonl").read_text().splitlines()]
+    items = json.loads(apply["stdin"])["items"]
+    secrets = [i for i in items if i["kind"] == "Secret"]
+    assert [s["metadata"]["name"] for s in secrets] == ["train-s7-ray-token", "train-s8-ray-token"]
+    assert len({s["stringData"]["token"] for s in secrets}) == 2
+    assert items[2:] == objs
+    assert not any(s["stringData"]["token"] in k8s.dump(objs) for s in secrets)
+    validate_all(secrets)
+    selector = delete["argv"][delete["argv"].index("-l") + 1]
+    key, value = selector.split("=")
+    assert all(i["metadata"]["labels"][key] == value for i in items)
+    assert delete["argv"][:2] == ["delete", k8s.KINDS]
+
+
+def test_exact_container_specs_run_the_job(client, pushed, tmp_path):
+    spec = load_spec(ROOT / "cluster_specs" / "local.json")
+    opts = KubernetesOptions(namespace="e2e", fileroot_claim="shared")
+    name = f"k8s-{uuid.uuid4().hex[:6]}"
+    job = JobSpec(name=name, nodes=3, cpus_per_node=2, image=pushed["cpu"]["repo_digest"], mounts=spec.mounts,
+                  fileroot=spec.fileroot, command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"])
+    objs = list(yaml.safe_load_all(k8s.dump(k8s.render(job, opts))))  # exactly what a user would apply
+    validate_all(objs)
+    tokens = {f"{name}-ray-token": {"token": uuid.uuid4().hex * 2}}
+    containers, network = k8s_docker.run_pods(client, objs, tokens)
+    try:
+        head = next(c for n, c in containers.items() if n.startswith(f"{name}-head-"))
+        code = head.wait(timeout=420)["StatusCode"]
+        logs = head.logs().decode(errors="replace")
+        assert code == 0, logs[-3000:]
+        summary = json.loads(next(l for l in logs.splitlines() if l.startswith("SUMMARY ")).split(" ", 1)[1])
+        assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2]
+        assert "identity from kubernetes: node 0 of 3" in logs
+        deadline = time.monotonic() + 60
+        for c in containers.values():
+            assert c.wait(timeout=max(1, deadline - time.monotonic()))["StatusCode"] == 0
+    finally:
+        k8s_docker.cleanup(containers, network)

@@ -1,0 +1,58 @@
+"""The plain sbatch script, submitted to a real Slurm (three slurmd on this host), runs the example job."""
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from deploy import slurm
+from deploy.job import JobSpec
+from helpers.slurm import SlurmCluster
+from runtime.spec import SlurmOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+VENV_ACTIVATE = Path(sys.executable).parent / "activate"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+def submit(cluster, tmp_path, name, command, nodes=3, port_base=24000, **job_kw):
+    fileroot = tmp_path / "fileroot"
+    job = JobSpec(name=name, nodes=nodes, cpus_per_node=2, command=command, fileroot=str(fileroot),
+                  workdir=str(ROOT / "examples" / "train"), port_base=port_base, time_limit="10:00", **job_kw)
+    opts = SlurmOptions(pyxis=False, env_setup=[f"source {VENV_ACTIVATE}"])
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(slurm.render(job, opts, None, port_stride=200))
+    job_id = slurm.submit(script, job, env=cluster.env)
+    fields = cluster.wait(job_id, timeout_s=420)
+    output = (fileroot / "logs" / f"{name}-{job_id}.out")
+    return fields, output.read_text() if output.exists() else "", job_id
+
+
+def test_plain_sbatch_trains_across_three_slurm_nodes(cluster, tmp_path):
+    fields, out, job_id = submit(cluster, tmp_path, "slurm-e2e", [
+        "python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20", "--fileroot", str(tmp_path / "fileroot")])
+    assert fields["JobState"] == "COMPLETED", out[-4000:] + cluster.logs()
+    assert fields["ExitCode"] == "0:0"
+    assert fields["NodeList"] == "n[1-3]"
+    summary = json.loads(next(l for l in out.splitlines() if "SUMMARY " in l).split("SUMMARY ", 1)[1])
+    assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2]
+    assert summary["final_loss"] < summary["first_loss"] / 10
+    assert "identity from slurm: node 2 of 3" in out  # the workers' step counts after the head
+    assert (tmp_path / "fileroot" / "checkpoints" / "slurm-e2e").is_dir()
+
+
+def test_failing_driver_fails_the_slurm_job(cluster, tmp_path):
+    fields, out, _ = submit(cluster, tmp_path, "slurm-fail", ["python", "-c", "import sys; sys.exit(7)"],
+                            nodes=2, port_base=25000)
+    assert fields["JobState"] == "FAILED", out[-3000:]
+    assert fields["ExitCode"] == "7:0"
+    assert "raytrain: head exited with 7" in out

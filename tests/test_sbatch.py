@@ -1,0 +1,146 @@
+"""The sbatch renderer without a cluster: Pyxis flags per srun, golden files, hostile values.
+
+The real-Slurm run of the plain script is in test_deploy_slurm.py. Here the rendered script is
+checked by bash itself (`bash -n`) and run against stand-in srun/scontrol programs that record
+the argv and environment they receive, so a value that the shell re-interprets shows up as a
+difference (and the canary file as a side effect).
+"""
+import json
+import os
+import shlex
+import stat
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from deploy import slurm
+from deploy.job import DeployError, JobSpec
+from runtime.spec import SlurmOptions, load_spec
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+DIGEST = "registry.example.com:5000/raytrain-gpu@sha256:" + "ab" * 32
+
+
+def spec_job(spec_name: str, **kw) -> tuple[JobSpec, SlurmOptions]:
+    spec = load_spec(ROOT / "cluster_specs" / f"{spec_name}.json")
+    job = JobSpec(name="golden", nodes=3, gpus_per_node=spec.slurm.gpus_per_node, cpus_per_node=8, image=DIGEST,
+                  command=["python", "train.py", "--steps", "100"], env={"NCCL_DEBUG": "WARN"}, mounts=spec.mounts,
+                  fileroot=spec.fileroot, workdir="/opt/app", time_limit="02:00:00", retries=2, memory="64G", **kw)
+    return job, spec.slurm
+
+
+def srun_lines(script: str) -> list[list[str]]:
+    return [shlex.split(l.rstrip(" &")) for l in script.splitlines() if l.startswith("srun ")]
+
+
+def bash_n(script: str, tmp_path: Path) -> None:
+    f = tmp_path / "check.sbatch"
+    f.write_text(script)
+    res = subprocess.run(["bash", "-n", str(f)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("spec_name,pyxis", [("slurm-pyxis", True), ("slurm", False)])
+def test_golden(spec_name, pyxis, tmp_path):
+    job, opts = spec_job(spec_name)
+    image = slurm.pyxis_image(DIGEST) if pyxis else None
+    script = slurm.render(job, opts, image)
+    bash_n(script, tmp_path)
+    golden = GOLDEN / f"{spec_name}.sbatch"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(script)
+    assert script == golden.read_text(), f"rendering changed; review and rerun with UPDATE_GOLDEN=1 ({golden})"
+
+
+def test_pyxis_flags_on_every_role_srun_and_never_on_sbatch(tmp_path):
+    job, opts = spec_job("slurm-pyxis")
+    script = slurm.render(job, opts, slurm.pyxis_image(DIGEST))
+    assert not [l for l in script.splitlines() if l.startswith("#SBATCH") and "container" in l]
+    head, workers = srun_lines(script)
+    probe = next(l for l in script.splitlines() if "hostname --ip-address" in l)
+    assert "--container" not in probe  # the IP probe runs on the host
+    expected = {"--container-image=registry.example.com:5000#raytrain-gpu@sha256:" + "ab" * 32,
+                "--container-mounts=/storage:/storage", "--container-workdir=/opt/app", "--no-container-mount-home",
+                "--container-env=RAY_AUTH_TOKEN,RAYTRAIN_HEAD_ADDRESS,RAYTRAIN_NUM_NODES,RAYTRAIN_JOB_NAME,NCCL_DEBUG"}
+    for argv in (head, workers):
+        assert {a for a in argv if "container" in a} == expected
+        assert "--kill-on-bad-exit=1" in argv
+    assert head[head.index("--") + 1:] == ["python", "train.py", "--steps", "100"]
+    assert "--export=ALL,RAYTRAIN_NODE_RANK_OFFSET=1" in workers and "--nodes=2" in workers
+    assert "#SBATCH --gpus-per-node=8" in script and "#SBATCH --partition=gpu" in script
+    assert "RAY_AUTH_TOKEN=" not in script.replace("export RAY_AUTH_TOKEN=\"$(", "")  # generated at run time only
+
+
+def test_image_references_are_digests_or_paths():
+    assert slurm.pyxis_image("127.0.0.1:5000/raytrain-cpu@sha256:" + "0" * 64).startswith("127.0.0.1:5000#raytrain-cpu@")
+    with pytest.raises(DeployError, match="not pinned by digest"):
+        slurm.pyxis_image("127.0.0.1:5000/raytrain-cpu:latest")
+    assert slurm.squashfs_ref("./img.sqsh") == "./img.sqsh" and slurm.squashfs_ref("/abs/img.sqsh")
+    for bad in ("img.sqsh", "../img.sqsh", "/abs/img.tar"):
+        with pytest.raises(DeployError, match="absolute or ./-prefixed"):
+            slurm.squashfs_ref(bad)
+
+
+def test_unsafe_sbatch_directive_is_a_preflight_error():
+    job, opts = spec_job("slurm-pyxis")
+    bad = job.model_copy(update={"fileroot": "/data/my logs"})
+    with pytest.raises(DeployError, match="--output=.*cannot go on an #SBATCH line"):
+        slurm.render(bad, opts, None)
+    with pytest.raises(DeployError, match="--partition"):
+        slurm.render(job, opts.model_copy(update={"partition": "gpu\n#SBATCH --uid=0"}), None)
+
+
+HOSTILE = ["; touch {c}", "$(touch {c})", "`touch {c}`", "' ; touch {c}; '", "\"$(touch {c})\"", "x\ntouch {c}",
+           ": {{ a: *b }} & | > {c}", "\\\"; touch {c} #"]
+
+FAKE = """#!/usr/bin/env python3
+import json, os, sys
+name = os.path.basename(sys.argv[0])
+if name == "scontrol":
+    print("n1\\nn2\\nn3"); sys.exit(0)
+if "hostname" in sys.argv:
+    print("10.9.8.7"); sys.exit(0)
+keys = json.loads(os.environ["RECORD_KEYS"])
+with open(os.environ["RECORD_TO"], "a") as f:
+    f.write(json.dumps({"argv": sys.argv[1:], "env": {k: os.environ.get(k) for k in keys}}) + "\\n")
+"""
+
+
+@pytest.mark.parametrize("pyxis", [True, False])
+def test_hostile_values_reach_srun_verbatim_and_run_nothing(pyxis, tmp_path):
+    canary = tmp_path / f"pwned-{uuid.uuid4().hex[:8]}"
+    values = [h.format(c=canary) for h in HOSTILE]
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    for tool in ("srun", "scontrol"):
+        (bindir / tool).write_text(FAKE)
+        (bindir / tool).chmod(stat.S_IRWXU)
+    env = {f"V{i}": v for i, v in enumerate(values)}
+    mount_src = f"/data/$(touch {canary})"
+    job = JobSpec(name="hostile", nodes=2, image=DIGEST, command=["python", "-c", *values], env=env,
+                  mounts=[{"source": mount_src, "target": "/mnt/`touch x`"}], fileroot=str(tmp_path / "root"),
+                  workdir=str(tmp_path))
+    script = slurm.render(job, SlurmOptions(), slurm.pyxis_image(DIGEST) if pyxis else None)
+    bash_n(script, tmp_path)
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    record = tmp_path / "record.jsonl"
+    res = subprocess.run(["bash", str(path)], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={"PATH": f"{bindir}:{os.environ['PATH']}", "SLURM_JOB_NODELIST": "n[1-3]",
+                              "SLURM_JOB_ID": "42", "RECORD_TO": str(record), "RECORD_KEYS": json.dumps(sorted(env))})
+    assert res.returncode == 0, res.stderr
+    runs = [json.loads(l) for l in record.read_text().splitlines()]  # both steps run in the background: any order
+    head, workers = sorted(runs, key=lambda r: "--" not in r["argv"])
+    assert head["argv"][head["argv"].index("--") + 1:] == ["python", "-c", *values]
+    assert head["env"] == env and workers["env"] == env
+    if pyxis:
+        assert f"--container-mounts={mount_src}:/mnt/`touch x`" in head["argv"]
+    assert not canary.exists() and not (tmp_path / "x").exists()
+
+
+def test_hostile_job_name_is_rejected():
+    with pytest.raises(ValueError, match="name"):
+        JobSpec(name="a; rm -rf /", image=DIGEST, command=["true"])
