@@ -8,14 +8,18 @@ Same format contract as `enroot import dockerd://IMAGE`: the image's flattened f
   /etc/fstab        one bind line per image Volume;
   /etc/rc.local     an empty hook;
 all files owned by root, squashed with enroot's default options (`-comp lzo -noD`).
+With `sqfstar` installed the export is filtered as a tar stream straight into it (no extracted
+copy on disk); otherwise it is extracted to a scratch directory and `mksquashfs` runs on that.
 The output is named by the image digest and cached: a second conversion costs one stat().
 """
 from __future__ import annotations
 
+import io
 import os
 import shlex
 import shutil
 import subprocess
+import tarfile
 import tempfile
 import time
 from dataclasses import dataclass
@@ -69,18 +73,29 @@ def rc_script(config: dict) -> str:
     return "\n".join(lines)
 
 
+RC_LOCAL = ("# This file is sourced by /etc/rc when the container starts.\n"
+            "# It can be used to manipulate the entrypoint or the command of the container.\n")
+
+
+def config_files(config: dict) -> dict[str, str]:
+    """The enroot configuration files, path (relative to /) -> content."""
+    return {
+        "etc/environment": "".join(f"{e}\n" for e in config.get("Env") or []),
+        "etc/fstab": "".join(f"${{ENROOT_ROOTFS}}{v} {v} none x-create=dir,bind,rw,nosuid,nodev\n"
+                             for v in sorted(config.get("Volumes") or {})),
+        "etc/rc": rc_script(config),
+        "etc/rc.local": RC_LOCAL,
+    }
+
+
 def configure(rootfs: Path, config: dict) -> None:
-    etc = rootfs / "etc"
-    etc.mkdir(parents=True, exist_ok=True)
-    for name in ("rc", "rc.local", "environment", "fstab"):
-        if (etc / name).is_symlink():
-            (etc / name).unlink()  # never write through a link into the host
-    (etc / "environment").write_text("".join(f"{e}\n" for e in config.get("Env") or []))
-    (etc / "fstab").write_text("".join(f"${{ENROOT_ROOTFS}}{v} {v} none x-create=dir,bind,rw,nosuid,nodev\n"
-                                       for v in sorted(config.get("Volumes") or {})))
-    (etc / "rc").write_text(rc_script(config))
-    (etc / "rc.local").write_text("# This file is sourced by /etc/rc when the container starts.\n"
-                                  "# It can be used to manipulate the entrypoint or the command of the container.\n")
+    """Write the configuration files into an extracted tree (the mksquashfs path)."""
+    (rootfs / "etc").mkdir(parents=True, exist_ok=True)
+    for rel, text in config_files(config).items():
+        target = rootfs / rel
+        if target.is_symlink():
+            target.unlink()  # never write through a link into the host
+        target.write_text(text)
     workdir = (config.get("WorkingDir") or "/").lstrip("/")
     (rootfs / workdir).mkdir(parents=True, exist_ok=True)
 
@@ -122,9 +137,92 @@ def mksquashfs(rootfs: Path, out: Path, options: Sequence[str] = ENROOT_DEFAULT_
         raise DeployError(f"mksquashfs failed ({res.returncode}): {res.stderr.strip()[-500:]}")
 
 
+class _ChunkReader(io.RawIOBase):
+    """A file object over docker-py's export chunks (tarfile reads the stream through it)."""
+
+    def __init__(self, chunks, on_bytes=None):
+        self.chunks, self.buf, self.total, self.on_bytes = iter(chunks), b"", 0, on_bytes
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        while not self.buf:
+            self.buf = next(self.chunks, b"")
+            if not self.buf:
+                return 0
+            self.total += len(self.buf)
+            if self.on_bytes:
+                self.on_bytes(self.total)
+        n = min(len(b), len(self.buf))
+        b[:n], self.buf = self.buf[:n], self.buf[n:]
+        return n
+
+
+def _excluded(name: str) -> bool:
+    name = name.removeprefix("./")
+    return name.startswith("dev/") or name == ".dockerenv"
+
+
+def stream_to_sqfstar(client, image_id: str, config: dict, out: Path,
+                      options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None) -> None:
+    """docker export -> filter (dev/*, .dockerenv, the enroot files) + the enroot files -> sqfstar.
+
+    No extracted copy of the image ever touches the disk: sqfstar reads the tar on its stdin.
+    """
+    argv = ["sqfstar", "-all-root", "-processors", str(os.cpu_count() or 1), "-no-progress", *options, str(out)]
+    files = config_files(config)
+    container = client.containers.create(image_id, command=["true"], entrypoint=[])
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    last = [time.monotonic()]
+
+    def tick(total: int) -> None:
+        if progress and time.monotonic() - last[0] > 10:
+            progress(f"squashing: {total / 2**30:.2f} GiB read")
+            last[0] = time.monotonic()
+
+    try:
+        src = io.BufferedReader(_ChunkReader(container.export(chunk_size=4 << 20), tick), buffer_size=4 << 20)
+        seen = set()
+        with tarfile.open(fileobj=src, mode="r|") as tin, \
+                tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT, bufsize=4 << 20) as tout:
+            tout.copybufsize = 4 << 20
+            for m in tin:
+                name = m.name.removeprefix("./").rstrip("/")
+                if _excluded(m.name) or name in files:
+                    continue
+                seen.add(name)
+                tout.addfile(m, tin.extractfile(m) if m.isreg() else None)
+            workdir = (config.get("WorkingDir") or "/").strip("/")
+            parts = workdir.split("/") if workdir else []
+            for i in range(len(parts)):
+                d = "/".join(parts[:i + 1])
+                if d not in seen:
+                    info = tarfile.TarInfo(d)
+                    info.type, info.mode = tarfile.DIRTYPE, 0o755
+                    tout.addfile(info)
+            for rel, text in files.items():
+                data = text.encode()
+                info = tarfile.TarInfo(rel)
+                info.size, info.mode, info.mtime = len(data), 0o755 if rel == "etc/rc" else 0o644, int(time.time())
+                tout.addfile(info, io.BytesIO(data))
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    finally:
+        container.remove(force=True)
+        err = proc.stderr.read().decode(errors="replace")
+        code = proc.wait()
+    if code != 0:
+        raise DeployError(f"sqfstar failed ({code}): {err.strip()[-500:]}")
+
+
 def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
-            options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None) -> SquashResult:
-    """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists."""
+            options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None, stream: Optional[bool] = None) -> SquashResult:
+    """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists.
+
+    stream=None: through sqfstar when installed (no extracted tree on disk), else export + mksquashfs.
+    """
     t0 = time.monotonic()
     try:
         img = client.images.get(image)
@@ -133,21 +231,27 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
     out = Path(out_dir) / sqsh_name(image, digest or img.id)
     if out.exists():
         return SquashResult(out, True, time.monotonic() - t0)
+    if stream is None:
+        stream = shutil.which("sqfstar") is not None
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    config = img.attrs.get("Config") or {}
     try:
-        rootfs = work / "rootfs"
-        rootfs.mkdir()
-        if progress:
-            progress(f"exporting {image} ({img.attrs.get('Size', 0) / 2**30:.2f} GiB)")
-        export_rootfs(client, img.id, rootfs, progress)
-        configure(rootfs, img.attrs.get("Config") or {})
-        t1 = time.monotonic()
-        if progress:
-            progress(f"mksquashfs {' '.join(options)} -> {out.name}")
         partial = work / "image.sqsh"
-        mksquashfs(rootfs, partial, options)
-        t2 = time.monotonic()
+        if progress:
+            progress(f"converting {image} ({img.attrs.get('Size', 0) / 2**30:.2f} GiB, {' '.join(options)}, "
+                     f"{'streamed to sqfstar' if stream else 'extracted, then mksquashfs'}) -> {out.name}")
+        if stream:
+            stream_to_sqfstar(client, img.id, config, partial, options, progress)
+            t1 = t2 = time.monotonic()
+        else:
+            rootfs = work / "rootfs"
+            rootfs.mkdir()
+            export_rootfs(client, img.id, rootfs, progress)
+            configure(rootfs, config)
+            t1 = time.monotonic()
+            mksquashfs(rootfs, partial, options)
+            t2 = time.monotonic()
         os.replace(partial, out)  # same filesystem: the .sqsh appears whole or not at all
         return SquashResult(out, False, time.monotonic() - t0, t1 - t0, t2 - t1)
     finally:

@@ -118,11 +118,10 @@ def barrier(ident: NodeIdentity, address: str, timeout_s: float) -> float:
     """Block until every expected node is alive; return the time the last one registered."""
     import ray
     deadline = time.monotonic() + timeout_s
-    seen_dead: set = set()
     while True:
         nodes = ray.nodes()
         alive = [n for n in nodes if n["Alive"]]
-        dead = [n for n in nodes if not n["Alive"] and n["NodeID"] not in seen_dead]
+        dead = [n for n in nodes if not n["Alive"]]
         if dead:
             names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeManagerHostname']})" for n in dead)
             raise LaunchError(f"node(s) {names} joined and then died before all {ident.num_nodes} nodes were up")
@@ -147,7 +146,7 @@ def temp_dir_args(ports: RayPorts, opts: LaunchOptions) -> list[str]:
     once can pick the same socket file; several nodes per host each get a temp dir named by port."""
     if not opts.port_stride:
         return []
-    return [f"--temp-dir={Path(tempfile.gettempdir()) / f'raytrain-{ports.base + ports.node_offset}'}"]
+    return [f"--temp-dir={Path(tempfile.gettempdir()) / f'raytrain-{ports.node_base}'}"]
 
 
 def _start_node(args: list[str], env: dict) -> subprocess.Popen:
@@ -254,7 +253,7 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str) -> 
     try:
         log(ident, "joining the cluster")
         # this node's raylet must be up before this process connects to Ray (it attaches to a local raylet)
-        _wait_started(node, ip, ports.base + ports.node_offset + 1, opts.join_timeout_s, "ray start (worker)")
+        _wait_started(node, ip, ports.node_manager, opts.join_timeout_s, "ray start (worker)")
         return _follow_head(ident, node, f"{head}:{ports.gcs}")
     finally:
         _disconnect()

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 WORKER_PORTS = 100
 
 
+@lru_cache(maxsize=1)
 def ephemeral_low() -> int:
     try:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
@@ -31,9 +33,19 @@ class RayPorts:
     def gcs(self) -> int:
         return self.base
 
+    @property
+    def node_base(self) -> int:
+        """Where this node's own ports start."""
+        return self.base + self.node_offset
+
+    @property
+    def node_manager(self) -> int:
+        """The raylet's port: open once this node is up (readiness probes, the launcher's wait)."""
+        return self.node_base + 1
+
     def node_args(self) -> list[str]:
-        b = self.base + self.node_offset
-        return [f"--node-manager-port={b + 1}", f"--object-manager-port={b + 2}",
+        b = self.node_base
+        return [f"--node-manager-port={self.node_manager}", f"--object-manager-port={b + 2}",
                 f"--dashboard-agent-grpc-port={b + 3}", f"--dashboard-agent-listen-port={b + 4}",
                 f"--metrics-export-port={b + 5}", f"--runtime-env-agent-port={b + 6}",
                 f"--min-worker-port={b + 10}", f"--max-worker-port={b + 10 + WORKER_PORTS - 1}"]

@@ -23,28 +23,11 @@ CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 def names_in_export(client, image_id: str) -> set:
     c = client.containers.create(image_id, command=["true"], entrypoint=[])
     try:
-        stream = io.BufferedReader(_Raw(c.export(chunk_size=1 << 20)), buffer_size=1 << 20)
+        stream = io.BufferedReader(enroot._ChunkReader(c.export(chunk_size=1 << 20)), buffer_size=1 << 20)
         with tarfile.open(fileobj=stream, mode="r|") as tf:
             return {m.name.rstrip("/").removeprefix("./") for m in tf}
     finally:
         c.remove(force=True)
-
-
-class _Raw(io.RawIOBase):
-    def __init__(self, chunks):
-        self.chunks, self.buf = iter(chunks), b""
-
-    def readable(self):
-        return True
-
-    def readinto(self, b):
-        while not self.buf:
-            self.buf = next(self.chunks, b"")
-            if not self.buf:
-                return 0
-        n = min(len(b), len(self.buf))
-        b[:n], self.buf = self.buf[:n], self.buf[n:]
-        return n
 
 
 def sqsh_listing(path) -> dict:
@@ -83,8 +66,9 @@ CMD ["a", "$HOME"]
     client.images.remove(img.id, force=True)
 
 
-def test_format_contract(client, small_image, tmp_path):
-    res = enroot.convert(client, small_image.tags[0], tmp_path)
+@pytest.mark.parametrize("stream", [True, False], ids=["sqfstar-stream", "extract-mksquashfs"])
+def test_format_contract(client, small_image, tmp_path, stream):
+    res = enroot.convert(client, small_image.tags[0], tmp_path, stream=stream)
     assert not res.cached and res.path.name.endswith(small_image.id.replace(":", "-") + ".sqsh")
     stats = subprocess.run(["unsquashfs", "-s", str(res.path)], capture_output=True, text=True, check=True).stdout
     assert "Compression lzo" in stats
@@ -121,9 +105,14 @@ def test_cpu_image_boots_from_sqsh_and_passes_selfcheck(client, built, tmp_path)
     tree = tmp_path / "tree"
     subprocess.run(["unsquashfs", "-q", "-d", str(tree), str(res.path)], check=True, capture_output=True)
     env = dict(l.split("=", 1) for l in (tree / "etc" / "environment").read_text().splitlines() if "=" in l)
-    proc = subprocess.run([CHROOT, str(tree), "/bin/sh", "/etc/rc", "python", "-m", "runtime", "selfcheck"],
+    # as enroot starts a container: /dev and /proc mounted in (they are not in the image), then /etc/rc
+    # as an unprivileged user (the image's, uid 1000) in a private mount namespace
+    boot = ('mount --rbind /dev "$1/dev" && mount -t proc proc "$1/proc" && '
+            f'exec {CHROOT} --userspec=1000:1000 "$1" /bin/sh /etc/rc python -m runtime selfcheck')
+    proc = subprocess.run(["unshare", "--mount", "--fork", "/bin/sh", "-c", boot, "boot", str(tree)],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["cluster_spec_path"] == env["CLUSTER_SPEC_PATH"] and report["cluster_name"]
     assert report["torch"].startswith("2.9.1") and report["ray"] == "2.60.0"
+    assert report["uid"] == 1000

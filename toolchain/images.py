@@ -24,6 +24,7 @@ from toolchain.config import Settings
 from toolchain.docker_client import image_exists
 from toolchain.errors import BuildError, ConfigError
 from toolchain.hashing import iter_tree, key_of, tree_hash
+from toolchain.metadata import read_build
 from toolchain.progress import Reporter
 from toolchain.templates import dockerfile_str, label_words, render, template_hash
 from toolchain.wheelhouse import ensure_wheelhouse
@@ -216,6 +217,7 @@ def build_all(client: docker.DockerClient, settings: Settings, variants: list[st
     record = settings.build_dir / "build.json"
     record.parent.mkdir(parents=True, exist_ok=True)
     tmp = record.with_suffix(".tmp")
-    tmp.write_text(json.dumps({b.variant: b.as_dict() for b in built}, indent=2))
+    # merged: `build --variant cpu` keeps the gpu record (push still checks each one's spec hash)
+    tmp.write_text(json.dumps({**read_build(settings.build_dir), **{b.variant: b.as_dict() for b in built}}, indent=2))
     os.replace(tmp, record)
     return built
