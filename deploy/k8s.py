@@ -96,7 +96,7 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
     resources: dict = {"requests": {"cpu": str(job.cpus_per_node)}}
     if job.memory:
         resources["requests"]["memory"] = job.memory + ("i" if job.memory[-1] in "KMGT" else "")
-    gpus = job.gpus_per_node or opts.gpus_per_pod
+    gpus = job.gpus_per_node
     if slot and slot.gpu is not None:
         env_extra = {**env_extra, "NVIDIA_VISIBLE_DEVICES": str(slot.gpu), "CUDA_VISIBLE_DEVICES": str(slot.gpu)}
     elif gpus:

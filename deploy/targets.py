@@ -63,6 +63,10 @@ def preflight(req: Request) -> None:
     if req.target == "k8s":
         if spec.kubernetes is None:
             problems.append("kubernetes.namespace: the cluster spec has no 'kubernetes' section; add one with a namespace")
+        k = spec.kubernetes
+        if k and k.gpus_per_pod and job.gpus_per_node != k.gpus_per_pod:
+            problems.append(f"GPUs per node: the job asks for {job.gpus_per_node}, the spec's kubernetes.gpus_per_pod "
+                            f"is {k.gpus_per_pod}; make them agree")
         for s in req.slots:
             if s.gpu is not None and job.gpus_per_node > 1:
                 problems.append(f"--slots {s.node}:{s.gpu}: a GPU slot gives one GPU but the job asks for "

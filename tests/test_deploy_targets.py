@@ -65,6 +65,7 @@ def test_pyxis_sqsh_reference_is_planned_without_converting(settings):
     ("slurm-pyxis.json", "pyxis", {"seeds": "1-3"}, "fan-out is for the k8s target"),
     ("kubernetes.json", "k8s", {"gpus": 2, "seeds": "1-2", "slots": "n1:0"}, "a GPU slot gives one GPU"),
     ("kubernetes.json", "k8s", {"seeds": "3-1"}, "not a range"),
+    ("kubernetes.json", "k8s", {"gpus": 0}, "the job asks for 0, the spec's kubernetes.gpus_per_pod is 1"),
     ("kubernetes.json", "nomad", {}, "not one of local, slurm, pyxis, k8s"),
     ("slurm.json", "slurm", {"name": "Bad_Name"}, "name"),
 ])
@@ -80,6 +81,13 @@ def test_missing_digest_is_a_preflight_error(settings, tmp_path):
     with pytest.raises(ConfigError, match="no pushed gpu image.*invoke build push"):
         deploy(settings, "slurm-pyxis.json", "pyxis", out=str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
+
+
+def test_k8s_takes_gpu_count_and_image_from_the_spec(settings):
+    res = deploy(settings, "kubernetes.json", "k8s", dry_run=True)
+    assert res["job"]["gpus_per_node"] == 1 and res["job"]["image"] == GPU
+    pod = list(yaml.safe_load_all(res["rendered"]["job1.yaml"]))[1]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
 
 
 def test_k8s_seed_fanout_file(settings, tmp_path):

@@ -135,8 +135,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, nodes: int 
         plain = target == "slurm"
         job = build_job(cluster, read_images(settings.build_dir), images_file(settings.build_dir),
                         name=job_name, nodes=nodes or d.nodes, command=list(d.command), cpus_per_node=d.cpus_per_node,
-                        port_base=d.port_base, time_limit=d.time_limit, gpus_per_node=gpus if gpus is not None else
-                        (None if target in ("slurm", "pyxis") else 0),
+                        port_base=d.port_base, time_limit=d.time_limit,
+                        gpus_per_node=gpus if gpus is not None else _spec_gpus(cluster, target),
                         workdir=str(settings.path(settings.project.app_dir)) if plain else
                         (IMAGE_WORKDIR if target in ("pyxis", "k8s") else None),
                         needs_image=not plain)
@@ -182,6 +182,15 @@ def destroy(settings: Settings, spec: str | None, name: str | None, rep: Reporte
         raise ToolchainError(str(e)) from None
     rep.step(f"deleted objects labelled {k8s.LABEL_GROUP}={group} in {cluster.kubernetes.namespace}")
     return {"group": group, "namespace": cluster.kubernetes.namespace, "kubectl": out}
+
+
+def _spec_gpus(cluster: ClusterSpec, target: str) -> int:
+    """GPUs per node when --gpus is not given: what the spec's section for the target says."""
+    if target in ("slurm", "pyxis") and cluster.slurm:
+        return cluster.slurm.gpus_per_node
+    if target == "k8s" and cluster.kubernetes:
+        return cluster.kubernetes.gpus_per_pod
+    return 0
 
 
 def _words(text: str | None) -> list[str]:
