@@ -16,8 +16,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from runtime.identity import NodeIdentity, detect

@@ -19,6 +19,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from runtime.batched import BatchedDataDict
 from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
 
+# how long a failed collective waits for Ray to say which worker is gone (health checks take ~5 s)
+PEER_CHECK_S = 20.0
+
 
 class WorkerFailureError(RuntimeError):
     def __init__(self, message: str, rank: Optional[int] = None, node: Optional[str] = None):
@@ -106,7 +109,6 @@ class RayWorkerGroup:
         self.restarts = 0
         self.slots: list[BundleSlot] = virtual_cluster.slots()
         self.workers: list = []
-        self._dead: dict[int, str] = {}
         self._start()
 
     # -- lifecycle --------------------------------------------------------------
@@ -135,7 +137,6 @@ class RayWorkerGroup:
             self.workers.append(WorkerHost.options(scheduling_strategy=self._strategy(slot), num_cpus=self._cpus,
                                                    num_gpus=self._gpus).remote(
                 self.worker_class, env, self.init_args, self.init_kwargs, self.backend, self.init_timeout_s))
-        self._dead = {}
         self._info = self._guard(lambda: [w.status.remote() for w in self.workers], timeout=self.init_timeout_s,
                                  restartable=False)
 
@@ -173,15 +174,40 @@ class RayWorkerGroup:
             return ray.get(refs, timeout=timeout)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.WorkerCrashedError) as e:
             rank, cause = self._find_failure(refs, e)
-            node = self.slots[rank].node_ip if rank is not None else None
-            cause += self._log_tail(rank)
-            where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
-            if restartable and self.restart_on_failure and self.restarts < self.max_restarts:
-                self._restart()
-                raise WorkerGroupRestarted(f"{where} failed ({cause}); restarted the group "
-                                           f"({self.restarts}/{self.max_restarts})", rank, node) from None
-            limit = f" after {self.restarts} restarts (max_restarts={self.max_restarts})" if self.restart_on_failure else ""
-            raise WorkerFailureError(f"{where} failed{limit}: {cause}", rank, node) from None
+        except ray.exceptions.RayTaskError as e:
+            # A collective (all-reduce) fails on the survivors, "connection reset by peer", before Ray
+            # reports the lost worker: that is a worker failure, not an error in the user's code.
+            rank = self._lost_worker(PEER_CHECK_S)
+            if rank is None:
+                raise
+            cause = f"lost while the others were in a collective ({str(e).splitlines()[0][:160]})"
+        self._fail(rank, cause, restartable)
+
+    def _fail(self, rank: Optional[int], cause: str, restartable: bool) -> None:
+        node = self.slots[rank].node_ip if rank is not None else None
+        cause += self._log_tail(rank)
+        where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
+        if restartable and self.restart_on_failure and self.restarts < self.max_restarts:
+            self._restart()
+            raise WorkerGroupRestarted(f"{where} failed ({cause}); restarted the group "
+                                       f"({self.restarts}/{self.max_restarts})", rank, node) from None
+        limit = f" after {self.restarts} restarts (max_restarts={self.max_restarts})" if self.restart_on_failure else ""
+        raise WorkerFailureError(f"{where} failed{limit}: {cause}", rank, node) from None
+
+    def _lost_worker(self, within_s: float) -> Optional[int]:
+        """The rank of a worker Ray reports dead, asking each one; None if none is within the window
+        (then the error is the user's). A call to an actor on a lost node fails once Ray declares
+        the node dead (a few seconds); a worker that is merely busy is not counted as lost."""
+        refs = [w.__ray_ready__.remote() for w in self.workers]
+        pending, deadline = list(refs), time.monotonic() + within_s
+        while pending and time.monotonic() < deadline:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            for ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+                    return refs.index(ref)
+        return None
 
     def _log_tail(self, rank: Optional[int], lines: int = 20) -> str:
         """The failing worker's last log lines, read on its node (if that node is still up)."""
@@ -203,8 +229,7 @@ class RayWorkerGroup:
                 try:
                     ray.get(ref, timeout=0)
                 except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
-                    self._dead[i] = str(e).splitlines()[0]
-                    return i, f"actor died: {self._dead[i]}"
+                    return i, f"actor died: {str(e).splitlines()[0]}"
                 except Exception:
                     continue
         if isinstance(err, ray.exceptions.GetTimeoutError) and not_ready:
