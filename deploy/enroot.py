@@ -22,9 +22,10 @@ import subprocess
 import tarfile
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence
 
 from deploy.job import DeployError
 
@@ -100,28 +101,43 @@ def configure(rootfs: Path, config: dict) -> None:
     (rootfs / workdir).mkdir(parents=True, exist_ok=True)
 
 
-def export_rootfs(client, image_id: str, rootfs: Path, progress=None) -> int:
-    """Stream `docker export` of a created (never started) container into tar -x; returns bytes read."""
+@contextmanager
+def exported(client, image_id: str) -> Iterator[Iterator[bytes]]:
+    """`docker export` chunks of a created (never started) container of the image; removed afterwards."""
     container = client.containers.create(image_id, command=["true"], entrypoint=[])
-    total = 0
     try:
+        yield container.export(chunk_size=4 << 20)
+    finally:
+        container.remove(force=True)
+
+
+def _throttled(progress, every_s: float, what: str) -> Callable[[int], None]:
+    """A bytes-so-far callback that reports through `progress` at most every `every_s` seconds."""
+    last = [time.monotonic()]
+
+    def tick(total: int) -> None:
+        if progress and time.monotonic() - last[0] > every_s:
+            progress(f"{what}: {total / 2**30:.2f} GiB")
+            last[0] = time.monotonic()
+    return tick
+
+
+def export_rootfs(client, image_id: str, rootfs: Path, progress=None) -> int:
+    """Stream the image's export into tar -x (minus dev/* and .dockerenv); returns bytes read."""
+    total, tick = 0, _throttled(progress, 5, "export")
+    with exported(client, image_id) as chunks:
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "--warning=no-timestamp", "--anchored", *EXCLUDES, "-px"],
                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
-        last = time.monotonic()
         try:
-            for chunk in container.export(chunk_size=4 << 20):
+            for chunk in chunks:
                 tar.stdin.write(chunk)
                 total += len(chunk)
-                if progress and time.monotonic() - last > 5:
-                    progress(f"export: {total / 2**30:.2f} GiB")
-                    last = time.monotonic()
+                tick(total)
         finally:
             tar.stdin.close()
             err = tar.stderr.read().decode(errors="replace")
             if tar.wait() != 0:
                 raise DeployError(f"extracting the image export failed: {err.strip()[-500:]}")
-    finally:
-        container.remove(force=True)
     return total
 
 
@@ -172,49 +188,46 @@ def stream_to_sqfstar(client, image_id: str, config: dict, out: Path,
     """
     argv = ["sqfstar", "-all-root", "-processors", str(os.cpu_count() or 1), "-no-progress", *options, str(out)]
     files = config_files(config)
-    container = client.containers.create(image_id, command=["true"], entrypoint=[])
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    last = [time.monotonic()]
-
-    def tick(total: int) -> None:
-        if progress and time.monotonic() - last[0] > 10:
-            progress(f"squashing: {total / 2**30:.2f} GiB read")
-            last[0] = time.monotonic()
-
     try:
-        src = io.BufferedReader(_ChunkReader(container.export(chunk_size=4 << 20), tick), buffer_size=4 << 20)
-        seen = set()
-        with tarfile.open(fileobj=src, mode="r|") as tin, \
-                tarfile.open(fileobj=proc.stdin, mode="w|", format=tarfile.PAX_FORMAT, bufsize=4 << 20) as tout:
-            tout.copybufsize = 4 << 20
-            for m in tin:
-                name = m.name.removeprefix("./").rstrip("/")
-                if _excluded(m.name) or name in files:
-                    continue
-                seen.add(name)
-                tout.addfile(m, tin.extractfile(m) if m.isreg() else None)
-            workdir = (config.get("WorkingDir") or "/").strip("/")
-            parts = workdir.split("/") if workdir else []
-            for i in range(len(parts)):
-                d = "/".join(parts[:i + 1])
-                if d not in seen:
-                    info = tarfile.TarInfo(d)
-                    info.type, info.mode = tarfile.DIRTYPE, 0o755
-                    tout.addfile(info)
-            for rel, text in files.items():
-                data = text.encode()
-                info = tarfile.TarInfo(rel)
-                info.size, info.mode, info.mtime = len(data), 0o755 if rel == "etc/rc" else 0o644, int(time.time())
-                tout.addfile(info, io.BytesIO(data))
+        with exported(client, image_id) as chunks:
+            _filter_into(chunks, proc.stdin, config, files, _throttled(progress, 10, "squashing, read"))
         proc.stdin.close()
     except BrokenPipeError:
         pass
     finally:
-        container.remove(force=True)
         err = proc.stderr.read().decode(errors="replace")
         code = proc.wait()
     if code != 0:
         raise DeployError(f"sqfstar failed ({code}): {err.strip()[-500:]}")
+
+
+def _filter_into(chunks, sink, config: dict, files: dict[str, str], tick) -> None:
+    """Copy the export's tar to `sink` without dev/*, .dockerenv and the enroot files; then add those."""
+    src = io.BufferedReader(_ChunkReader(chunks, tick), buffer_size=4 << 20)
+    seen = set()
+    with tarfile.open(fileobj=src, mode="r|") as tin, \
+            tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=4 << 20) as tout:
+        tout.copybufsize = 4 << 20
+        for m in tin:
+            name = m.name.removeprefix("./").rstrip("/")
+            if _excluded(m.name) or name in files:
+                continue
+            seen.add(name)
+            tout.addfile(m, tin.extractfile(m) if m.isreg() else None)
+        workdir = (config.get("WorkingDir") or "/").strip("/")
+        parts = workdir.split("/") if workdir else []
+        for i in range(len(parts)):
+            d = "/".join(parts[:i + 1])
+            if d not in seen:
+                info = tarfile.TarInfo(d)
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tout.addfile(info)
+        for rel, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o755 if rel == "etc/rc" else 0o644, int(time.time())
+            tout.addfile(info, io.BytesIO(data))
 
 
 def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,

@@ -53,6 +53,19 @@ class JobSpec(BaseModel):
         return v
 
 
+RUNTIME_CMD = ("python", "-m", "runtime")
+
+
+def launch_argv(job: JobSpec, port_stride: int = 0) -> list[str]:
+    """How every node of the job starts (the driver command goes after `--` on the head)."""
+    argv = [*RUNTIME_CMD, "launch", f"--port-base={job.port_base}", f"--num-cpus={job.cpus_per_node}"]
+    if port_stride:
+        argv.append(f"--port-stride={port_stride}")
+    if job.gpus_per_node:
+        argv.append(f"--num-gpus={job.gpus_per_node}")
+    return argv
+
+
 def image_for(images: dict, variant: str, images_file: Path) -> str:
     entry = images.get(variant)
     if not entry or "@sha256:" not in entry.get("repo_digest", ""):

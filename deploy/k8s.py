@@ -27,7 +27,7 @@ from typing import Optional, Sequence
 
 import yaml
 
-from deploy.job import DeployError, JobSpec
+from deploy.job import RUNTIME_CMD, DeployError, JobSpec, launch_argv
 from runtime.ports import RayPorts
 from runtime.spec import KubernetesOptions
 
@@ -103,7 +103,7 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
         resources["limits"] = {"nvidia.com/gpu": gpus}
     probe_port = ports.gcs if role == "head" else ports.node_manager
     container = {
-        "name": "ray", "image": job.image, "command": ["python", "-m", "runtime"], "args": args,
+        "name": "ray", "image": job.image, "command": list(RUNTIME_CMD), "args": args,
         "env": _env(job, env_extra), "resources": resources, "volumeMounts": mounts,
         "ports": [{"name": "gcs" if role == "head" else "raylet", "containerPort": probe_port}],
         "readinessProbe": {"tcpSocket": {"port": probe_port}, "periodSeconds": 5, "failureThreshold": 3},
@@ -141,9 +141,7 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
               "RAYTRAIN_JOB_NAME": job.name}
     if seed is not None:
         common["RAYTRAIN_SEED"] = str(seed)
-    launch = ["launch", f"--port-base={job.port_base}", f"--num-cpus={job.cpus_per_node}"]
-    if job.gpus_per_node:
-        launch.append(f"--num-gpus={job.gpus_per_node}")
+    launch = launch_argv(job)[len(RUNTIME_CMD):]  # the container's args; RUNTIME_CMD is its command
     objs = [{
         "apiVersion": "v1", "kind": "Service", "metadata": _meta(n["service"], opts.namespace, head_labels),
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": head_labels,

@@ -22,7 +22,7 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
-from deploy.job import DeployError, JobSpec
+from deploy.job import DeployError, JobSpec, launch_argv
 from runtime.spec import SlurmOptions
 
 SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@+=-]+$")
@@ -53,15 +53,6 @@ def _directive(flag: str, value: object) -> str:
         raise DeployError(f"{flag}={text!r} cannot go on an #SBATCH line (Slurm does not unquote it); "
                           "use letters, digits and . _ / : % @ + = -")
     return f"#SBATCH {flag}={text}"
-
-
-def launch_args(job: JobSpec, port_stride: int) -> list[str]:
-    args = ["python", "-m", "runtime", "launch", f"--port-base={job.port_base}", f"--num-cpus={job.cpus_per_node}"]
-    if port_stride:
-        args.append(f"--port-stride={port_stride}")
-    if job.gpus_per_node:
-        args.append(f"--num-gpus={job.gpus_per_node}")
-    return args
 
 
 def container_flags(job: JobSpec, image: str, mount_home: bool = False) -> list[str]:
@@ -119,7 +110,7 @@ def render(job: JobSpec, opts: SlurmOptions, image: Optional[str] = None, *, por
               f'RAYTRAIN_JOB_NAME={shlex.quote(job.name)}',
               'echo "raytrain: job $SLURM_JOB_ID head $head_node ($head_ip), ' + f'{job.nodes} node(s)"', ""]
     ctr = container_flags(job, image, mount_home) if image else []
-    launch = launch_args(job, port_stride)
+    launch = launch_argv(job, port_stride)
     head = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", "--export=ALL,RAYTRAIN_NODE_RANK=0", *ctr]
     lines.append(shlex.join(head) + ' -w "$head_node" ' + shlex.join([*launch, "--", *job.command]) + " &")
     lines.append("head_pid=$!")

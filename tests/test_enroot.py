@@ -21,13 +21,10 @@ CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
 
 
 def names_in_export(client, image_id: str) -> set:
-    c = client.containers.create(image_id, command=["true"], entrypoint=[])
-    try:
-        stream = io.BufferedReader(enroot._ChunkReader(c.export(chunk_size=1 << 20)), buffer_size=1 << 20)
+    with enroot.exported(client, image_id) as chunks:
+        stream = io.BufferedReader(enroot._ChunkReader(chunks), buffer_size=1 << 20)
         with tarfile.open(fileobj=stream, mode="r|") as tf:
             return {m.name.rstrip("/").removeprefix("./") for m in tf}
-    finally:
-        c.remove(force=True)
 
 
 def sqsh_listing(path) -> dict:
