@@ -149,12 +149,27 @@ def temp_dir_args(ports: RayPorts, opts: LaunchOptions) -> list[str]:
     return [f"--temp-dir={Path(tempfile.gettempdir()) / f'raytrain-{ports.node_base}'}"]
 
 
+def ray_cli() -> str:
+    """The `ray` script installed beside this interpreter (the image's venv), else the one on PATH.
+
+    Never PATH first: a login shell (enroot's default) may have reset PATH to the distribution's.
+    """
+    beside = Path(sys.executable).parent / "ray"
+    if os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("ray")
+    if found is None:
+        raise LaunchError(f"no `ray` command beside {sys.executable} or on PATH; run inside the image or "
+                          "install the runtime's requirements into this interpreter's environment")
+    return found
+
+
 def _start_node(args: list[str], env: dict) -> subprocess.Popen:
     """`ray start --block` as our child: stopping it stops exactly this node's Ray processes,
     so several nodes can share one host (no `ray stop`, which would kill them all).
     Its output goes to a file (a pipe nobody reads would block it); _tail() reads it back."""
     out = tempfile.NamedTemporaryFile(prefix="ray-start-", suffix=".log", delete=False)
-    proc = subprocess.Popen(["ray", "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([ray_cli(), "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     proc.log_path = out.name  # type: ignore[attr-defined]
     out.close()
@@ -300,8 +315,7 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
     log(ident, f"identity from {ident.source}: node {ident.node_rank} of {ident.num_nodes}, head {ident.head_address}, "
                f"ip {ip}, gpus {ident.gpus_per_node}, node type {ident.node_type}")
     check_shm(ident)
-    if shutil.which("ray") is None:
-        raise LaunchError("the `ray` command is not on PATH; run inside the image or activate the runtime's venv")
+    ray_cli()  # fail before anything starts
     if ident.is_head:
         if not cmd:
             raise LaunchError("no driver command given: python -m runtime launch -- python train.py ...")

@@ -9,6 +9,15 @@ import sys
 from runtime.spec import SpecError, load_spec
 
 
+def _user_name() -> str | None:
+    """The login name, or None for a uid with no passwd entry and no USER/LOGNAME (enroot and
+    Kubernetes run images as arbitrary uids)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return None
+
+
 def report() -> dict:
     import ray
     import torch
@@ -19,7 +28,7 @@ def report() -> dict:
         "ray": ray.__version__,
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
-        "user": getpass.getuser(),
+        "user": _user_name(),
         "uid": os.getuid(),
         "cluster_spec_path": spec_path,
         "cluster_name": None,

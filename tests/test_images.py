@@ -15,6 +15,18 @@ def test_cpu_image_selfcheck(client, built):
     assert out["cluster_name"] == "local-docker"
 
 
+def test_user_is_numeric_and_login_shells_keep_the_venv(client, built):
+    """A kubelet can only verify runAsNonRoot for a numeric USER; enroot runs /etc/rc through a login
+    shell, whose /etc/profile resets PATH: `python` and `ray` must still be the venv's, for any uid."""
+    img = built["cpu"]["local_ref"]
+    assert client.images.get(img).attrs["Config"]["User"] == "1000:1000"
+    for user in ("1000:1000", "0:0", "4242:4242"):
+        for shell in ("/bin/sh", "/bin/bash"):
+            out = client.containers.run(img, [shell, "-lc", "command -v python; command -v ray"], entrypoint=[],
+                                        user=user, remove=True).decode()
+            assert out.split() == ["/opt/venv/bin/python", "/opt/venv/bin/ray"], (user, shell, out)
+
+
 def test_spec_file_in_image_equals_input(client, built):
     got = run_in(client, built["cpu"]["local_ref"], ["sh", "-c", 'cat "$CLUSTER_SPEC_PATH"'])
     assert got.encode() == SPEC.read_bytes()

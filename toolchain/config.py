@@ -29,7 +29,8 @@ class TorchSettings(_Strict):
 
 class UserSettings(_Strict):
     name: str = "ray"
-    uid: int = Field(1000, ge=0)
+    uid: int = Field(1000, ge=1, description="Numeric uid of the image's USER (a kubelet verifies runAsNonRoot by it).")
+    gid: int = Field(1000, ge=1, description="Numeric gid of the image's USER and the pods' fsGroup.")
 
 
 class ImageSettings(_Strict):

@@ -30,6 +30,16 @@ from toolchain.templates import dockerfile_str, label_words, render, template_ha
 from toolchain.wheelhouse import ensure_wheelhouse
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
+VENV = "/opt/venv"
+IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PROFILE_SCRIPT = "00-raytrain-venv.sh"
+
+
+def profile_script() -> str:
+    """/etc/profile.d script: a login shell's /etc/profile resets PATH (Debian's drops the venv);
+    enroot runs /etc/rc through a login shell by default and Pyxis takes the job's PATH from it."""
+    return ("# raytrain: keep the image's venv first on PATH in login shells\n"
+            f'case ":${{PATH}}:" in\n  *:{VENV}/bin:*) ;;\n  *) PATH="{VENV}/bin:${{PATH}}"; export PATH ;;\nesac\n')
 LABEL_PREFIX = "io.raytrain"
 STAGE_LABEL = f"{LABEL_PREFIX}.stage"
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./-]+$")
@@ -123,7 +133,8 @@ class Builder:
     def deps(self, base: BaseImage, variant: str, python_version: str, rebuilt: list):
         wh = ensure_wheelhouse(self.settings, variant, python_version, self.rep)
         user = self.settings.image.user
-        key = key_of("deps", base.key, wh.key, template_hash("deps.Dockerfile.j2"), user.model_dump(), self.settings.image.python)
+        key = key_of("deps", base.key, wh.key, template_hash("deps.Dockerfile.j2"), user.model_dump(), self.settings.image.python,
+                     profile_script(), IMAGE_PATH)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"deps: reusing {ref}")
@@ -131,8 +142,11 @@ class Builder:
         ctx = self._context()
         try:
             shutil.copytree(wh.path, ctx / "wheelhouse", copy_function=os.link)
+            (ctx / PROFILE_SCRIPT).write_text(profile_script())
+            (ctx / PROFILE_SCRIPT).chmod(0o644)
             text = render("deps.Dockerfile.j2", base_ref=base.ref, python=self.settings.image.python, uid=user.uid,
-                          user=user.name, stage_label=dockerfile_str(STAGE_LABEL))
+                          gid=user.gid, user=user.name, stage_label=dockerfile_str(STAGE_LABEL),
+                          profile_script=PROFILE_SCRIPT, path=IMAGE_PATH)
             self._build("deps", ref, ctx, text)
             # the install stage (wheels + venv) stays behind as an untagged cache image: drop it
             self.client.images.prune(filters={"dangling": True, "label": f"{STAGE_LABEL}=deps-install"})
