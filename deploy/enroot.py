@@ -1,25 +1,28 @@
 """An enroot squashfs (.sqsh) from a local image, without enroot.
 
-Same format contract as `enroot import dockerd://IMAGE`: the image's flattened filesystem
-(`docker export` minus `dev/*` and `.dockerenv`), plus
-  /etc/environment  the image's Env, one NAME=value per line;
-  /etc/rc           labels as comments, `cd` to WorkingDir, source /etc/rc.local, then exec
-                    Entrypoint + (the arguments given to `enroot start`, or Cmd);
-  /etc/fstab        one bind line per image Volume;
-  /etc/rc.local     an empty hook;
-all files owned by root, squashed with enroot's default options (`-comp lzo -noD`).
-With `sqfstar` installed the export is filtered as a tar stream straight into it (no extracted
-copy on disk); otherwise it is extracted to a scratch directory and `mksquashfs` runs on that.
+Made the way `enroot import dockerd://IMAGE` (4.1.x) makes it, step by step, so the file is the same:
+  1. `docker export` of a created container, extracted with `tar -px` minus `dev/*` and `.dockerenv`
+     into a fresh directory (mode 0755);
+  2. the permission fix-up: every entry gets u+r, directories and executables u+x, directories
+     (down to depth 15) u+w, so an unprivileged user can read and later remove the tree;
+  3. the four configuration files (mode 0644 unless the image already had the file):
+       /etc/environment  the image's Env, one NAME=value per line;
+       /etc/rc           labels as comments, `cd` to WorkingDir, source /etc/rc.local, then exec
+                         Entrypoint + (the arguments given to `enroot start`, or Cmd);
+       /etc/fstab        one bind line per image Volume;
+       /etc/rc.local     an empty hook;
+  4. `mksquashfs DIR OUT -all-root -processors N -comp lzo -noD -exit-on-error` (enroot's defaults:
+     NFS-exportable, no forced fragments).
+The facts this is held to were recorded from a real enroot import (tests/data/enroot_import_facts.json).
 The output is named by the image digest and cached: a second conversion costs one stat().
 """
 from __future__ import annotations
 
-import io
 import os
 import shlex
 import shutil
+import stat
 import subprocess
-import tarfile
 import tempfile
 import time
 from contextlib import contextmanager
@@ -29,8 +32,9 @@ from typing import Callable, Iterator, Optional, Sequence
 
 from deploy.job import DeployError
 
-ENROOT_DEFAULT_OPTIONS = ("-comp", "lzo", "-noD")
+ENROOT_DEFAULT_OPTIONS = ("-comp", "lzo", "-noD", "-exit-on-error")
 EXCLUDES = ("--exclude=dev/*", "--exclude=.dockerenv")
+FIXPERMS_DIR_DEPTH = 15  # enroot gives u+w to directories down to this depth
 
 
 @dataclass(frozen=True)
@@ -89,16 +93,55 @@ def config_files(config: dict) -> dict[str, str]:
     }
 
 
+def _write_config_file(target: Path, text: str) -> None:
+    """Truncate-and-write like a shell `>`: an existing file keeps its mode, a new one is 0644.
+
+    A symlink is replaced, never followed (it could point out of the tree, into the host)."""
+    if target.is_symlink():
+        target.unlink()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+
+
 def configure(rootfs: Path, config: dict) -> None:
-    """Write the configuration files into an extracted tree (the mksquashfs path)."""
-    (rootfs / "etc").mkdir(parents=True, exist_ok=True)
-    for rel, text in config_files(config).items():
-        target = rootfs / rel
-        if target.is_symlink():
-            target.unlink()  # never write through a link into the host
-        target.write_text(text)
-    workdir = (config.get("WorkingDir") or "/").lstrip("/")
-    (rootfs / workdir).mkdir(parents=True, exist_ok=True)
+    """Write the configuration files into the extracted tree; create WorkingDir as enroot does."""
+    old = os.umask(0o022)  # new files 0644 and directories 0755, whatever the caller's umask
+    try:
+        (rootfs / "etc").mkdir(parents=True, exist_ok=True)
+        for rel, text in config_files(config).items():
+            _write_config_file(rootfs / rel, text)
+        workdir = (config.get("WorkingDir") or "/").lstrip("/")
+        (rootfs / workdir).mkdir(parents=True, exist_ok=True)
+    finally:
+        os.umask(old)
+
+
+def fix_permissions(rootfs: Path) -> int:
+    """enroot's fix-up, so an unprivileged user can read (and later delete) the tree: u+r on every
+    entry, u+x on directories and on files executable by anyone, u+w on directories down to depth 15.
+    Symlinks are left alone (their modes mean nothing). Returns the number of entries changed."""
+    changed = 0
+    root_depth = len(rootfs.parts)
+    for dirpath, dirnames, filenames in os.walk(rootfs):
+        depth = len(Path(dirpath).parts) - root_depth
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            if stat.S_ISLNK(st.st_mode):
+                continue
+            mode = stat.S_IMODE(st.st_mode)
+            want = mode | stat.S_IRUSR
+            if stat.S_ISDIR(st.st_mode):
+                want |= stat.S_IXUSR
+                if depth + 1 <= FIXPERMS_DIR_DEPTH:
+                    want |= stat.S_IWUSR
+            elif mode & (stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH):
+                want |= stat.S_IXUSR
+            if want != mode:
+                os.chmod(path, want)
+                changed += 1
+    return changed
 
 
 @contextmanager
@@ -153,89 +196,18 @@ def mksquashfs(rootfs: Path, out: Path, options: Sequence[str] = ENROOT_DEFAULT_
         raise DeployError(f"mksquashfs failed ({res.returncode}): {res.stderr.strip()[-500:]}")
 
 
-class _ChunkReader(io.RawIOBase):
-    """A file object over docker-py's export chunks (tarfile reads the stream through it)."""
-
-    def __init__(self, chunks, on_bytes=None):
-        self.chunks, self.buf, self.total, self.on_bytes = iter(chunks), b"", 0, on_bytes
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:
-        while not self.buf:
-            self.buf = next(self.chunks, b"")
-            if not self.buf:
-                return 0
-            self.total += len(self.buf)
-            if self.on_bytes:
-                self.on_bytes(self.total)
-        n = min(len(b), len(self.buf))
-        b[:n], self.buf = self.buf[:n], self.buf[n:]
-        return n
-
-
-def _excluded(name: str) -> bool:
-    name = name.removeprefix("./")
-    return name.startswith("dev/") or name == ".dockerenv"
-
-
-def stream_to_sqfstar(client, image_id: str, config: dict, out: Path,
-                      options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None) -> None:
-    """docker export -> filter (dev/*, .dockerenv, the enroot files) + the enroot files -> sqfstar.
-
-    No extracted copy of the image ever touches the disk: sqfstar reads the tar on its stdin.
-    """
-    argv = ["sqfstar", "-all-root", "-processors", str(os.cpu_count() or 1), "-no-progress", *options, str(out)]
-    files = config_files(config)
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        with exported(client, image_id) as chunks:
-            _filter_into(chunks, proc.stdin, config, files, _throttled(progress, 10, "squashing, read"))
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass
-    finally:
-        err = proc.stderr.read().decode(errors="replace")
-        code = proc.wait()
-    if code != 0:
-        raise DeployError(f"sqfstar failed ({code}): {err.strip()[-500:]}")
-
-
-def _filter_into(chunks, sink, config: dict, files: dict[str, str], tick) -> None:
-    """Copy the export's tar to `sink` without dev/*, .dockerenv and the enroot files; then add those."""
-    src = io.BufferedReader(_ChunkReader(chunks, tick), buffer_size=4 << 20)
-    seen = set()
-    with tarfile.open(fileobj=src, mode="r|") as tin, \
-            tarfile.open(fileobj=sink, mode="w|", format=tarfile.PAX_FORMAT, bufsize=4 << 20) as tout:
-        tout.copybufsize = 4 << 20
-        for m in tin:
-            name = m.name.removeprefix("./").rstrip("/")
-            if _excluded(m.name) or name in files:
-                continue
-            seen.add(name)
-            tout.addfile(m, tin.extractfile(m) if m.isreg() else None)
-        workdir = (config.get("WorkingDir") or "/").strip("/")
-        parts = workdir.split("/") if workdir else []
-        for i in range(len(parts)):
-            d = "/".join(parts[:i + 1])
-            if d not in seen:
-                info = tarfile.TarInfo(d)
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
-                tout.addfile(info)
-        for rel, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(rel)
-            info.size, info.mode, info.mtime = len(data), 0o755 if rel == "etc/rc" else 0o644, int(time.time())
-            tout.addfile(info, io.BytesIO(data))
+def make_rootfs(client, image_id: str, config: dict, rootfs: Path, progress=None) -> None:
+    """Steps 1-3: the tree enroot would squash."""
+    rootfs.mkdir()
+    rootfs.chmod(0o755)
+    export_rootfs(client, image_id, rootfs, progress)
+    fix_permissions(rootfs)
+    configure(rootfs, config)
 
 
 def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
-            options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None, stream: Optional[bool] = None) -> SquashResult:
-    """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists.
-
-    stream=None: through sqfstar when installed (no extracted tree on disk), else export + mksquashfs.
-    """
+            options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None) -> SquashResult:
+    """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists."""
     t0 = time.monotonic()
     try:
         img = client.images.get(image)
@@ -244,27 +216,18 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
     out = Path(out_dir) / sqsh_name(image, digest or img.id)
     if out.exists():
         return SquashResult(out, True, time.monotonic() - t0)
-    if stream is None:
-        stream = shutil.which("sqfstar") is not None
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    config = img.attrs.get("Config") or {}
     try:
         partial = work / "image.sqsh"
         if progress:
-            progress(f"converting {image} ({img.attrs.get('Size', 0) / 2**30:.2f} GiB, {' '.join(options)}, "
-                     f"{'streamed to sqfstar' if stream else 'extracted, then mksquashfs'}) -> {out.name}")
-        if stream:
-            stream_to_sqfstar(client, img.id, config, partial, options, progress)
-            t1 = t2 = time.monotonic()
-        else:
-            rootfs = work / "rootfs"
-            rootfs.mkdir()
-            export_rootfs(client, img.id, rootfs, progress)
-            configure(rootfs, config)
-            t1 = time.monotonic()
-            mksquashfs(rootfs, partial, options)
-            t2 = time.monotonic()
+            progress(f"converting {image} ({img.attrs.get('Size', 0) / 2**30:.2f} GiB, {' '.join(options)}) -> {out.name}")
+        make_rootfs(client, img.id, img.attrs.get("Config") or {}, work / "rootfs", progress)
+        t1 = time.monotonic()
+        if progress:
+            progress(f"extracted in {t1 - t0:.1f}s; mksquashfs")
+        mksquashfs(work / "rootfs", partial, options)
+        t2 = time.monotonic()
         os.replace(partial, out)  # same filesystem: the .sqsh appears whole or not at all
         return SquashResult(out, False, time.monotonic() - t0, t1 - t0, t2 - t1)
     finally:

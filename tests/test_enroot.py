@@ -1,48 +1,32 @@
 """The .sqsh converter against real Docker, mksquashfs and unsquashfs; then the image is booted.
 
-A small image (on the bootstrapped base) carries every config field enroot reads; the format
-contract is checked on it. The cpu image, converted with the same code, is unpacked and its
-/etc/rc run under chroot to execute the runtime's self-check.
+Format: a fixture image full of the cases enroot handles specially (tests/helpers/enroot_fixture.py)
+is converted and compared with facts recorded from a real `enroot import dockerd://` of the same
+image (tests/data/enroot_import_facts.json): superblock options, root mode, every entry's type,
+mode, owner and symlink target (a non-ASCII absolute link among them), the permission fix-up,
+and the four configuration files. A small image on the bootstrapped base checks /etc/rc's
+behaviour; the cpu image, converted with the same code, is booted the way enroot starts it.
 """
 import io
 import json
 import shutil
 import subprocess
-import tarfile
 import uuid
+from pathlib import Path
 
 import pytest
 
 from deploy import enroot
+from helpers import enroot_fixture
 from toolchain.bootstrap import ensure_base
 from toolchain.progress import Reporter
 
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
-
-
-def names_in_export(client, image_id: str) -> set:
-    with enroot.exported(client, image_id) as chunks:
-        stream = io.BufferedReader(enroot._ChunkReader(chunks), buffer_size=1 << 20)
-        with tarfile.open(fileobj=stream, mode="r|") as tf:
-            return {m.name.rstrip("/").removeprefix("./") for m in tf}
-
-
-def sqsh_listing(path) -> dict:
-    """name -> (owner, mode) from `unsquashfs -lln` (numeric owners)."""
-    out = subprocess.run(["unsquashfs", "-lln", "-d", "", str(path)], capture_output=True, text=True, check=True).stdout
-    entries = {}
-    for line in out.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) == 6 and parts[0][0] in "-dlcbps":
-            name = parts[5].split(" -> ")[0].lstrip("/")
-            if name:
-                entries[name] = (parts[1], parts[0])
-    return entries
+FACTS = Path(__file__).parent / "data" / "enroot_import_facts.json"
 
 
 def read_member(path, member) -> str:
-    res = subprocess.run(["unsquashfs", "-cat", str(path), member], capture_output=True, text=True, check=True)
-    return res.stdout
+    return enroot_fixture.read_member(str(path), member)
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +47,29 @@ CMD ["a", "$HOME"]
     client.images.remove(img.id, force=True)
 
 
-@pytest.mark.parametrize("stream", [True, False], ids=["sqfstar-stream", "extract-mksquashfs"])
-def test_format_contract(client, small_image, tmp_path, stream):
-    res = enroot.convert(client, small_image.tags[0], tmp_path, stream=stream)
+@pytest.fixture(scope="module")
+def fixture_image(client):
+    tag = enroot_fixture.build(client)
+    yield tag
+    client.images.remove(tag, force=True)
+
+
+def test_sqsh_matches_a_real_enroot_import(client, fixture_image, tmp_path):
+    recorded = json.loads(FACTS.read_text())
+    res = enroot.convert(client, fixture_image, tmp_path)
+    ours = enroot_fixture.facts(str(res.path))
+    assert ours["superblock"] == recorded["superblock"]
+    assert ours["files"] == recorded["files"]
+    assert ours["listing"]["/"] == recorded["listing"]["/"] == ["drwxr-xr-x", "0/0", ""]
+    link = f"/etc/ssl/certs/{enroot_fixture.NON_ASCII}.pem"
+    assert ours["listing"][link][2] == f"/usr/share/ca-certificates/{enroot_fixture.NON_ASCII}.crt"
+    assert ours["listing"]["/opt/noread"][0] == "-r--------" and ours["listing"]["/opt/locked"][0] == "drwx------"
+    assert ours["listing"] == recorded["listing"]
+
+
+def test_rc_script_behaviour(client, small_image, tmp_path):
+    res = enroot.convert(client, small_image.tags[0], tmp_path)
     assert not res.cached and res.path.name.endswith(small_image.id.replace(":", "-") + ".sqsh")
-    stats = subprocess.run(["unsquashfs", "-s", str(res.path)], capture_output=True, text=True, check=True).stdout
-    assert "Compression lzo" in stats
-    listing = sqsh_listing(res.path)
-    exported = names_in_export(client, small_image.id)
-    expected = {n for n in exported if n and not n.startswith("dev/") and n != ".dockerenv"}
-    expected |= {"etc/rc", "etc/rc.local", "etc/environment", "etc/fstab"}
-    assert set(listing) == expected
-    assert {owner for owner, _ in listing.values()} == {"0/0"}
     env = read_member(res.path, "etc/environment").splitlines()
     assert "GREETING=hello world" in env and any(l.startswith("PATH=") for l in env)
     assert read_member(res.path, "etc/fstab") == "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
@@ -96,20 +91,42 @@ def test_format_contract(client, small_image, tmp_path, stream):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work dirs left behind
 
 
-def test_cpu_image_boots_from_sqsh_and_passes_selfcheck(client, built, tmp_path):
-    image = built["cpu"]["local_ref"]
-    res = enroot.convert(client, image, tmp_path, progress=print)
-    tree = tmp_path / "tree"
-    subprocess.run(["unsquashfs", "-q", "-d", str(tree), str(res.path)], check=True, capture_output=True)
+def enroot_start(tree: Path, user: str, shell: str, *argv: str) -> subprocess.CompletedProcess:
+    """Start the unpacked image as enroot does by default: /dev and /proc mounted in, a clean
+    environment from /etc/environment (plus HOME and TERM as enroot's login sets them), then
+    /etc/rc through a *login* shell (ENROOT_LOGIN_SHELL=yes: /etc/profile runs and resets PATH),
+    as the submitting user's uid, which need not exist in the image."""
     env = dict(l.split("=", 1) for l in (tree / "etc" / "environment").read_text().splitlines() if "=" in l)
-    # as enroot starts a container: /dev and /proc mounted in (they are not in the image), then /etc/rc
-    # as an unprivileged user (the image's, uid 1000) in a private mount namespace
-    boot = ('mount --rbind /dev "$1/dev" && mount -t proc proc "$1/proc" && '
-            f'exec {CHROOT} --userspec=1000:1000 "$1" /bin/sh /etc/rc python -m runtime selfcheck')
-    proc = subprocess.run(["unshare", "--mount", "--fork", "/bin/sh", "-c", boot, "boot", str(tree)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    env.update(HOME="/", TERM="dumb")
+    boot = ('mount --rbind /dev "$1/dev" && mount -t proc proc "$1/proc" && shift && exec "$@"')
+    argv = ["unshare", "--mount", "--fork", "/bin/sh", "-c", boot, "boot", str(tree),
+            CHROOT, f"--userspec={user}", str(tree), shell, "-l", "/etc/rc", *argv]
+    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
+
+
+@pytest.mark.parametrize("user,shell", [("0:0", "/bin/sh"), ("1000:1000", "/bin/bash"), ("4242:4242", "/bin/sh")],
+                         ids=["root", "image-user-bash", "unknown-uid"])
+def test_cpu_image_boots_like_enroot_under_a_login_shell(cpu_sqsh_tree, user, shell):
+    proc = enroot_start(cpu_sqsh_tree, user, shell, "python", "-m", "runtime", "selfcheck")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert report["cluster_spec_path"] == env["CLUSTER_SPEC_PATH"] and report["cluster_name"]
+    assert report["cluster_spec_path"] and report["cluster_name"]
     assert report["torch"].startswith("2.9.1") and report["ray"] == "2.60.0"
-    assert report["uid"] == 1000
+    assert report["uid"] == int(user.split(":")[0])
+    proc = enroot_start(cpu_sqsh_tree, user, shell, "ray", "--version")
+    assert proc.returncode == 0 and "2.60.0" in proc.stdout, proc.stderr[-2000:]
+    # the login shell did reset PATH, and the image put its venv back first
+    proc = enroot_start(cpu_sqsh_tree, user, shell, "/bin/sh", "-c", "command -v python; command -v ray")
+    assert proc.stdout.split() == ["/opt/venv/bin/python", "/opt/venv/bin/ray"], proc.stdout + proc.stderr
+
+
+@pytest.fixture(scope="module")
+def cpu_sqsh_tree(client, built, tmp_path_factory):
+    """The cpu image converted once and unpacked from the .sqsh (what enroot mounts)."""
+    work = tmp_path_factory.mktemp("cpu-sqsh")
+    res = enroot.convert(client, built["cpu"]["local_ref"], work, progress=print)
+    tree = work / "tree"
+    subprocess.run(["unsquashfs", "-q", "-d", str(tree), str(res.path)], check=True, capture_output=True)
+    res.path.unlink()
+    yield tree
+    shutil.rmtree(tree, ignore_errors=True)
