@@ -83,17 +83,27 @@ def push(c, spec=None, variant=None, quiet=False, json=False):
     "sqsh": "pyxis: convert the image to an enroot .sqsh (cached by digest in build/sqsh) and run from that file.",
     "sqsh_to_fileroot": "pyxis --sqsh: also copy the .sqsh to <fileroot>/images/ and point srun at that copy.",
     "port_stride": "Offset between the Ray ports of nodes that share a host (several slurmd per host). Default 0.",
+    "partition": "slurm/pyxis: Slurm partition (overrides slurm.partition; default: the cluster's default partition).",
+    "account": "slurm/pyxis: Slurm account (overrides slurm.account).",
+    "allow_local_registry": "pyxis/k8s: accept an image in a loopback registry (only when the compute nodes are "
+                            "this machine; otherwise push to a registry they reach, or use --sqsh).",
+    "allow_http_registry": "pyxis: accept a plain-HTTP registry (the site's enroot.conf has ENROOT_ALLOW_HTTP=yes).",
     **COMMON,
 })
 def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, submit=False,
-           seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=0, quiet=False, json=False):
+           seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=0, partition=None, account=None,
+           allow_local_registry=False, allow_http_registry=False, quiet=False, json=False):
     """Render the job for a target from the pushed digests (build/images.json); run it (local) or write it.
 
-    Pre-flight checks (digests, spec sections, GPU/node counts) run first; on failure nothing is written.
+    Pre-flight checks (digests, the spec baked into the image, registry reachability, spec sections,
+    GPU/node counts) run first; on failure nothing is written. To use one spec for the whole chain:
+    INVOKE_PROJECT_SPEC=cluster_specs/x.json invoke build push deploy --target pyxis
     """
     result = _run(c, pipeline.deploy, spec, target, int(nodes) if nodes else None, name, dry_run,
                   quiet=quiet, as_json=json, out=out, submit=submit, gpus=int(gpus) if gpus is not None else None,
-                  seeds=seeds, slots=slots, sqsh=sqsh, sqsh_to_fileroot=sqsh_to_fileroot, port_stride=int(port_stride))
+                  seeds=seeds, slots=slots, sqsh=sqsh, sqsh_to_fileroot=sqsh_to_fileroot, port_stride=int(port_stride),
+                  partition=partition, account=account, allow_local_registry=allow_local_registry,
+                  allow_http_registry=allow_http_registry)
     if json:
         return
     if dry_run:

@@ -36,6 +36,8 @@ class JobSpec(BaseModel):
     shm_size: str = "2g"
     fileroot: str = "/tmp/raytrain"
     workdir: Optional[str] = Field(None, description="Directory the command runs in (absolute); None = the image's.")
+    uid: Optional[int] = Field(None, ge=0, description="The image's numeric USER uid (pods run as it); None = unknown.")
+    gid: Optional[int] = Field(None, ge=0, description="The image's numeric USER gid (pods' runAsGroup and fsGroup).")
 
     @field_validator("workdir", "fileroot")
     @classmethod
@@ -56,6 +58,28 @@ class JobSpec(BaseModel):
 RUNTIME_CMD = ("python", "-m", "runtime")
 
 
+def time_limit_seconds(text: str) -> int:
+    """Slurm's time formats (MM, MM:SS, HH:MM:SS, D-HH, D-HH:MM, D-HH:MM:SS) in seconds."""
+    days, _, rest = text.rpartition("-")
+    parts = [int(p) for p in rest.split(":")]
+    if days:
+        h, m, s = (parts + [0, 0])[:3]
+        return int(days) * 86400 + h * 3600 + m * 60 + s
+    if len(parts) == 1:
+        return parts[0] * 60
+    if len(parts) == 2:
+        return parts[0] * 60 + parts[1]
+    return parts[0] * 3600 + parts[1] * 60 + parts[2]
+
+
+def numeric_user(user: str) -> tuple[Optional[int], Optional[int]]:
+    """An image config's User ('1000:1000', '1000', 'ray') -> (uid, gid); None where not numeric."""
+    name, _, group = (user or "").partition(":")
+    uid = int(name) if name.isdigit() else None
+    gid = int(group) if group.isdigit() else (uid if not group else None)
+    return uid, gid
+
+
 def launch_argv(job: JobSpec, port_stride: int = 0) -> list[str]:
     """How every node of the job starts (the driver command goes after `--` on the head)."""
     argv = [*RUNTIME_CMD, "launch", f"--port-base={job.port_base}", f"--num-cpus={job.cpus_per_node}"]
@@ -66,11 +90,16 @@ def launch_argv(job: JobSpec, port_stride: int = 0) -> list[str]:
     return argv
 
 
-def image_for(images: dict, variant: str, images_file: Path) -> str:
+def image_record(images: dict, variant: str, images_file: Path) -> dict:
+    """The push record (build/images.json) of the variant's image."""
     entry = images.get(variant)
     if not entry or "@sha256:" not in entry.get("repo_digest", ""):
         raise DeployError(f"no pushed {variant} image in {images_file}; run `invoke build push` first")
-    return entry["repo_digest"]
+    return entry
+
+
+def job_variant(gpus_per_node: int) -> str:
+    return "gpu" if gpus_per_node else "cpu"
 
 
 def build_job(spec: ClusterSpec, images: dict, images_file: Path, *, name: str, nodes: int, command: list[str],
@@ -79,11 +108,12 @@ def build_job(spec: ClusterSpec, images: dict, images_file: Path, *, name: str, 
               workdir: Optional[str] = None, memory: Optional[str] = None, needs_image: bool = True) -> JobSpec:
     """needs_image=False: the job runs in the nodes' own environment (plain sbatch), no image."""
     gpus = gpus_per_node if gpus_per_node is not None else (spec.slurm.gpus_per_node if spec.slurm else 0)
-    variant = "gpu" if gpus else "cpu"
+    record = image_record(images, job_variant(gpus), images_file) if needs_image else {}
+    uid, gid = numeric_user(record.get("user", ""))
     try:
         return JobSpec(name=name, nodes=nodes, gpus_per_node=gpus, cpus_per_node=cpus_per_node,
-                       image=image_for(images, variant, images_file) if needs_image else None, command=command, env=env or {},
+                       image=record.get("repo_digest"), command=command, env=env or {},
                        mounts=spec.mounts, port_base=port_base, time_limit=time_limit, retries=retries,
-                       fileroot=spec.fileroot, workdir=workdir, memory=memory)
+                       fileroot=spec.fileroot, workdir=workdir, memory=memory, uid=uid, gid=gid)
     except ValidationError as e:
         raise DeployError("invalid job:\n  - " + "\n  - ".join(describe_errors(e, JobSpec))) from None

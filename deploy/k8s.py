@@ -11,7 +11,8 @@ Per job (all objects labelled raytrain.io/job=<name>, so `destroy` deletes exact
 Indexed Jobs rather than StatefulSets: a training run ends, and a Job records how it ended.
 Every pod: image by digest, /dev/shm as an in-memory emptyDir, fileroot from the spec's PVC,
 the spec's other mounts as hostPath, nodeSelector, nvidia.com/gpu limits, a TCP readiness
-probe on the node's Ray port (GCS on the head, raylet on workers), non-root.
+probe on the node's Ray port (GCS on the head, raylet on workers), non-root as the image's numeric
+uid/gid (runAsUser/runAsGroup, fsGroup for the fileroot volume), activeDeadlineSeconds from the time limit.
 
 Multi-seed fan-out (`render_seeds`): one independent job per seed, named <name>-s<seed>,
 optionally pinned to (node, GPU) slots as in the seed's ReplicaSet recipe (nodeSelector on
@@ -27,7 +28,7 @@ from typing import Optional, Sequence
 
 import yaml
 
-from deploy.job import RUNTIME_CMD, DeployError, JobSpec, launch_argv
+from deploy.job import RUNTIME_CMD, DeployError, JobSpec, launch_argv, time_limit_seconds
 from runtime.ports import RayPorts
 from runtime.spec import KubernetesOptions
 
@@ -112,7 +113,7 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
     if job.workdir:
         container["workingDir"] = job.workdir
     spec: dict = {"restartPolicy": "Never", "containers": [container], "volumes": volumes,
-                  "securityContext": {"runAsNonRoot": True}, "enableServiceLinks": False}
+                  "securityContext": pod_security(job), "enableServiceLinks": False}
     selector = dict(opts.node_selector)
     if slot:
         selector["kubernetes.io/hostname"] = slot.node
@@ -121,6 +122,16 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
     if opts.image_pull_secret:
         spec["imagePullSecrets"] = [{"name": opts.image_pull_secret}]
     return {"metadata": {"labels": labels}, "spec": spec}
+
+
+def pod_security(job: JobSpec) -> dict:
+    """runAsNonRoot with the image's numeric uid/gid spelled out, so a kubelet can verify it whatever the
+    image's USER says; fsGroup makes the fileroot volume group-writable for that gid."""
+    if job.uid is None or job.uid == 0:
+        raise DeployError(f"image {job.image}: no non-root numeric uid known (got {job.uid!r}); the pods could not "
+                          "run as non-root. Build and push again (the image's USER is recorded at push)")
+    gid = job.gid if job.gid is not None else job.uid
+    return {"runAsNonRoot": True, "runAsUser": job.uid, "runAsGroup": gid, "fsGroup": gid}
 
 
 def _meta(name: str, namespace: str, labels: dict) -> dict:
@@ -142,13 +153,14 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
     if seed is not None:
         common["RAYTRAIN_SEED"] = str(seed)
     launch = launch_argv(job)[len(RUNTIME_CMD):]  # the container's args; RUNTIME_CMD is its command
+    deadline = time_limit_seconds(job.time_limit)  # the job's time limit, as Slurm's --time is
     objs = [{
         "apiVersion": "v1", "kind": "Service", "metadata": _meta(n["service"], opts.namespace, head_labels),
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": head_labels,
                  "ports": [{"name": "gcs", "port": job.port_base, "targetPort": job.port_base}]},
     }, {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(n["head"], opts.namespace, head_labels),
-        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": job.retries,
+        "spec": {"completions": 1, "parallelism": 1, "backoffLimit": job.retries, "activeDeadlineSeconds": deadline,
                  "template": _pod(job, opts, "head", head_labels, [*launch, "--", *job.command],
                                   {**common, "RAYTRAIN_NODE_RANK": "0"}, slot)},
     }]
@@ -156,7 +168,7 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
         objs.append({
             "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(n["workers"], opts.namespace, worker_labels),
             "spec": {"completionMode": "Indexed", "completions": job.nodes - 1, "parallelism": job.nodes - 1,
-                     "backoffLimit": job.retries * (job.nodes - 1),
+                     "backoffLimit": job.retries * (job.nodes - 1), "activeDeadlineSeconds": deadline,
                      "template": _pod(job, opts, "worker", worker_labels, launch,
                                       {**common, "RAYTRAIN_NODE_RANK_OFFSET": "1"}, slot)},
         })
@@ -182,13 +194,17 @@ def secret(job_name: str, namespace: str, token: str, labels: dict) -> dict:
             "metadata": _meta(f"{job_name}-ray-token", namespace, labels), "stringData": {TOKEN_KEY: token}}
 
 
-# libyaml's safe dumper when PyYAML was built with it (~10x faster, same output rules); else pure Python
-_SafeDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    """libyaml's safe dumper when PyYAML has it (~10x faster, same rules); never anchors or aliases:
+    objects that share a dict (labels and selectors) are written out in full, as people read and diff them."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
 
 
 def dump(objs: list[dict]) -> str:
     """Serialise with the safe dumper: every value is data, quoted as YAML needs, never a template."""
-    return yaml.dump_all(objs, Dumper=_SafeDumper, sort_keys=False, default_flow_style=False)
+    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 def job_names(objs: list[dict]) -> list[str]:

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from deploy import k8s
-from deploy.job import DeployError, JobSpec
+from deploy.job import DeployError, JobSpec, numeric_user
 from helpers import k8s_docker
 from runtime.spec import KubernetesOptions, load_spec
 
@@ -23,7 +23,8 @@ DIGEST = "registry.example.com:5000/raytrain-gpu@sha256:" + "cd" * 32
 def spec_job(**kw):
     spec = load_spec(ROOT / "cluster_specs" / "kubernetes.json")
     base = dict(name="train", nodes=3, gpus_per_node=1, cpus_per_node=8, image=DIGEST, memory="64G",
-                command=["python", "train.py"], env={"NCCL_DEBUG": "WARN"}, mounts=spec.mounts, fileroot=spec.fileroot)
+                command=["python", "train.py"], env={"NCCL_DEBUG": "WARN"}, mounts=spec.mounts, fileroot=spec.fileroot,
+                uid=1000, gid=1000, time_limit="1-02:03:04")
     return JobSpec(**{**base, **kw}), spec.kubernetes
 
 
@@ -53,6 +54,27 @@ def test_manifests_validate_in_strict_mode():
     assert head["spec"]["template"]["spec"]["containers"][0]["args"][-3:] == ["--", "python", "train.py"]
     for o in objs:
         assert o["metadata"]["labels"][k8s.LABEL_GROUP] == "train"
+
+
+def test_pods_pass_the_kubelets_non_root_check_and_the_yaml_has_no_aliases():
+    job, opts = spec_job()
+    objs = k8s.render(job, opts)
+    for o in objs[1:]:
+        pod = o["spec"]["template"]["spec"]
+        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+        assert o["spec"]["activeDeadlineSeconds"] == 86400 + 2 * 3600 + 3 * 60 + 4
+        # what a kubelet checks, whatever the image's USER says (even a name)
+        for image_user in ("1000:1000", "ray", ""):
+            k8s_docker.verify_run_as_non_root(pod, pod["containers"][0], image_user)
+    text = k8s.dump(objs)
+    assert "&id" not in text and "*id" not in text
+    assert list(yaml.safe_load_all(text)) == objs
+    # the old rendering (runAsNonRoot alone) over an image whose USER is a name: refused, as a kubelet does
+    old = {**objs[1]["spec"]["template"]["spec"], "securityContext": {"runAsNonRoot": True}}
+    with pytest.raises(k8s_docker.KubeletRefused, match="non-numeric user \\(ray\\)"):
+        k8s_docker.verify_run_as_non_root(old, old["containers"][0], "ray")
+    with pytest.raises(DeployError, match="no non-root numeric uid"):
+        k8s.render(job.model_copy(update={"uid": None}), opts)
 
 
 def test_a_broken_manifest_fails_validation():
@@ -139,8 +161,11 @@ def test_exact_container_specs_run_the_job(client, pushed, tmp_path):
     spec = load_spec(ROOT / "cluster_specs" / "local.json")
     opts = KubernetesOptions(namespace="e2e", fileroot_claim="shared")
     name = f"k8s-{uuid.uuid4().hex[:6]}"
+    uid, gid = numeric_user(pushed["cpu"]["user"])
+    assert (uid, gid) == (1000, 1000), pushed["cpu"]["user"]
     job = JobSpec(name=name, nodes=3, cpus_per_node=2, image=pushed["cpu"]["repo_digest"], mounts=spec.mounts,
-                  fileroot=spec.fileroot, command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"])
+                  fileroot=spec.fileroot, command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"],
+                  uid=uid, gid=gid)
     objs = list(yaml.safe_load_all(k8s.dump(k8s.render(job, opts))))  # exactly what a user would apply
     validate_all(objs)
     tokens = {f"{name}-ray-token": {"token": uuid.uuid4().hex * 2}}
@@ -153,6 +178,7 @@ def test_exact_container_specs_run_the_job(client, pushed, tmp_path):
         summary = json.loads(next(l for l in logs.splitlines() if l.startswith("SUMMARY ")).split(" ", 1)[1])
         assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2]
         assert "identity from kubernetes: node 0 of 3" in logs
+        # rank 0 saved its checkpoint into the fileroot volume as the pod's uid (exit 0 needs that write)
         deadline = time.monotonic() + 60
         for c in containers.values():
             assert c.wait(timeout=max(1, deadline - time.monotonic()))["StatusCode"] == 0

@@ -1,5 +1,6 @@
 """The plain sbatch script, submitted to a real Slurm (three slurmd on this host), runs the example job."""
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -7,8 +8,11 @@ import pytest
 
 from deploy import slurm
 from deploy.job import JobSpec
+from conftest import make_settings
 from helpers.slurm import SlurmCluster
 from runtime.spec import SlurmOptions
+from toolchain import pipeline
+from toolchain.progress import Reporter
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_ACTIVATE = Path(sys.executable).parent / "activate"
@@ -37,9 +41,26 @@ def submit(cluster, tmp_path, name, command, nodes=3, port_base=24000, **job_kw)
     return fields, output.read_text() if output.exists() else "", job_id
 
 
-def test_plain_sbatch_trains_across_three_slurm_nodes(cluster, tmp_path):
-    fields, out, job_id = submit(cluster, tmp_path, "slurm-e2e", [
-        "python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20", "--fileroot", str(tmp_path / "fileroot")])
+def test_plain_sbatch_trains_across_three_slurm_nodes(cluster, tmp_path, monkeypatch):
+    """`invoke deploy --target slurm --submit` with a spec in the seed's own format (no slurm section:
+    no partition, account or env_setup): the job runs from the environment sbatch exports."""
+    fileroot = tmp_path / "fileroot"
+    spec = tmp_path / "seed.json"
+    spec.write_text(json.dumps({
+        "cluster_type": "slurm", "cluster_name": "seed", "fileroot": str(fileroot), "cpu_image": "raytrain-cpu",
+        "gpu_image": "raytrain-gpu", "node_type_from_node_name": {"n\\d$": "cpu"}, "node_name_prefix": "n"}))
+    settings = make_settings(tmp_path / "proj", ROOT / "examples" / "train")
+    settings = settings.model_copy(update={"deploy": settings.deploy.model_copy(update={
+        "command": ["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20", "--fileroot", str(fileroot)],
+        "port_base": 24000, "time_limit": "10:00"})})
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    res = pipeline.deploy(settings, str(spec), "slurm", 3, "slurm-e2e", False, Reporter(quiet=True),
+                          out=str(tmp_path / "out"), submit=True, port_stride=200)
+    job_id = res["slurm_job_id"]
+    fields = cluster.wait(job_id, timeout_s=420)
+    out_file = fileroot / "logs" / f"slurm-e2e-{job_id}.out"
+    out = out_file.read_text() if out_file.exists() else ""
     assert fields["JobState"] == "COMPLETED", out[-4000:] + cluster.logs()
     assert fields["ExitCode"] == "0:0"
     assert fields["NodeList"] == "n[1-3]"

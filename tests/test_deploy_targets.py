@@ -7,24 +7,34 @@ import pytest
 import yaml
 
 from conftest import make_settings
+from runtime.spec import spec_hash
 from toolchain import pipeline
 from toolchain.errors import ConfigError
 from toolchain.progress import Reporter
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "cluster_specs"
-CPU = "127.0.0.1:5000/raytrain-cpu@sha256:" + "1" * 64
-GPU = "127.0.0.1:5000/raytrain-gpu@sha256:" + "2" * 64
+CPU = "registry.example.com:5000/raytrain-cpu@sha256:" + "1" * 64
+GPU = "registry.example.com:5000/raytrain-gpu@sha256:" + "2" * 64
+
+
+def record_images(settings, spec, registry="registry.example.com:5000", scheme="https", user="1000:1000"):
+    """build/images.json as `invoke push` writes it, for images built with SPEC."""
+    sha = spec_hash(SPECS / spec)
+    (settings.build_dir / "images.json").write_text(json.dumps({
+        v: {"repo_digest": d.replace("registry.example.com:5000", registry), "spec_sha256": sha,
+            "spec_file": f"cluster_specs/{spec}", "registry": registry, "registry_scheme": scheme, "user": user}
+        for v, d in (("cpu", CPU), ("gpu", GPU))}))
 
 
 @pytest.fixture
 def settings(tmp_path):
-    s = make_settings(tmp_path / "proj", ROOT / "examples" / "train")
-    (s.build_dir / "images.json").write_text(json.dumps({"cpu": {"repo_digest": CPU}, "gpu": {"repo_digest": GPU}}))
-    return s
+    return make_settings(tmp_path / "proj", ROOT / "examples" / "train")
 
 
-def deploy(settings, spec, target, dry_run=False, **kw):
+def deploy(settings, spec, target, dry_run=False, recorded=True, **kw):
+    if recorded:
+        record_images(settings, spec)
     return pipeline.deploy(settings, str(SPECS / spec), target, None, kw.pop("name", "job1"), dry_run,
                            Reporter(quiet=True), **kw)
 
@@ -48,7 +58,7 @@ def test_dry_run_renders_and_writes_nothing(settings, tmp_path, spec, target, fn
 def test_pyxis_uses_the_gpu_digest_and_spec_gpu_count(settings):
     res = deploy(settings, "slurm-pyxis.json", "pyxis", dry_run=True)
     assert res["job"]["gpus_per_node"] == 8 and res["job"]["image"] == GPU
-    assert "--container-image=127.0.0.1:5000#raytrain-gpu@sha256:" + "2" * 64 in res["rendered"]["job1.sbatch"]
+    assert "--container-image=registry.example.com:5000#raytrain-gpu@sha256:" + "2" * 64 in res["rendered"]["job1.sbatch"]
 
 
 def test_pyxis_sqsh_reference_is_planned_without_converting(settings):
@@ -59,7 +69,8 @@ def test_pyxis_sqsh_reference_is_planned_without_converting(settings):
 
 
 @pytest.mark.parametrize("spec,target,kw,msg", [
-    ("local.json", "pyxis", {}, "slurm.partition: not set"),
+    ("slurm.json", "k8s", {"partition": "gpu"}, "--partition/--account: only for the slurm and pyxis"),
+    ("slurm-pyxis.json", "pyxis", {"sqsh_to_fileroot": True}, "--sqsh-to-fileroot: only with --sqsh"),
     ("local.json", "k8s", {}, "kubernetes.namespace"),
     ("slurm-pyxis.json", "pyxis", {"gpus": 4}, "GPUs per node: the job asks for 4, the spec's slurm.gpus_per_node is 8"),
     ("slurm-pyxis.json", "pyxis", {"seeds": "1-3"}, "fan-out is for the k8s target"),
@@ -79,8 +90,69 @@ def test_preflight_failures_write_nothing(settings, tmp_path, spec, target, kw, 
 def test_missing_digest_is_a_preflight_error(settings, tmp_path):
     (settings.build_dir / "images.json").write_text("{}")
     with pytest.raises(ConfigError, match="no pushed gpu image.*invoke build push"):
-        deploy(settings, "slurm-pyxis.json", "pyxis", out=str(tmp_path / "out"))
+        deploy(settings, "slurm-pyxis.json", "pyxis", out=str(tmp_path / "out"), recorded=False)
     assert not (tmp_path / "out").exists()
+
+
+SEED_SPEC = {  # the seed's own format: no registry, slurm or kubernetes sections
+    "cluster_type": "slurm", "cluster_name": "seed-cluster", "fileroot": "/storage/exp",
+    "default_mount": "/storage:/storage", "node_type_from_node_name": {"slurmd-\\d+$": "g8"},
+    "gpu_type_from_node_name": {"slurmd-\\d+$": "tesla"}, "cpu_image": "raytrain-cpu", "gpu_image": "raytrain-gpu",
+    "node_name_prefix": "slurmd-"}
+
+
+@pytest.mark.parametrize("target", ["slurm", "pyxis"])
+def test_a_seed_format_spec_deploys_without_partition_or_account(settings, tmp_path, target):
+    spec = tmp_path / "seed.json"
+    spec.write_text(json.dumps(SEED_SPEC))
+    sha = spec_hash(spec)
+    (settings.build_dir / "images.json").write_text(json.dumps({"cpu": {
+        "repo_digest": CPU, "spec_sha256": sha, "registry": "registry.example.com:5000", "registry_scheme": "https"}}))
+    res = pipeline.deploy(settings, str(spec), target, None, "job1", False, Reporter(quiet=True), out=str(tmp_path / "o"))
+    script = (tmp_path / "o" / "job1.sbatch").read_text()
+    assert "--partition" not in script and "--account" not in script
+    assert any("default" in n for n in res["notes"])
+    res = pipeline.deploy(settings, str(spec), target, None, "job1", True, Reporter(quiet=True),
+                          partition="debug", account="ml")
+    assert "#SBATCH --partition=debug" in res["rendered"]["job1.sbatch"]
+    assert "#SBATCH --account=ml" in res["rendered"]["job1.sbatch"]
+
+
+@pytest.mark.parametrize("target", ["pyxis", "k8s", "local"])
+def test_a_spec_other_than_the_baked_one_is_refused_with_the_fix(settings, tmp_path, target):
+    spec = {"pyxis": "slurm-pyxis.json", "k8s": "kubernetes.json", "local": "local.json"}[target]
+    record_images(settings, "slurm.json")  # the images carry another spec
+    with pytest.raises(ConfigError) as e:
+        deploy(settings, spec, target, out=str(tmp_path / "out"), recorded=False)
+    assert "built with spec sha256" in str(e.value) and "cluster_specs/slurm.json" in str(e.value)
+    assert f"INVOKE_PROJECT_SPEC=cluster_specs/{spec} invoke build push deploy" in str(e.value)
+    assert e.value.exit_code == 2 and not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target", ["pyxis", "k8s"])
+def test_a_loopback_registry_is_refused_unless_allowed(settings, tmp_path, target):
+    spec = "slurm-pyxis.json" if target == "pyxis" else "kubernetes.json"
+    record_images(settings, spec, registry="127.0.0.1:5000", scheme="https")
+    with pytest.raises(ConfigError, match="loopback registry 127.0.0.1:5000, which compute nodes cannot pull"):
+        deploy(settings, spec, target, out=str(tmp_path / "out"), recorded=False)
+    assert not (tmp_path / "out").exists()
+    deploy(settings, spec, target, dry_run=True, recorded=False, allow_local_registry=True)
+    if target == "pyxis":  # the image travels as a file: no registry involved
+        deploy(settings, spec, target, dry_run=True, recorded=False, sqsh=True)
+
+
+def test_a_plain_http_registry_needs_the_sites_enroot_setting(settings, tmp_path):
+    record_images(settings, "slurm-pyxis.json", scheme="http")
+    with pytest.raises(ConfigError, match="speaks plain HTTP.*ENROOT_ALLOW_HTTP=yes"):
+        deploy(settings, "slurm-pyxis.json", "pyxis", out=str(tmp_path / "out"), recorded=False)
+    res = deploy(settings, "slurm-pyxis.json", "pyxis", dry_run=True, recorded=False, allow_http_registry=True)
+    assert res["rendered"]["job1.sbatch"]
+
+
+def test_k8s_needs_a_numeric_image_user(settings, tmp_path):
+    record_images(settings, "kubernetes.json", user="ray")
+    with pytest.raises(ConfigError, match="no numeric USER recorded"):
+        deploy(settings, "kubernetes.json", "k8s", out=str(tmp_path / "out"), recorded=False)
 
 
 def test_k8s_takes_gpu_count_and_image_from_the_spec(settings):

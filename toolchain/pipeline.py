@@ -13,7 +13,7 @@ from toolchain.images import build_all
 from toolchain.metadata import read_build, record_image
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import push_image
-from toolchain.registry import is_local, start_local
+from toolchain.registry import is_local, scheme, start_local
 
 
 def resolve_spec(settings: Settings, spec: str | None) -> Path:
@@ -103,7 +103,9 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
                          settings.registry.retries, settings.registry.retry_backoff_s, rep)
         record = {
             "local_ref": entry["local_ref"], "image_id": image.id, "repo_digest": res.repo_digest,
-            "digest": res.digest, "spec_sha256": sha, "registry": address, "tags": [content_tag, human_tag],
+            "digest": res.digest, "spec_sha256": sha, "spec_file": _shown(settings, spec_file),
+            "registry": address, "registry_scheme": scheme(address), "tags": [content_tag, human_tag],
+            "user": (image.attrs.get("Config") or {}).get("User") or "",
         }
         path = record_image(settings.build_dir, v, record)
         rep.step(f"pushed {v}: {res.repo_digest} ({res.layers_pushed} layers uploaded, "
@@ -115,13 +117,14 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
 def deploy(settings: Settings, spec: str | None, target: str | None, nodes: int | None, name: str | None,
            dry_run: bool, rep: Reporter, *, out: str | None = None, submit: bool = False, gpus: int | None = None,
            seeds: str | None = None, slots: str | None = None, sqsh: bool = False, sqsh_to_fileroot: bool = False,
-           port_stride: int = 0) -> dict:
+           port_stride: int = 0, partition: str | None = None, account: str | None = None,
+           allow_local_registry: bool = False, allow_http_registry: bool = False) -> dict:
     """Pre-flight (spec, pushed digests, job values, target sections), render, then write/submit/run.
 
     --dry-run returns the rendered files in the summary and writes, converts and starts nothing.
     """
     from deploy import k8s, targets
-    from deploy.job import IMAGE_WORKDIR, DeployError, build_job
+    from deploy.job import IMAGE_WORKDIR, DeployError, build_job, job_variant
     from toolchain.metadata import images_file, read_images
 
     spec_file = resolve_spec(settings, spec)
@@ -133,7 +136,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, nodes: int 
         if target not in targets.TARGETS:
             raise DeployError(f"--target: {target!r} is not one of {', '.join(targets.TARGETS)}")
         plain = target == "slurm"
-        job = build_job(cluster, read_images(settings.build_dir), images_file(settings.build_dir),
+        images = read_images(settings.build_dir)
+        job = build_job(cluster, images, images_file(settings.build_dir),
                         name=job_name, nodes=nodes or d.nodes, command=list(d.command), cpus_per_node=d.cpus_per_node,
                         port_base=d.port_base, time_limit=d.time_limit,
                         gpus_per_node=gpus if gpus is not None else _spec_gpus(cluster, target),
@@ -145,11 +149,15 @@ def deploy(settings: Settings, spec: str | None, target: str | None, nodes: int 
             out_dir=settings.path(out) if out else settings.build_dir / "deploy" / target / job_name,
             submit=submit, seeds=_int_list(seeds, "--seeds"), slots=[k8s.Slot.parse(x) for x in _words(slots)],
             sqsh_dir=settings.build_dir / "sqsh" if sqsh else None, sqsh_to_fileroot=sqsh_to_fileroot,
-            port_stride=port_stride)
+            port_stride=port_stride, image_record=images.get(job_variant(job.gpus_per_node), {}) if job.image else {},
+            spec_file=_shown(settings, spec_file), spec_sha256=spec_hash(spec_file), partition=partition,
+            account=account, allow_local_registry=allow_local_registry, allow_http_registry=allow_http_registry)
         plan = targets.plan(req)
     except DeployError as e:
         raise ConfigError(str(e)) from None
     summary = plan.summary()
+    for note in plan.notes:
+        rep.step(f"note: {note}")
     if target == "local":
         from deploy import local
         summary["containers"] = [{**n.__dict__, "environment": {**n.environment, "RAY_AUTH_TOKEN": "<generated per run>"}}
@@ -182,6 +190,14 @@ def destroy(settings: Settings, spec: str | None, name: str | None, rep: Reporte
         raise ToolchainError(str(e)) from None
     rep.step(f"deleted objects labelled {k8s.LABEL_GROUP}={group} in {cluster.kubernetes.namespace}")
     return {"group": group, "namespace": cluster.kubernetes.namespace, "kubectl": out}
+
+
+def _shown(settings: Settings, path: Path) -> str:
+    """A path as the user would type it: relative to the project when it is inside it."""
+    try:
+        return str(path.resolve().relative_to(settings.root.resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _spec_gpus(cluster: ClusterSpec, target: str) -> int:

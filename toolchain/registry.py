@@ -6,6 +6,7 @@ import shutil
 import signal
 import subprocess
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +38,23 @@ def ping(address: str, timeout: float = 2.0) -> bool:
         return r.status_code in (200, 401)
     except requests.RequestException:
         return False
+
+
+def scheme(address: str, timeout: float = 3.0) -> str:
+    """'https' when the registry completes a TLS handshake on /v2/, else 'http' (what the engine fell back to).
+
+    Recorded with each push: enroot refuses plain-HTTP registries unless the site allows them.
+    """
+    host = address.split("/")[0]
+    try:
+        with warnings.catch_warnings():  # a self-signed certificate still means TLS; only the scheme is asked
+            warnings.simplefilter("ignore")
+            requests.get(f"https://{host}/v2/", timeout=timeout, verify=False)
+        return "https"
+    except requests.exceptions.SSLError:
+        return "http"
+    except requests.RequestException:
+        return "http" if ping(address, timeout) else "unknown"
 
 
 def _paths(settings: Settings) -> tuple[Path, Path, Path]:

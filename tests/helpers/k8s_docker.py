@@ -4,11 +4,62 @@ Image, command, args, env, workingDir and the /dev/shm emptyDir come from the ma
 What a cluster would add is added the way Kubernetes does: KUBERNETES_SERVICE_HOST,
 JOB_COMPLETION_INDEX for Indexed Jobs, HOSTNAME, the Secret's value for secretKeyRef, and the
 headless Service's DNS name as a network alias of the pods it selects. A PVC becomes a tmpfs
-(no volume provisioner here); hostPath volumes become bind mounts.
+owned by root, mode 0755, as a fresh volume is (no volume provisioner here); with fsGroup it is
+group-owned by that gid with the setgid bit and group write, as the kubelet makes it. hostPath
+volumes become bind mounts.
+
+Before a container starts, the kubelet's own checks are applied (`verify_run_as_non_root`, after
+kubelet's verifyRunAsNonRoot), and the container runs as the uid:gid the pod spec resolves to,
+with fsGroup as a supplementary group, as a kubelet would run it. Docker makes none of these checks.
 """
 from __future__ import annotations
 
 import secrets
+
+
+class KubeletRefused(RuntimeError):
+    """What a kubelet reports as CreateContainerConfigError."""
+
+
+def image_user(user: str) -> tuple[int | None, str]:
+    """The image config's User as kubelet reads it: (uid, "") when numeric, (None, name) otherwise;
+    an empty User is root."""
+    name = (user or "").split(":", 1)[0]
+    if not name:
+        return 0, ""
+    return (int(name), "") if name.isdigit() else (None, name)
+
+
+def effective_security(pod_spec: dict, container: dict) -> dict:
+    """The container's securityContext over the pod's, field by field."""
+    return {**(pod_spec.get("securityContext") or {}), **(container.get("securityContext") or {})}
+
+
+def verify_run_as_non_root(pod_spec: dict, container: dict, image_config_user: str) -> None:
+    sc = effective_security(pod_spec, container)
+    if not sc.get("runAsNonRoot"):
+        return
+    if sc.get("runAsUser") is not None:
+        if sc["runAsUser"] == 0:
+            raise KubeletRefused("container's runAsUser breaks non-root policy")
+        return
+    uid, name = image_user(image_config_user)
+    if uid == 0:
+        raise KubeletRefused("container has runAsNonRoot and image will run as root")
+    if uid is None:
+        raise KubeletRefused(f"container has runAsNonRoot and image has non-numeric user ({name}), "
+                             "cannot verify user is non-root")
+
+
+def run_as(pod_spec: dict, container: dict, image_config_user: str) -> tuple[str, list[int]]:
+    """('uid:gid', supplementary groups) the container process gets."""
+    sc = effective_security(pod_spec, container)
+    uid, _ = image_user(image_config_user)
+    img_gid = (image_config_user or "").partition(":")[2]
+    user = str(sc["runAsUser"]) if sc.get("runAsUser") is not None else (image_config_user or "0").split(":")[0]
+    gid = sc.get("runAsGroup", int(img_gid) if img_gid.isdigit() else 0)
+    fs_group = (pod_spec.get("securityContext") or {}).get("fsGroup")
+    return f"{user}:{gid}", [fs_group] if fs_group is not None else []
 
 
 def _shm_bytes(limit: str) -> int:
@@ -51,13 +102,18 @@ def run_pods(client, objs: list[dict], tokens: dict, run_id: str | None = None):
                 else:
                     ref = e["valueFrom"]["secretKeyRef"]
                     env[e["name"]] = tokens[ref["name"]][ref["key"]]
+            pod_spec = template["spec"]
+            image_cfg_user = client.images.get(c["image"]).attrs["Config"].get("User") or ""
+            verify_run_as_non_root(pod_spec, c, image_cfg_user)
+            user, groups = run_as(pod_spec, c, image_cfg_user)
+            fs_group = (pod_spec.get("securityContext") or {}).get("fsGroup")
             shm = next(v["emptyDir"]["sizeLimit"] for v in template["spec"]["volumes"] if v["name"] == "dshm")
             volumes = {v["name"]: v for v in template["spec"]["volumes"]}
             tmpfs, binds = {}, {}
             for m in c["volumeMounts"]:
                 v = volumes[m["name"]]
                 if "persistentVolumeClaim" in v:
-                    tmpfs[m["mountPath"]] = "mode=1777"
+                    tmpfs[m["mountPath"]] = f"mode=2775,gid={fs_group}" if fs_group is not None else "mode=0755"
                 elif "hostPath" in v:
                     binds[v["hostPath"]["path"]] = {"bind": m["mountPath"], "mode": "ro" if m.get("readOnly") else "rw"}
             name = f"{job['metadata']['name']}-{extra.get('JOB_COMPLETION_INDEX', '0')}-{run_id}"
@@ -66,8 +122,9 @@ def run_pods(client, objs: list[dict], tokens: dict, run_id: str | None = None):
             created = api.create_container(
                 c["image"], command=c["args"], entrypoint=c["command"], environment=env, name=name,
                 hostname=name[:63], working_dir=c.get("workingDir"), labels={"io.raytrain.k8s-e2e": run_id},
+                user=user,
                 host_config=api.create_host_config(network_mode=network.name, shm_size=_shm_bytes(shm),
-                                                   tmpfs=tmpfs, binds=binds),
+                                                   tmpfs=tmpfs, binds=binds, group_add=groups),
                 networking_config=api.create_networking_config(
                     {network.name: api.create_endpoint_config(aliases=aliases)}))
             container = client.containers.get(created["Id"])
