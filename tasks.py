@@ -1,22 +1,33 @@
 """Invoke tasks: thin wrappers over toolchain.pipeline. `invoke --list` shows them all.
 
-Chain them on one line: `invoke build push`. Defaults live in invoke.yaml; override with
-flags or INVOKE_* environment variables (e.g. INVOKE_REGISTRY_ADDRESS=host:5000).
+Chain them on one line: `invoke build push`. Defaults live with the collection
+(toolchain/config.py); override them in an invoke.yaml, with INVOKE_* environment variables
+(e.g. INVOKE_REGISTRY_ADDRESS=host:5000, INVOKE_PROJECT_SPEC=cluster_specs/x.json for a whole
+chain) or with flags.
 """
 from __future__ import annotations
 
 import json as jsonlib
+import os
+import sys
 from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from runtime.spec import SpecError
+from deploy.targets import TARGETS
+from runtime.errors import RaytrainError
 from toolchain import pipeline, registry as registry_mod
-from toolchain.config import load_settings
-from toolchain.errors import ToolchainError
+from toolchain.config import check_env, defaults, load_settings
 from toolchain.progress import Reporter
 
 ROOT = Path(__file__).resolve().parent
+
+# Invoke casts INVOKE_* variables after importing this file and crashes on one it cannot cast:
+# check them first, with the variable and the fix.
+_ENV_PROBLEMS = check_env(dict(os.environ))
+if _ENV_PROBLEMS:
+    print("error: " + "\n  ".join(_ENV_PROBLEMS), file=sys.stderr)
+    sys.exit(2)
 
 
 def _run(c, fn, *args, quiet=False, as_json=False, **kwargs):
@@ -25,13 +36,21 @@ def _run(c, fn, *args, quiet=False, as_json=False, **kwargs):
         settings = load_settings(c.config, ROOT)
         rep = Reporter(quiet=quiet or settings.quiet)
         summary = fn(settings, *args, rep=rep, **kwargs)
-    except SpecError as e:
-        raise Exit(f"error: {e}\nnothing was built or written.", code=2)
-    except ToolchainError as e:
+    except RaytrainError as e:
         raise Exit(f"error: {e}", code=e.exit_code)
     if as_json:
-        print(jsonlib.dumps(summary, indent=2, sort_keys=True))
+        print(jsonlib.dumps(summary, indent=2, sort_keys=True, default=str))
     return summary
+
+
+def _count(value, flag: str, low: int = 0):
+    """A whole-number flag, or a clean error naming it."""
+    if value is None:
+        return None
+    text = str(value).strip()
+    if not text.isdigit() or len(text) > 9 or int(text) < low:
+        raise Exit(f"error: {flag}: {str(value)[:40]!r} is not a whole number >= {low}", code=2)
+    return int(text)
 
 
 COMMON = {
@@ -41,7 +60,7 @@ COMMON = {
 
 
 @task(help={
-    "spec": "Cluster spec JSON to bake in (default: project.spec in invoke.yaml).",
+    "spec": "Cluster spec JSON to bake in (default: project.spec; for a whole chain set INVOKE_PROJECT_SPEC).",
     "variant": "Comma-separated variants to build: cpu, gpu (default: all in image.variants).",
     **COMMON,
 })
@@ -67,52 +86,59 @@ def push(c, spec=None, variant=None, quiet=False, json=False):
         print(f"recorded in {out['images_json']}")
 
 
+TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
+
+
 @task(auto_shortflags=False, help={
-    "target": "local (containers on this Docker engine, runs the job), slurm (plain sbatch: the nodes' own "
-              "environment from slurm.env_setup), pyxis (sbatch with srun --container-* flags) or k8s (manifests). "
-              "Default: deploy.target.",
-    "spec": "Cluster spec JSON (default: project.spec).",
+    "target": f"Where the job goes (default: deploy.target). {TARGET_HELP}.",
+    "spec": "Cluster spec JSON (default: project.spec); must be the one baked into the pushed image.",
     "nodes": "Number of nodes, head included (default: deploy.nodes).",
-    "name": "Job name: lowercase letters, digits, '-' (default: deploy.name).",
-    "gpus": "GPUs per node (default: the spec's slurm.gpus_per_node for slurm/pyxis, else 0). >0 picks the gpu image.",
+    "name": "Job name: a DNS-1035 label, lowercase letter first (default: deploy.name).",
+    "gpus": "GPUs per node (default: the spec's slurm.gpus_per_node / kubernetes.gpus_per_pod). >0 picks the gpu image.",
     "out": "Directory for the artifacts (default: build/deploy/<target>/<name>). Written all at once.",
     "dry_run": "Print the pre-flight result and the rendered artifacts; write, convert and start nothing.",
-    "submit": "After writing: sbatch the script (slurm, pyxis) or create the token Secret and kubectl apply (k8s).",
-    "seeds": "k8s: one independent run per seed, e.g. '1-4' or '1,5,9' (names <name>-s<seed>; --seed is appended).",
+    "submit": "slurm/pyxis: sbatch the script; k8s: create the token Secret and kubectl apply; skypilot: sky launch.",
+    "seeds": "k8s/skypilot: one independent run per seed, e.g. '1-4' or '1,5,9' (<name>-s<seed>; --seed is appended).",
     "slots": "k8s with --seeds: NODE[:GPU] slots the runs are pinned to round-robin, e.g. 'node1:0,node1:1,node2'.",
     "sqsh": "pyxis: convert the image to an enroot .sqsh (cached by digest in build/sqsh) and run from that file.",
     "sqsh_to_fileroot": "pyxis --sqsh: also copy the .sqsh to <fileroot>/images/ and point srun at that copy.",
-    "port_stride": "Offset between the Ray ports of nodes that share a host (several slurmd per host). Default 0.",
+    "port_stride": "slurm/pyxis: offset between the Ray ports of nodes that share a host (several slurmd per host).",
     "partition": "slurm/pyxis: Slurm partition (overrides slurm.partition; default: the cluster's default partition).",
     "account": "slurm/pyxis: Slurm account (overrides slurm.account).",
-    "allow_local_registry": "pyxis/k8s: accept an image in a loopback registry (only when the compute nodes are "
-                            "this machine; otherwise push to a registry they reach, or use --sqsh).",
+    "allow_local_registry": "pyxis/k8s/skypilot: accept an image in a loopback registry (only when the nodes are this "
+                            "machine; otherwise push to a registry they reach, or use --sqsh).",
     "allow_http_registry": "pyxis: accept a plain-HTTP registry (the site's enroot.conf has ENROOT_ALLOW_HTTP=yes).",
+    "accelerator": "skypilot: accelerator name for resources.accelerators (default: the spec's one GPU type).",
+    "fileroot_store": "skypilot: bucket URI mounted at the fileroot (e.g. s3://bucket/runs).",
     **COMMON,
 })
 def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, submit=False,
-           seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=0, partition=None, account=None,
-           allow_local_registry=False, allow_http_registry=False, quiet=False, json=False):
-    """Render the job for a target from the pushed digests (build/images.json); run it (local) or write it.
+           seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=None, partition=None, account=None,
+           allow_local_registry=False, allow_http_registry=False, accelerator=None, fileroot_store=None,
+           quiet=False, json=False):
+    """Render the job for a target from the pushed digest (build/images.json); run it (local) or write it.
 
-    Pre-flight checks (digests, the spec baked into the image, registry reachability, spec sections,
-    GPU/node counts) run first; on failure nothing is written. To use one spec for the whole chain:
+    Pre-flight checks (the spec baked into the image, registry reachability, job values, the target's
+    own checks; a flag the target does not take) run first and list every problem; on failure nothing
+    is written (exit 2). One spec for the whole chain:
     INVOKE_PROJECT_SPEC=cluster_specs/x.json invoke build push deploy --target pyxis
     """
-    result = _run(c, pipeline.deploy, spec, target, int(nodes) if nodes else None, name, dry_run,
-                  quiet=quiet, as_json=json, out=out, submit=submit, gpus=int(gpus) if gpus is not None else None,
-                  seeds=seeds, slots=slots, sqsh=sqsh, sqsh_to_fileroot=sqsh_to_fileroot, port_stride=int(port_stride),
-                  partition=partition, account=account, allow_local_registry=allow_local_registry,
-                  allow_http_registry=allow_http_registry)
+    given = dict(submit=submit, seeds=seeds, slots=slots, sqsh=sqsh, sqsh_to_fileroot=sqsh_to_fileroot,
+                 port_stride=_count(port_stride, "--port-stride"), partition=partition, account=account,
+                 allow_local_registry=allow_local_registry, allow_http_registry=allow_http_registry,
+                 accelerator=accelerator, fileroot_store=fileroot_store)
+    flags = {k: v for k, v in given.items() if v not in (None, False)}  # only what the user set
+    result = _run(c, pipeline.deploy, spec, target, quiet=quiet, as_json=json, dry_run=dry_run,
+                  name=name, nodes=_count(nodes, "--nodes", 1), gpus=_count(gpus, "--gpus"), out=out, **flags)
     if json:
         return
     if dry_run:
         for fname, text in result.get("rendered", {}).items():
             print(f"# ---- {fname} (dry run: not written)\n{text}")
-        if result["target"] == "local":
-            print(jsonlib.dumps(result["containers"], indent=2))
+        if result.get("objects"):
+            print(jsonlib.dumps(result["objects"], indent=2, default=str))
         return
-    if result["target"] == "local":
+    if result.get("exit_code") is not None:
         print(f"job {result['job']['name']} finished with exit code {result['exit_code']}")
     for w in result.get("written", []):
         print(f"wrote {w}")
@@ -134,8 +160,8 @@ def check(c, file, json=False):
     """Validate a cluster spec and print what it resolved to (exit 2 if invalid)."""
     try:
         out = pipeline.check_spec(Path(file))
-    except SpecError as e:
-        raise Exit(f"error: {e}", code=2)
+    except RaytrainError as e:
+        raise Exit(f"error: {e}", code=e.exit_code)
     if json:
         print(jsonlib.dumps(out, indent=2))
     else:
@@ -186,3 +212,4 @@ spec_ns = Collection("spec", check, schema)
 base_ns = Collection("base", base_bootstrap)
 registry_ns = Collection("registry", start, stop, status)
 ns = Collection(build, push, deploy, destroy, spec_ns, base_ns, registry_ns)
+ns.configure(defaults())  # the one source of defaults (toolchain/config.py); invoke.yaml / INVOKE_* / flags override

@@ -20,7 +20,7 @@ os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper imag
 sys.path.insert(0, str(ROOT))
 
 from test_runtime_containers import Job  # noqa: E402
-from toolchain.metadata import read_build  # noqa: E402
+from toolchain.records import read_builds  # noqa: E402
 
 
 def wait_for(j, rank, pattern, timeout=300):
@@ -34,7 +34,7 @@ def wait_for(j, rank, pattern, timeout=300):
 
 
 def main() -> None:
-    image = read_build(ROOT / "build")["cpu"]["local_ref"]
+    image = read_builds(ROOT / "build")["cpu"].local_ref
     j = Job(image, train_args=["--steps", "60", "--step-delay", "0.3", "--ckpt-every", "5"])
     try:
         t0 = time.time()

@@ -1,1 +1,3 @@
-"""Deploy artifacts: one job model (job.py), one renderer/runner per target."""
+"""Deploy artifacts from one job model (job.py): one module per target under targets/, behind one
+protocol (targets/base.py); shared renderers (sbatch.py), the enroot converter (enroot.py) and
+all-or-nothing writes (artifacts.py)."""

@@ -1,61 +1,61 @@
-"""The job description every target renders from: built once from the spec, build/images.json and flags."""
+"""The job every target renders from: built once from the spec, the pushed image's record and the flags.
+
+`JobSpec` holds only validated values (a DNS-1035 name, bounded counts, an `ImageRef` pinned by
+digest, absolute paths without characters that shells, `#SBATCH` lines or mounts would read
+differently). `ImageInfo` is what deploy needs to know of the pushed image.
+"""
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
-from runtime.spec import ClusterSpec, Mount, describe_errors
+from runtime import contract as C
+from runtime.errors import InputError
+from runtime.imageref import ImageRef
+from runtime.spec import Mount, describe_errors
 
-JOB_NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,40}[a-z0-9])?$"
+# DNS-1035 label (Kubernetes Service names), short enough for "<name>-s<seed>-workers" and Slurm
+JOB_NAME_RE = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"
 IMAGE_WORKDIR = "/opt/app/project"  # the app layer's project directory (dockerfiles/deps.Dockerfile.j2 WORKDIR)
-TIME_RE = r"^(\d+-\d{1,2}(:\d{2}){0,2}|\d+(:\d{2}){0,2})$"
+TIME_RE = r"^(\d{1,4}-\d{1,2}(:\d{2}){0,2}|\d{1,6}(:\d{2}){0,2})$"
+_UNSAFE_PATH = re.compile(r"[\x00-\x1f\x7f%]")
 
 
-class DeployError(ValueError):
-    """A pre-flight problem: nothing was written or started."""
+class DeployError(InputError):
+    """A pre-flight problem: nothing was written or started (exit 2)."""
 
 
-class JobSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class PreflightError(DeployError):
+    """Every problem found before anything was written, one per line."""
 
-    name: str = Field(..., pattern=JOB_NAME_RE, description="Job name: lowercase letters, digits and '-'.")
-    nodes: int = Field(3, ge=1)
-    gpus_per_node: int = Field(0, ge=0)
-    cpus_per_node: int = Field(2, ge=1)
-    image: Optional[str] = Field(None, description="Image pinned by digest (repo@sha256:...); None = the host's environment (plain sbatch).")
-    command: list[str] = Field(..., min_length=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    mounts: list[Mount] = Field(default_factory=list)
-    port_base: int = Field(20000, ge=1024, le=60000)
-    time_limit: str = Field("01:00:00", pattern=TIME_RE, description="Slurm time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]].")
-    retries: int = Field(0, ge=0, le=100)
-    memory: Optional[str] = Field(None, pattern=r"^[1-9][0-9]*[KMGT]?$", description="Memory per node, e.g. 64G.")
-    shm_size: str = "2g"
-    fileroot: str = "/tmp/raytrain"
-    workdir: Optional[str] = Field(None, description="Directory the command runs in (absolute); None = the image's.")
-    uid: Optional[int] = Field(None, ge=0, description="The image's numeric USER uid (pods run as it); None = unknown.")
-    gid: Optional[int] = Field(None, ge=0, description="The image's numeric USER gid (pods' runAsGroup and fsGroup).")
-
-    @field_validator("workdir", "fileroot")
-    @classmethod
-    def _absolute(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not v.startswith("/"):
-            raise ValueError(f"must be an absolute path, got {v!r}")
-        return v
-
-    @field_validator("env")
-    @classmethod
-    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
-        for k in v:
-            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k):
-                raise ValueError(f"environment variable name {k!r} is not valid (letters, digits, '_')")
-        return v
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("pre-flight failed, nothing was written:\n  - " + "\n  - ".join(problems))
 
 
-RUNTIME_CMD = ("python", "-m", "runtime")
+@dataclass(frozen=True)
+class ImageInfo:
+    """The pushed image as deploy sees it (from build/images.json)."""
+    ref: ImageRef                    # pinned by digest
+    spec_sha256: str                 # the spec baked into it
+    spec_file: str = ""
+    user: str = ""                   # the image config's USER, e.g. "1000:1000"
+    registry_scheme: str = "unknown"  # https | http | unknown
+
+    @property
+    def uid_gid(self) -> tuple[Optional[int], Optional[int]]:
+        return numeric_user(self.user)
+
+
+def numeric_user(user: str) -> tuple[Optional[int], Optional[int]]:
+    """An image config's User ('1000:1000', '1000', 'ray') -> (uid, gid); None where not numeric."""
+    name, _, group = (user or "").partition(":")
+    uid = int(name) if name.isdigit() else None
+    gid = int(group) if group.isdigit() else (uid if not group else None)
+    return uid, gid
 
 
 def time_limit_seconds(text: str) -> int:
@@ -72,48 +72,88 @@ def time_limit_seconds(text: str) -> int:
     return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
-def numeric_user(user: str) -> tuple[Optional[int], Optional[int]]:
-    """An image config's User ('1000:1000', '1000', 'ray') -> (uid, gid); None where not numeric."""
-    name, _, group = (user or "").partition(":")
-    uid = int(name) if name.isdigit() else None
-    gid = int(group) if group.isdigit() else (uid if not group else None)
-    return uid, gid
+class JobSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, arbitrary_types_allowed=True)
 
+    name: str = Field(..., pattern=JOB_NAME_RE,
+                      description="Job name: a DNS-1035 label (lowercase letter first, then letters, digits, '-'; <= 40).")
+    nodes: int = Field(..., ge=1, le=4096)
+    gpus_per_node: int = Field(0, ge=0, le=64)
+    cpus_per_node: int = Field(..., ge=1, le=4096)
+    image: Optional[ImageRef] = Field(None, description="Pinned image; None = the nodes' own environment (plain sbatch).")
+    image_info: Optional[ImageInfo] = None
+    command: list[str] = Field(..., min_length=1, max_length=1000)
+    env: dict[str, str] = Field(default_factory=dict)
+    mounts: list[Mount] = Field(default_factory=list)
+    port_base: int = Field(C.DEFAULT_PORT_BASE, ge=1024, le=C.PORTABLE_EPHEMERAL_LOW - 111)
+    time_limit: str = Field("01:00:00", pattern=TIME_RE, description="Slurm time: MM, MM:SS, HH:MM:SS, D-HH[:MM[:SS]].")
+    retries: int = Field(0, ge=0, le=100)
+    memory: Optional[str] = Field(None, pattern=r"^[1-9][0-9]{0,6}[KMGT]?$", description="Memory per node, e.g. 64G.")
+    shm_size: str = Field("2g", pattern=r"^[1-9][0-9]{0,6}[kmgKMG]?$")
+    fileroot: str = "/tmp/raytrain"
+    workdir: Optional[str] = Field(None, description="Directory the command runs in (absolute); None = the image's.")
 
-def launch_argv(job: JobSpec, port_stride: int = 0) -> list[str]:
-    """How every node of the job starts (the driver command goes after `--` on the head)."""
-    argv = [*RUNTIME_CMD, "launch", f"--port-base={job.port_base}", f"--num-cpus={job.cpus_per_node}"]
-    if port_stride:
-        argv.append(f"--port-stride={port_stride}")
-    if job.gpus_per_node:
-        argv.append(f"--num-gpus={job.gpus_per_node}")
-    return argv
+    @field_validator("workdir", "fileroot")
+    @classmethod
+    def _absolute(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        if not v.startswith("/"):
+            raise ValueError(f"must be an absolute path, got {v[:200]!r}")
+        if _UNSAFE_PATH.search(v):
+            raise ValueError(f"{v[:200]!r} contains a control character or '%' (Slurm expands % in log paths)")
+        return v
 
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, v: dict[str, str]) -> dict[str, str]:
+        for k, val in v.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", k):
+                raise ValueError(f"environment variable name {k[:60]!r} is not valid (letters, digits, '_')")
+            if "\x00" in val:
+                raise ValueError(f"environment variable {k}: the value contains NUL")
+        return v
 
-def image_record(images: dict, variant: str, images_file: Path) -> dict:
-    """The push record (build/images.json) of the variant's image."""
-    entry = images.get(variant)
-    if not entry or "@sha256:" not in entry.get("repo_digest", ""):
-        raise DeployError(f"no pushed {variant} image in {images_file}; run `invoke build push` first")
-    return entry
+    @field_validator("command")
+    @classmethod
+    def _no_nul(cls, v: list[str]) -> list[str]:
+        if any("\x00" in a for a in v):
+            raise ValueError("an argument contains NUL, which no exec can pass")
+        return v
+
+    @field_serializer("image")
+    def _image_text(self, v: Optional[ImageRef]) -> Optional[str]:
+        return v.docker() if v else None
+
+    @field_serializer("image_info")
+    def _info_text(self, v: Optional[ImageInfo]) -> Optional[dict]:
+        return None if v is None else {"spec_sha256": v.spec_sha256, "spec_file": v.spec_file, "user": v.user,
+                                       "registry_scheme": v.registry_scheme}
+
+    @property
+    def uid_gid(self) -> tuple[Optional[int], Optional[int]]:
+        return self.image_info.uid_gid if self.image_info else (None, None)
+
+    @property
+    def variant(self) -> str:
+        return job_variant(self.gpus_per_node)
+
+    def launch(self, port_stride: int = 0) -> C.LaunchArgs:
+        return C.LaunchArgs(port_base=self.port_base, num_cpus=self.cpus_per_node, num_gpus=self.gpus_per_node,
+                            port_stride=port_stride)
+
+    def launch_argv(self, port_stride: int = 0, driver: bool = False) -> list[str]:
+        """How a node of this job starts; `driver=True`: the head, with the job's command after `--`."""
+        return C.launch_argv(self.launch(port_stride), list(self.command) if driver else None)
 
 
 def job_variant(gpus_per_node: int) -> str:
     return "gpu" if gpus_per_node else "cpu"
 
 
-def build_job(spec: ClusterSpec, images: dict, images_file: Path, *, name: str, nodes: int, command: list[str],
-              env: Optional[dict] = None, gpus_per_node: Optional[int] = None, cpus_per_node: int = 2,
-              time_limit: str = "01:00:00", retries: int = 0, port_base: int = 20000,
-              workdir: Optional[str] = None, memory: Optional[str] = None, needs_image: bool = True) -> JobSpec:
-    """needs_image=False: the job runs in the nodes' own environment (plain sbatch), no image."""
-    gpus = gpus_per_node if gpus_per_node is not None else (spec.slurm.gpus_per_node if spec.slurm else 0)
-    record = image_record(images, job_variant(gpus), images_file) if needs_image else {}
-    uid, gid = numeric_user(record.get("user", ""))
+def make_job(**values) -> JobSpec:
+    """A JobSpec, or a DeployError whose lines name each bad value (as flags/fields) and the fix."""
     try:
-        return JobSpec(name=name, nodes=nodes, gpus_per_node=gpus, cpus_per_node=cpus_per_node,
-                       image=record.get("repo_digest"), command=command, env=env or {},
-                       mounts=spec.mounts, port_base=port_base, time_limit=time_limit, retries=retries,
-                       fileroot=spec.fileroot, workdir=workdir, memory=memory, uid=uid, gid=gid)
+        return JobSpec(**values)
     except ValidationError as e:
-        raise DeployError("invalid job:\n  - " + "\n  - ".join(describe_errors(e, JobSpec))) from None
+        raise PreflightError(describe_errors(e, JobSpec)) from None

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from runtime import selfcheck
+from runtime.contract import DEFAULT_PORT_BASE
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     sc.add_argument("--require-cuda", action="store_true", help="Fail unless torch is a CUDA build.")
     la = sub.add_parser("launch", help="Form the Ray cluster from the scheduler's variables; run CMD on the head.",
                         description="Run on every node: python -m runtime launch [options] -- python train.py ...")
-    la.add_argument("--port-base", type=int, default=20000, help="GCS port; all of Ray's ports follow it (default 20000).")
+    la.add_argument("--port-base", type=int, default=DEFAULT_PORT_BASE, help=f"GCS port; all of Ray's ports follow it (default {DEFAULT_PORT_BASE}).")
     la.add_argument("--port-stride", type=int, default=0,
                     help="Offset node k's own ports by k*STRIDE, for several nodes on one host (default 0).")
     la.add_argument("--barrier-timeout", type=float, default=300, help="Seconds the head waits for all nodes.")
@@ -27,15 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
         return selfcheck.run(require_cuda=args.require_cuda)
-    from runtime.identity import IdentityError
-    from runtime.launch import LaunchError, LaunchOptions, launch
+    from runtime.errors import RaytrainError
+    from runtime.launch import LaunchOptions, launch
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     opts = LaunchOptions(port_base=args.port_base, port_stride=args.port_stride, barrier_timeout_s=args.barrier_timeout,
                          join_timeout_s=args.join_timeout, auth="disabled" if args.no_auth else "token",
                          num_cpus=args.num_cpus, num_gpus=args.num_gpus, node_ip=args.node_ip)
     try:
         return launch(cmd, opts)
-    except (LaunchError, IdentityError, ValueError) as e:
+    except (RaytrainError, ValueError) as e:
         print(f"launch: error: {e}", file=sys.stderr, flush=True)
         return 2
 

@@ -7,18 +7,21 @@ the error names every variable that was seen.
 """
 from __future__ import annotations
 
-import itertools
 import os
 import re
 import socket
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+import hostlist
+
+from runtime import contract as C
+from runtime.errors import InputError
 from runtime.spec import ClusterSpec
 
 
-class IdentityError(ValueError):
-    pass
+class IdentityError(InputError):
+    """The scheduler's variables do not give this node a place in the job; the message names them."""
 
 
 @dataclass(frozen=True)
@@ -38,67 +41,44 @@ class NodeIdentity:
         return self.node_rank == 0
 
 
+MAX_NODES = 100_000  # python-hostlist's own cap: a node list can not expand without bound
+
+
 def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm hostlist expression -> host names: 'n[1-3],gpu-[08-10,12]' -> n1 n2 n3 gpu-08 ..."""
-    hosts: list[str] = []
-    for item in _split_top(nodelist.strip()):
-        parts = re.split(r"(\[[^\]]*\])", item)
-        choices = []
-        for part in parts:
-            if part.startswith("["):
-                choices.append(_expand_range(part[1:-1], nodelist))
-            elif part:
-                choices.append([part])
-        hosts.extend("".join(c) for c in itertools.product(*choices))
+    """Slurm hostlist expression -> host names: 'n[1-3],gpu-[08-10,12]' -> n1 n2 n3 gpu-08 ...
+
+    python-hostlist (the hostlist grammar Slurm uses, with its own size cap) does the work."""
+    try:
+        hosts = hostlist.expand_hostlist(nodelist)
+    except hostlist.BadHostlist as e:
+        raise IdentityError(f"SLURM node list {nodelist[:200]!r} cannot be read: {e}") from None
+    if not hosts:
+        raise IdentityError(f"SLURM node list {nodelist[:200]!r} names no hosts")
     return hosts
-
-
-def _split_top(s: str) -> list[str]:
-    out, depth, cur = [], 0, ""
-    for ch in s:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    if depth != 0:
-        raise IdentityError(f"SLURM node list {s!r} has unbalanced brackets")
-    return [x for x in out + [cur] if x]
-
-
-def _expand_range(body: str, whole: str) -> list[str]:
-    out = []
-    for r in body.split(","):
-        m = re.fullmatch(r"(\d+)(?:-(\d+))?", r.strip())
-        if not m:
-            raise IdentityError(f"SLURM node list {whole!r}: cannot read range {r!r}")
-        lo, hi = m.group(1), m.group(2) or m.group(1)
-        width = len(lo)
-        out.extend(str(i).zfill(width) for i in range(int(lo), int(hi) + 1))
-    return out
 
 
 def _int(env: Mapping[str, str], name: str) -> Optional[int]:
     v = env.get(name)
     if v is None or v == "":
         return None
-    try:
-        return int(v)
-    except ValueError:
-        raise IdentityError(f"{name}={v!r} is not an integer") from None
+    if not re.fullmatch(r"[0-9]{1,9}", v.strip()):
+        raise IdentityError(f"{name}={v[:40]!r} is not a whole number (0-999999999)")
+    return int(v)
 
 
-def _gpus(value: Optional[str]) -> int:
-    """'8', 'gpu:8', 'a100:8', 'gpu:a100:4(IDX:0-3)' -> count."""
+_GPU_COUNT = re.compile(r"(?:[A-Za-z0-9_.-]+:){0,2}(\d{1,4})(?:\([^()]{0,200}\))?")
+
+
+def _gpus(value: Optional[str], name: str = "SLURM_GPUS_ON_NODE") -> int:
+    """'8', 'gpu:8', 'a100:8', 'gpu:a100:4(IDX:0-3)' -> count (the first entry of a list). Linear time:
+    one anchored match of a bounded pattern."""
     if not value:
         return 0
-    first = value.split(",")[0]
-    m = re.search(r"(\d+)(?:\(.*\))?$", first)
-    return int(m.group(1)) if m else 0
+    first = value.split(",", 1)[0].strip()
+    m = _GPU_COUNT.fullmatch(first)
+    if not m:
+        raise IdentityError(f"{name}={value[:100]!r} is not a GPU count such as 8, gpu:8 or gpu:a100:4")
+    return int(m.group(1))
 
 
 def _ips(value: Optional[str]) -> tuple:
@@ -114,6 +94,8 @@ def _slurm(env):
     hosts = tuple(expand_nodelist(nodelist))
     n = _int(env, "SLURM_STEP_NUM_NODES") or _int(env, "SLURM_NNODES") or _int(env, "SLURM_JOB_NUM_NODES") or len(hosts)
     gpus = _gpus(env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE"))
+    if n > len(hosts):
+        raise IdentityError(f"Slurm says {n} node(s) but the node list {nodelist[:200]!r} has {len(hosts)}")
     return dict(node_rank=_int(env, "SLURM_NODEID"), num_nodes=n, head_address=hosts[0], node_addresses=hosts,
                 gpus_per_node=gpus, hostname=env.get("SLURMD_NODENAME"))
 
@@ -125,6 +107,9 @@ def _prefixed(prefix, ips_var, gpus_var, num_var, head_var=None):
             return None
         ips = _ips(env.get(ips_var))
         n = _int(env, num_var) or len(ips)
+        if ips and n != len(ips):
+            raise IdentityError(f"{num_var}={n} but {ips_var} lists {len(ips)} address(es) ({', '.join(ips[:8])}); "
+                                "the barrier would wait for nodes that do not exist. Make them agree")
         head = env.get(head_var) if head_var and env.get(head_var) else (ips[0] if ips else None)
         if head is None:
             raise IdentityError(f"{prefix}_NODE_RANK is set but neither {ips_var} nor a head address is; cannot find the head")
@@ -133,19 +118,19 @@ def _prefixed(prefix, ips_var, gpus_var, num_var, head_var=None):
 
 
 def _kubernetes(env):
-    if "KUBERNETES_SERVICE_HOST" not in env or not env.get("RAYTRAIN_HEAD_ADDRESS"):
+    if "KUBERNETES_SERVICE_HOST" not in env or not env.get(C.HEAD_ADDRESS):
         return None
     rank = _int(env, "JOB_COMPLETION_INDEX")
-    if rank is None and not env.get("RAYTRAIN_NODE_RANK"):
-        m = re.search(r"-(\d+)$", env.get("HOSTNAME", ""))
+    if rank is None and not env.get(C.NODE_RANK):
+        m = re.search(r"-(\d{1,6})$", env.get("HOSTNAME", "")[-64:])
         rank = int(m.group(1)) if m else None
     if rank is None:
-        rank = _int(env, "RAYTRAIN_NODE_RANK")  # e.g. the head's own (non-indexed) Job
+        rank = _int(env, C.NODE_RANK)  # e.g. the head's own (non-indexed) Job
     if rank is None:
         raise IdentityError("on Kubernetes: no JOB_COMPLETION_INDEX, no RAYTRAIN_NODE_RANK and HOSTNAME has no "
                             "StatefulSet ordinal (name-N)")
-    return dict(node_rank=rank, num_nodes=_int(env, "RAYTRAIN_NUM_NODES"), head_address=env["RAYTRAIN_HEAD_ADDRESS"],
-                gpus_per_node=_int(env, "RAYTRAIN_GPUS_PER_NODE") or 0)
+    return dict(node_rank=rank, num_nodes=_int(env, C.NUM_NODES), head_address=env[C.HEAD_ADDRESS],
+                gpus_per_node=_int(env, C.GPUS_PER_NODE) or 0)
 
 
 SOURCES = {
@@ -154,11 +139,11 @@ SOURCES = {
                  ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE")),
     "dstack": (_prefixed("DSTACK", "DSTACK_NODES_IPS", "DSTACK_GPUS_PER_NODE", "DSTACK_NODES_NUM", "DSTACK_MASTER_NODE_IP"),
                ("DSTACK_NODE_RANK", "DSTACK_NODES_IPS", "DSTACK_NODES_NUM", "DSTACK_MASTER_NODE_IP")),
-    "kubernetes": (_kubernetes, ("KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX", "HOSTNAME", "RAYTRAIN_HEAD_ADDRESS")),
+    "kubernetes": (_kubernetes, ("KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX", "HOSTNAME", C.HEAD_ADDRESS)),
 }
 # RAYTRAIN_NODE_RANK_OFFSET is added to a scheduler's rank (the workers' srun step numbers its nodes from 0).
-EXPLICIT = {"node_rank": "RAYTRAIN_NODE_RANK", "num_nodes": "RAYTRAIN_NUM_NODES",
-            "head_address": "RAYTRAIN_HEAD_ADDRESS", "gpus_per_node": "RAYTRAIN_GPUS_PER_NODE"}
+EXPLICIT = {"node_rank": C.NODE_RANK, "num_nodes": C.NUM_NODES,
+            "head_address": C.HEAD_ADDRESS, "gpus_per_node": C.GPUS_PER_NODE}
 
 
 def detect(env: Mapping[str, str] | None = None, spec: ClusterSpec | None = None, **explicit) -> NodeIdentity:
@@ -190,8 +175,8 @@ def detect(env: Mapping[str, str] | None = None, spec: ClusterSpec | None = None
         raise IdentityError(f"cannot tell this node's place in the job: missing {', '.join(missing)} "
                             f"(scheduler variables seen: {', '.join(seen) or 'none'}); set them or run under Slurm/SkyPilot/dstack/Kubernetes")
     rank, n = int(merged["node_rank"]), int(merged["num_nodes"])
-    offset = _int(env, "RAYTRAIN_NODE_RANK_OFFSET")
-    if offset and not env.get("RAYTRAIN_NODE_RANK") and explicit.get("node_rank") is None:
+    offset = _int(env, C.NODE_RANK_OFFSET)
+    if offset and not env.get(C.NODE_RANK) and explicit.get("node_rank") is None:
         rank += offset  # a scheduler step that holds only some of the job's nodes (e.g. the workers' srun)
     if not 0 <= rank < n:
         raise IdentityError(f"node rank {rank} is outside 0..{n - 1} (source: {source})")

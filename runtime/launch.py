@@ -20,16 +20,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from runtime import contract as C
+from runtime.contract import DEFAULT_PORT_BASE
+from runtime.errors import RaytrainError
 from runtime.identity import NodeIdentity, detect
 from runtime.ports import RayPorts
 from runtime.spec import load_spec
+from runtime.wait import WaitTimeout, wait_until
 
 EXIT_KEY = b"raytrain:driver_exit"
 GCS_RECONNECT_S = 5
 
 
-class LaunchError(RuntimeError):
-    pass
+class LaunchError(RaytrainError):
+    """The node could not start or join the job; the message says what to check."""
 
 
 def log(ident: Optional[NodeIdentity], msg: str) -> None:
@@ -39,7 +43,7 @@ def log(ident: Optional[NodeIdentity], msg: str) -> None:
 
 @dataclass
 class LaunchOptions:
-    port_base: int = 20000
+    port_base: int = DEFAULT_PORT_BASE
     port_stride: int = 0          # >0 when several nodes share one host: node k uses base + k*stride
     barrier_timeout_s: float = 300
     join_timeout_s: float = 300
@@ -74,10 +78,10 @@ def ray_env(opts: LaunchOptions) -> dict:
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     if opts.auth == "disabled":
         env["RAY_AUTH_MODE"] = "disabled"
-        env.pop("RAY_AUTH_TOKEN", None)
+        env.pop(C.AUTH_TOKEN, None)
     else:
-        if not env.get("RAY_AUTH_TOKEN"):
-            raise LaunchError("RAY_AUTH_TOKEN is not set: every node of the job needs the same token at run time "
+        if not env.get(C.AUTH_TOKEN):
+            raise LaunchError(f"{C.AUTH_TOKEN} is not set: every node of the job needs the same token at run time "
                               "(the deploy artifacts generate one per job), or pass --no-auth to run without authentication")
         env["RAY_AUTH_MODE"] = "token"
     return env
@@ -94,14 +98,12 @@ def check_shm(ident: NodeIdentity) -> None:
                    "Give the container more (docker --shm-size=8g, a Kubernetes emptyDir with medium: Memory at /dev/shm)")
 
 
-def wait_for_port(host: str, port: int, deadline: float) -> bool:
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return True
-        except OSError:
-            time.sleep(0.2)
-    return False
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def _start_args(opts: LaunchOptions, ident: NodeIdentity, ip: str) -> list[str]:
@@ -117,24 +119,25 @@ def _start_args(opts: LaunchOptions, ident: NodeIdentity, ip: str) -> list[str]:
 def barrier(ident: NodeIdentity, address: str, timeout_s: float) -> float:
     """Block until every expected node is alive; return the time the last one registered."""
     import ray
-    deadline = time.monotonic() + timeout_s
-    while True:
+    alive: list = []
+
+    def all_alive() -> Optional[float]:
         nodes = ray.nodes()
-        alive = [n for n in nodes if n["Alive"]]
+        alive[:] = [n for n in nodes if n["Alive"]]
         dead = [n for n in nodes if not n["Alive"]]
         if dead:
             names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeManagerHostname']})" for n in dead)
             raise LaunchError(f"node(s) {names} joined and then died before all {ident.num_nodes} nodes were up")
-        if len(alive) >= ident.num_nodes:
-            return time.monotonic()
-        if time.monotonic() > deadline:
-            joined = sorted(n["NodeManagerAddress"] for n in alive)
-            missing = [a for a in ident.node_addresses if a not in joined] if ident.node_addresses else []
-            detail = f"missing: {', '.join(missing)}" if missing else f"{ident.num_nodes - len(alive)} node(s) missing"
-            raise LaunchError(f"only {len(alive)}/{ident.num_nodes} nodes joined within {timeout_s:.0f}s "
-                              f"(joined: {', '.join(joined)}; {detail}); check the workers' logs and that they reach "
-                              f"{address}")
-        time.sleep(0.1)
+        return time.monotonic() if len(alive) >= ident.num_nodes else None
+
+    def too_late() -> LaunchError:
+        joined = sorted(n["NodeManagerAddress"] for n in alive)
+        missing = [a for a in ident.node_addresses if a not in joined] if ident.node_addresses else []
+        detail = f"missing: {', '.join(missing)}" if missing else f"{ident.num_nodes - len(alive)} node(s) missing"
+        return LaunchError(f"only {len(alive)}/{ident.num_nodes} nodes joined within {timeout_s:.0f}s "
+                           f"(joined: {', '.join(joined)}; {detail}); check the workers' logs and that they reach "
+                           f"{address}")
+    return wait_until(all_alive, timeout_s=timeout_s, interval_s=0.1, what="every node", on_timeout=too_late)
 
 
 def ports_for(ident: NodeIdentity, opts: LaunchOptions) -> RayPorts:
@@ -199,16 +202,12 @@ def _stop_node(proc: subprocess.Popen) -> None:
 
 
 def _wait_started(proc: subprocess.Popen, host: str, port: int, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def up() -> bool:
         if proc.poll() is not None:
             raise LaunchError(f"{what} exited with {proc.returncode}:\n    {_tail(proc)}")
-        try:
-            with socket.create_connection((host, port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise LaunchError(f"{what} did not open {host}:{port} within {timeout_s:.0f}s")
+        return port_open(host, port)
+    wait_until(up, timeout_s=timeout_s, interval_s=0.1, what=f"{what} to open {host}:{port}",
+               hint="the node's Ray did not come up", logs=lambda: _tail(proc))
 
 
 def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict, ip: str) -> int:
@@ -250,19 +249,19 @@ def _disconnect() -> None:
 def _wait_workers_left(ident: NodeIdentity, deadline: float) -> None:
     """Give workers a moment to read the exit code and leave cleanly before the head goes."""
     import ray
-    while time.monotonic() < deadline:
-        if len([n for n in ray.nodes() if n["Alive"]]) <= 1:
-            return
-        time.sleep(0.2)
+    try:
+        wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) <= 1, timeout_s=max(0.0, deadline - time.monotonic()),
+                   what="the workers to leave")
+    except WaitTimeout:
+        pass  # they are stopped with the head
 
 
 def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str) -> int:
     ports = ports_for(ident, opts)
     head = ident.head_address
-    deadline = time.monotonic() + opts.join_timeout_s
     log(ident, f"waiting for the head at {head}:{ports.gcs}")
-    if not wait_for_port(head, ports.gcs, deadline):
-        raise LaunchError(f"the head {head}:{ports.gcs} did not answer within {opts.join_timeout_s:.0f}s")
+    wait_until(lambda: port_open(head, ports.gcs), timeout_s=opts.join_timeout_s, what=f"the head {head}:{ports.gcs}",
+               hint="check that the head started and that this node reaches it (address, firewall)")
     node = _start_node([f"--address={head}:{ports.gcs}", *ports.node_args(), *temp_dir_args(ports, opts),
                         *_start_args(opts, ident, ip)], env)
     try:
@@ -302,11 +301,11 @@ def _follow_head(ident: NodeIdentity, node: subprocess.Popen, address: str) -> i
 
 def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -> int:
     env_in = dict(os.environ if env_in is None else env_in)
-    spec = load_spec(env_in["CLUSTER_SPEC_PATH"]) if env_in.get("CLUSTER_SPEC_PATH") else None
+    spec = load_spec(env_in[C.SPEC_PATH]) if env_in.get(C.SPEC_PATH) else None
     ident = detect(env_in, spec)
     env = ray_env(opts)
     # Ray reads its auth settings when it is imported: this process must see them before `import ray`
-    for key in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_gcs_rpc_server_reconnect_timeout_s"):
+    for key in ("RAY_AUTH_MODE", C.AUTH_TOKEN, "RAY_gcs_rpc_server_reconnect_timeout_s"):
         if key in env:
             os.environ[key] = env[key]
         else:

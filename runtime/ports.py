@@ -4,6 +4,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
+
+from runtime.contract import DEFAULT_PORT_BASE
 
 WORKER_PORTS = 100
 
@@ -18,12 +21,16 @@ def ephemeral_low() -> int:
 
 @dataclass(frozen=True)
 class RayPorts:
-    """GCS at `base`; this node's own ports at base + node_offset (non-zero when several nodes share a host)."""
-    base: int = 20000
+    """GCS at `base`; this node's own ports at base + node_offset (non-zero when several nodes share a host).
+
+    `ephemeral_low`: where the nodes' ephemeral range starts; None = this host's (the runtime, on the
+    node). Renderers pass the nodes' value (contract.PORTABLE_EPHEMERAL_LOW), never the rendering host's."""
+    base: int = DEFAULT_PORT_BASE
     node_offset: int = 0
+    ephemeral_low: Optional[int] = None
 
     def __post_init__(self):
-        low = ephemeral_low()
+        low = self.ephemeral_low or ephemeral_low()
         top = self.base + self.node_offset + 10 + WORKER_PORTS
         if self.base < 1024 or top > low:
             raise ValueError(f"port base {self.base}: Ray's ports {self.base}..{top} must lie "

@@ -6,6 +6,7 @@ import json
 import os
 import sys
 
+from runtime.contract import SPEC_PATH
 from runtime.spec import SpecError, load_spec
 
 
@@ -22,7 +23,7 @@ def report() -> dict:
     import ray
     import torch
 
-    spec_path = os.environ.get("CLUSTER_SPEC_PATH")
+    spec_path = os.environ.get(SPEC_PATH)
     out = {
         "python": sys.version.split()[0],
         "ray": ray.__version__,

@@ -16,12 +16,19 @@ import re
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+import re2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runtime.errors import InputError
+from runtime.imageref import ImageRef, ImageRefError
+
 NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+MAX_SPEC_BYTES = 1 << 20
+MAX_PATTERN_LENGTH = 1000
+_PATH_BAD = re.compile(r"[\x00-\x1f\x7f,:%\s]")  # not in a path that goes into mounts, #SBATCH or YAML
 
 
-class SpecError(ValueError):
+class SpecError(InputError):
     """A cluster spec that cannot be used; ``problems`` holds one line per bad field."""
 
     def __init__(self, source: str, problems: list[str]):
@@ -31,7 +38,8 @@ class SpecError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: true and "8" are not counts, 8 is not a string
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Mount(_Strict):
@@ -95,12 +103,41 @@ class ClusterSpec(_Strict):
     def _absolute_fileroot(cls, v: str) -> str:
         if not v.startswith("/"):
             raise ValueError(f"must be an absolute path (starting with '/'), got {v!r}")
+        bad = _PATH_BAD.search(v)
+        if bad:
+            raise ValueError(f"{v[:200]!r} contains {bad.group()!r}; use a plain path without spaces, ',', ':' or '%' "
+                             "(Slurm expands % in log paths, mounts split on ',' and ':')")
         return v
 
+    @field_validator("cpu_image", "gpu_image")
+    @classmethod
+    def _image_name(cls, v: str, info) -> str:
+        try:
+            ref = ImageRef.parse(v, info.field_name)
+        except ImageRefError as e:
+            raise ValueError(str(e).split(": ", 1)[1]) from None
+        if ref.digest:
+            raise ValueError(f"{v!r} has a digest; give a repository (and optionally a tag): the build makes the digest")
+        return v
+
+    @field_validator("registry")
+    @classmethod
+    def _registry(cls, v: Optional[str]) -> Optional[str]:
+        if v is None:
+            return v
+        try:
+            ref = ImageRef.parse(f"{v.rstrip('/')}/x", "registry")
+        except ImageRefError:
+            raise ValueError(f"{v[:200]!r} is not host[:port][/path] (no scheme such as http://, lowercase path)") from None
+        if ref.registry is None:
+            raise ValueError(f"{v!r} does not name a registry host (it needs a '.', a ':port' or localhost)")
+        return v
     @field_validator("default_mount")
     @classmethod
     def _valid_mounts(cls, v: str) -> str:
         for item in filter(None, (s.strip() for s in v.split(","))):
+            if re.search(r"[\x00-\x1f\x7f]", item):
+                raise ValueError(f"mount {item[:200]!r} contains a control character")
             parts = item.split(":")
             if len(parts) not in (2, 3) or not all(parts[:2]):
                 raise ValueError(f"mount {item!r} is not of the form /src:/dst[:opts]")
@@ -113,10 +150,7 @@ class ClusterSpec(_Strict):
     @classmethod
     def _compile_regexes(cls, v: dict[str, str]) -> dict[str, str]:
         for pattern in v:
-            try:
-                re.compile(pattern)
-            except re.error as e:
-                raise ValueError(f"key {pattern!r} is not a valid regular expression: {e}") from None
+            _compile(pattern)
         return v
 
     @model_validator(mode="after")
@@ -140,9 +174,30 @@ class ClusterSpec(_Strict):
         return _first_match(self.gpu_type_from_node_name, hostname)
 
 
+def _compile(pattern: str):
+    """Spec patterns run on every node against its host name: compiled with RE2, a linear-time engine,
+    so no pattern (e.g. '(a+)+$') can make node-type detection hang."""
+    if len(pattern) > MAX_PATTERN_LENGTH:
+        raise ValueError(f"key {pattern[:60]!r}...: regular expression longer than {MAX_PATTERN_LENGTH} characters")
+    try:
+        return _compiled(pattern)
+    except Exception as e:  # re2.error, and RE2's limits on program size (e.g. a{100000})
+        raise ValueError(f"key {pattern[:200]!r} is not a regular expression RE2 accepts ({e}); RE2 has no "
+                         "backreferences or look-around, and bounds repetition counts at 1000") from None
+
+
+_CACHE: dict[str, Any] = {}
+
+
+def _compiled(pattern: str):
+    if pattern not in _CACHE:
+        _CACHE[pattern] = re2.compile(pattern)
+    return _CACHE[pattern]
+
+
 def _first_match(table: dict[str, str], hostname: str) -> Optional[str]:
     for pattern, value in table.items():
-        if re.match(pattern, hostname):
+        if _compiled(pattern).match(hostname[:255]):
             return value
     return None
 
@@ -202,6 +257,7 @@ def describe_errors(err: ValidationError, model: type[BaseModel] = ClusterSpec) 
 def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:
     if not isinstance(data, dict):
         raise SpecError(source, [f"(top level): must be a JSON object, got {type(data).__name__}"])
+    data = {k: v for k, v in data.items() if k != "$schema"}  # editors' schema pointer, as the README suggests
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as e:
@@ -209,16 +265,29 @@ def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:
 
 
 def load_spec(path: str | Path) -> ClusterSpec:
+    """Read and validate a spec file; every way it can be wrong is a SpecError (exit 2), never a traceback."""
     path = Path(path)
+    source = str(path)
     try:
-        raw = path.read_bytes()
+        st = path.stat()
+        if not path.is_file():
+            raise SpecError(source, ["not a regular file (a directory, FIFO or device); give the spec's JSON file"])
+        if st.st_size > MAX_SPEC_BYTES:
+            raise SpecError(source, [f"the file is {st.st_size} bytes; a spec is at most {MAX_SPEC_BYTES}"])
+        raw = path.read_bytes()[:MAX_SPEC_BYTES + 1]
     except OSError as e:
-        raise SpecError(str(path), [f"cannot read the file: {e.strerror}"]) from None
+        raise SpecError(source, [f"cannot read the file: {e.strerror}"]) from None
     try:
-        data = json.loads(raw)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise SpecError(source, [f"not UTF-8 (byte {e.start}): save the spec as UTF-8 JSON"]) from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise SpecError(str(path), [f"not valid JSON at line {e.lineno} column {e.colno}: {e.msg}"]) from None
-    return parse_spec(data, str(path))
+        raise SpecError(source, [f"not valid JSON at line {e.lineno} column {e.colno}: {e.msg}"]) from None
+    except (ValueError, RecursionError) as e:  # a 5000-digit number, nesting deeper than Python's stack
+        raise SpecError(source, [f"not a usable JSON document: {str(e)[:200] or type(e).__name__}"]) from None
+    return parse_spec(data, source)
 
 
 def spec_hash(path: str | Path) -> str:

@@ -16,6 +16,7 @@ from typing import Callable, Optional
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from runtime.contract import RESTARTS
 from runtime.batched import BatchedDataDict
 from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
 
@@ -46,7 +47,11 @@ def _read_worker_log(pid: int, lines: int) -> str:
     """The tail of a worker process's Ray log files on this node."""
     import glob
     out = []
-    for path in sorted(glob.glob(f"/tmp/ray/session_latest/logs/worker-*-{pid}.*")):
+    try:  # this node's own session (the launcher may have given Ray a --temp-dir)
+        logs = ray._private.worker._global_node.get_logs_dir_path()
+    except AttributeError:
+        logs = "/tmp/ray/session_latest/logs"
+    for path in sorted(glob.glob(f"{logs}/worker-*-{pid}.*")):
         if path.endswith((".out", ".err")):
             with open(path, errors="replace") as f:
                 out.extend(f.read().splitlines()[-lines:])
@@ -133,7 +138,7 @@ class RayWorkerGroup:
             env = {**self.extra_env, "RANK": str(rank), "LOCAL_RANK": str(slot.local_rank),
                    "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(slot.local_world_size),
                    "NODE_RANK": str(slot.node_rank), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                   "NODE_IP": slot.node_ip, "RAYTRAIN_RESTARTS": str(self.restarts)}
+                   "NODE_IP": slot.node_ip, RESTARTS: str(self.restarts)}
             self.workers.append(WorkerHost.options(scheduling_strategy=self._strategy(slot), num_cpus=self._cpus,
                                                    num_gpus=self._gpus).remote(
                 self.worker_class, env, self.init_args, self.init_kwargs, self.backend, self.init_timeout_s))

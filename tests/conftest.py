@@ -7,10 +7,9 @@ from pathlib import Path
 
 import docker
 import pytest
-import yaml
 
 from toolchain import pipeline
-from toolchain.config import ImageSettings, ProjectSettings, RegistrySettings, Settings
+from toolchain.config import ImageSettings, ProjectSettings, RegistrySettings, Settings, defaults as config_defaults
 from toolchain.progress import Reporter
 from toolchain.registry import start_local, stop_local
 
@@ -23,7 +22,7 @@ REGISTRY_PORT = int(os.environ.get("TEST_REGISTRY_PORT", "5055"))
 def make_settings(workdir: Path, app_dir: Path, registry_address: str | None = None, runtime_dir: Path | None = None,
                   **registry_kw) -> Settings:
     """Project settings for a test: its own build dir and app copy, the shared wheelhouse cache."""
-    defaults = yaml.safe_load((ROOT / "invoke.yaml").read_text())
+    defaults = config_defaults()
     build_dir = workdir / "build"
     build_dir.mkdir(parents=True, exist_ok=True)
     shared = ROOT / "build" / "wheelhouse"

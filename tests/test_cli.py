@@ -52,3 +52,45 @@ def test_bad_spec_build_exits_2_and_touches_nothing(tmp_path):
 def test_env_override_reaches_config(tmp_path):
     r = inv("push", "--variant", "tpu", env={"INVOKE_PROJECT_BUILD_DIR": str(tmp_path / "b")})
     assert r.returncode == 2 and "'tpu' is not one of the configured variants" in r.stderr
+
+
+@pytest.mark.parametrize("env,needle", [
+    ({"INVOKE_DEPLOY_NODES": "abc"}, "INVOKE_DEPLOY_NODES='abc': not a int"),
+    ({"INVOKE_DEPLOY_COMMAND": "python x.py"}, "INVOKE_DEPLOY_COMMAND: command is a list"),
+    ({"INVOKE_DEPLOY_PORT_BASE": "x"}, "INVOKE_DEPLOY_PORT_BASE"),
+])
+def test_uncastable_invoke_variables_exit_2_without_a_traceback(env, needle):
+    r = inv("deploy", "--dry-run", env=env)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--nodes", "abc"], "--nodes: 'abc' is not a whole number"),
+    (["--nodes", "0"], "--nodes: '0' is not a whole number >= 1"),
+    (["--port-stride", "x"], "--port-stride"),
+    (["--target", "k8s", "--spec", "cluster_specs/kubernetes.json", "--port-stride", "10"], "not an option of the k8s"),
+])
+def test_bad_deploy_flags_exit_2_without_a_traceback(args, needle, tmp_path):
+    r = inv("deploy", "--dry-run", *args, env={"INVOKE_PROJECT_BUILD_DIR": str(tmp_path / "b")})
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_out_naming_an_existing_file_exits_2(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("keep")
+    b = tmp_path / "b"
+    b.mkdir()
+    spec = ROOT / "cluster_specs" / "slurm.json"
+    from runtime.spec import spec_hash
+    (b / "images.json").write_text(json.dumps({}))
+    r = inv("deploy", "--target", "slurm", "--spec", str(spec), "--out", str(f), env={"INVOKE_PROJECT_BUILD_DIR": str(b)})
+    assert r.returncode == 2 and "exists and is not a directory" in r.stderr, r.stderr
+    assert f.read_text() == "keep" and spec_hash(spec)
+
+
+def test_malformed_images_json_exits_2_with_the_fix(tmp_path):
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "images.json").write_text('{"cpu": {"repo_digest": "x\\nrm -rf /"}}')
+    r = inv("deploy", "--dry-run", env={"INVOKE_PROJECT_BUILD_DIR": str(b)})
+    assert r.returncode == 2 and "images.json is malformed" in r.stderr and "invoke push" in r.stderr, r.stderr

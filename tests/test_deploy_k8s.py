@@ -10,9 +10,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy import k8s
-from deploy.job import DeployError, JobSpec, numeric_user
-from helpers import k8s_docker
+from deploy.job import DeployError
+from deploy.targets import k8s
+from helpers import jobs, k8s_docker
 from runtime.spec import KubernetesOptions, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,10 +22,10 @@ DIGEST = "registry.example.com:5000/raytrain-gpu@sha256:" + "cd" * 32
 
 def spec_job(**kw):
     spec = load_spec(ROOT / "cluster_specs" / "kubernetes.json")
-    base = dict(name="train", nodes=3, gpus_per_node=1, cpus_per_node=8, image=DIGEST, memory="64G",
+    base = dict(name="train", nodes=3, gpus_per_node=1, cpus_per_node=8, memory="64G",
                 command=["python", "train.py"], env={"NCCL_DEBUG": "WARN"}, mounts=spec.mounts, fileroot=spec.fileroot,
-                uid=1000, gid=1000, time_limit="1-02:03:04")
-    return JobSpec(**{**base, **kw}), spec.kubernetes
+                time_limit="1-02:03:04")
+    return jobs.job(DIGEST, **{**base, **kw}), spec.kubernetes
 
 
 def validate_all(objs):
@@ -74,7 +74,7 @@ def test_pods_pass_the_kubelets_non_root_check_and_the_yaml_has_no_aliases():
     with pytest.raises(k8s_docker.KubeletRefused, match="non-numeric user \\(ray\\)"):
         k8s_docker.verify_run_as_non_root(old, old["containers"][0], "ray")
     with pytest.raises(DeployError, match="no non-root numeric uid"):
-        k8s.render(job.model_copy(update={"uid": None}), opts)
+        k8s.render(job.model_copy(update={"image_info": jobs.info(DIGEST, user="ray")}), opts)
 
 
 def test_a_broken_manifest_fails_validation():
@@ -161,11 +161,10 @@ def test_exact_container_specs_run_the_job(client, pushed, tmp_path):
     spec = load_spec(ROOT / "cluster_specs" / "local.json")
     opts = KubernetesOptions(namespace="e2e", fileroot_claim="shared")
     name = f"k8s-{uuid.uuid4().hex[:6]}"
-    uid, gid = numeric_user(pushed["cpu"]["user"])
-    assert (uid, gid) == (1000, 1000), pushed["cpu"]["user"]
-    job = JobSpec(name=name, nodes=3, cpus_per_node=2, image=pushed["cpu"]["repo_digest"], mounts=spec.mounts,
-                  fileroot=spec.fileroot, command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"],
-                  uid=uid, gid=gid)
+    assert pushed["cpu"]["user"] == "1000:1000"
+    job = jobs.job(pushed["cpu"]["repo_digest"], name=name, nodes=3, cpus_per_node=2, mounts=spec.mounts,
+                   fileroot=spec.fileroot, command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"],
+                   image_info=jobs.info(pushed["cpu"]["repo_digest"], user=pushed["cpu"]["user"]))
     objs = list(yaml.safe_load_all(k8s.dump(k8s.render(job, opts))))  # exactly what a user would apply
     validate_all(objs)
     tokens = {f"{name}-ray-token": {"token": uuid.uuid4().hex * 2}}

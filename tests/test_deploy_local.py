@@ -6,7 +6,8 @@ import pytest
 from conftest import SPEC
 from toolchain import pipeline
 from toolchain.config import DeploySettings
-from toolchain.errors import ConfigError, ToolchainError
+from runtime.errors import InputError
+from toolchain.errors import ToolchainError
 from toolchain.progress import Reporter
 
 
@@ -20,9 +21,11 @@ def job_containers(client, name):
 
 def test_local_job_runs_from_digest_and_cleans_up(client, pushed, settings, capfd):
     s = with_deploy(settings, name="e2e-local", command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"])
-    out = pipeline.deploy(s, str(SPEC), "local", 3, None, False, Reporter())
+    dry = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=3, dry_run=True)
+    assert {c["image"] for c in dry["objects"]} == {pushed["cpu"]["repo_digest"]}
+    assert {tuple(c["binds"]) for c in dry["objects"]} == {("/tmp/raytrain",)}  # the spec's default_mount
+    out = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=3)
     assert out["exit_code"] == 0
-    assert {c["image"] for c in out["containers"]} == {pushed["cpu"]["repo_digest"]}
     logs = capfd.readouterr().out
     summary = json.loads(next(l for l in logs.splitlines() if "SUMMARY " in l).split("SUMMARY ", 1)[1])
     assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2]
@@ -34,19 +37,19 @@ def test_local_job_runs_from_digest_and_cleans_up(client, pushed, settings, capf
 def test_failing_driver_fails_the_deploy(client, pushed, settings):
     s = with_deploy(settings, name="e2e-fail", nodes=2, command=["python", "-c", "import sys; sys.exit(9)"])
     with pytest.raises(ToolchainError, match="exited with 9"):
-        pipeline.deploy(s, str(SPEC), "local", None, None, False, Reporter())
+        pipeline.deploy(s, str(SPEC), "local", rep=Reporter())
     assert job_containers(client, "e2e-fail") == []
 
 
 def test_dry_run_starts_nothing_and_hides_token(client, pushed, settings):
     s = with_deploy(settings, name="e2e-dry")
-    out = pipeline.deploy(s, str(SPEC), "local", None, None, True, Reporter())
-    assert len(out["containers"]) == 3 and "exit_code" not in out
-    assert {c["environment"]["RAY_AUTH_TOKEN"] for c in out["containers"]} == {"<generated per run>"}
+    out = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), dry_run=True)
+    assert len(out["objects"]) == 3 and "exit_code" not in out
+    assert {c["environment"]["RAY_AUTH_TOKEN"] for c in out["objects"]} == {"<generated per run>"}
     assert job_containers(client, "e2e-dry") == []
 
 
 def test_preflight_rejects_bad_job_name(pushed, settings):
     s = with_deploy(settings, name="Bad Name;rm")
-    with pytest.raises(ConfigError, match="name"):
-        pipeline.deploy(s, str(SPEC), "local", None, None, True, Reporter())
+    with pytest.raises(InputError, match="name"):
+        pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), dry_run=True)

@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from deploy import slurm
-from deploy.job import JobSpec
+from deploy import sbatch
+from helpers import jobs
 from conftest import make_settings
 from helpers.slurm import SlurmCluster
-from runtime.spec import SlurmOptions
 from toolchain import pipeline
 from toolchain.progress import Reporter
 
@@ -30,12 +29,11 @@ def cluster(tmp_path_factory):
 
 def submit(cluster, tmp_path, name, command, nodes=3, port_base=24000, **job_kw):
     fileroot = tmp_path / "fileroot"
-    job = JobSpec(name=name, nodes=nodes, cpus_per_node=2, command=command, fileroot=str(fileroot),
-                  workdir=str(ROOT / "examples" / "train"), port_base=port_base, time_limit="10:00", **job_kw)
-    opts = SlurmOptions(pyxis=False, env_setup=[f"source {VENV_ACTIVATE}"])
+    job = jobs.job(None, name=name, nodes=nodes, cpus_per_node=2, command=command, fileroot=str(fileroot),
+                   workdir=str(ROOT / "examples" / "train"), port_base=port_base, time_limit="10:00", **job_kw)
     script = tmp_path / f"{name}.sbatch"
-    script.write_text(slurm.render(job, opts, None, port_stride=200))
-    job_id = slurm.submit(script, job, env=cluster.env)
+    script.write_text(sbatch.render(job, env_setup=[f"source {VENV_ACTIVATE}"], port_stride=200))
+    job_id = sbatch.submit(script, job, env=cluster.env)
     fields = cluster.wait(job_id, timeout_s=420)
     output = (fileroot / "logs" / f"{name}-{job_id}.out")
     return fields, output.read_text() if output.exists() else "", job_id
@@ -55,8 +53,8 @@ def test_plain_sbatch_trains_across_three_slurm_nodes(cluster, tmp_path, monkeyp
         "port_base": 24000, "time_limit": "10:00"})})
     monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-    res = pipeline.deploy(settings, str(spec), "slurm", 3, "slurm-e2e", False, Reporter(quiet=True),
-                          out=str(tmp_path / "out"), submit=True, port_stride=200)
+    res = pipeline.deploy(settings, str(spec), "slurm", rep=Reporter(quiet=True), nodes=3, name="slurm-e2e",
+                          out=str(tmp_path / "out"), submit=True, port_stride=200, env=cluster.env)
     job_id = res["slurm_job_id"]
     fields = cluster.wait(job_id, timeout_s=420)
     out_file = fileroot / "logs" / f"slurm-e2e-{job_id}.out"

@@ -9,7 +9,8 @@ import yaml
 from conftest import make_settings
 from runtime.spec import spec_hash
 from toolchain import pipeline
-from toolchain.errors import ConfigError
+from deploy.job import DeployError
+from runtime.errors import InputError as ConfigError
 from toolchain.progress import Reporter
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -23,7 +24,8 @@ def record_images(settings, spec, registry="registry.example.com:5000", scheme="
     sha = spec_hash(SPECS / spec)
     (settings.build_dir / "images.json").write_text(json.dumps({
         v: {"repo_digest": d.replace("registry.example.com:5000", registry), "spec_sha256": sha,
-            "spec_file": f"cluster_specs/{spec}", "registry": registry, "registry_scheme": scheme, "user": user}
+            "spec_file": f"cluster_specs/{spec}", "registry": registry, "registry_scheme": scheme, "user": user,
+            "local_ref": f"raytrain-{v}:x", "image_id": "sha256:" + "9" * 64, "digest": d.split("@")[1]}
         for v, d in (("cpu", CPU), ("gpu", GPU))}))
 
 
@@ -35,8 +37,8 @@ def settings(tmp_path):
 def deploy(settings, spec, target, dry_run=False, recorded=True, **kw):
     if recorded:
         record_images(settings, spec)
-    return pipeline.deploy(settings, str(SPECS / spec), target, None, kw.pop("name", "job1"), dry_run,
-                           Reporter(quiet=True), **kw)
+    kw.setdefault("name", "job1")
+    return pipeline.deploy(settings, str(SPECS / spec), target, rep=Reporter(quiet=True), dry_run=dry_run, **kw)
 
 
 @pytest.mark.parametrize("spec,target,fname", [("slurm.json", "slurm", "job1.sbatch"),
@@ -69,16 +71,21 @@ def test_pyxis_sqsh_reference_is_planned_without_converting(settings):
 
 
 @pytest.mark.parametrize("spec,target,kw,msg", [
-    ("slurm.json", "k8s", {"partition": "gpu"}, "--partition/--account: only for the slurm and pyxis"),
-    ("slurm-pyxis.json", "pyxis", {"sqsh_to_fileroot": True}, "--sqsh-to-fileroot: only with --sqsh"),
     ("local.json", "k8s", {}, "kubernetes.namespace"),
-    ("slurm-pyxis.json", "pyxis", {"gpus": 4}, "GPUs per node: the job asks for 4, the spec's slurm.gpus_per_node is 8"),
-    ("slurm-pyxis.json", "pyxis", {"seeds": "1-3"}, "fan-out is for the k8s target"),
+    ("slurm-pyxis.json", "pyxis", {"gpus": 4}, "the job asks for 4 GPUs per node, the spec's slurm.gpus_per_node is 8"),
+    ("slurm-pyxis.json", "pyxis", {"seeds": "1-3"}, "--seeds: not an option of the pyxis target"),
     ("kubernetes.json", "k8s", {"gpus": 2, "seeds": "1-2", "slots": "n1:0"}, "a GPU slot gives one GPU"),
-    ("kubernetes.json", "k8s", {"seeds": "3-1"}, "not a range"),
-    ("kubernetes.json", "k8s", {"gpus": 0}, "the job asks for 0, the spec's kubernetes.gpus_per_pod is 1"),
-    ("kubernetes.json", "nomad", {}, "not one of local, slurm, pyxis, k8s"),
+    ("kubernetes.json", "k8s", {"seeds": "3-1"}, "not an increasing range"),
+    ("kubernetes.json", "k8s", {"seeds": "1-100000000"}, "more than 1000 runs"),
+    ("kubernetes.json", "k8s", {"gpus": 0}, "the job asks for 0 GPUs per node, the spec's kubernetes.gpus_per_pod is 1"),
+    ("kubernetes.json", "nomad", {}, "not one of local, slurm, pyxis, k8s, skypilot"),
     ("slurm.json", "slurm", {"name": "Bad_Name"}, "name"),
+    ("slurm.json", "slurm", {"name": ""}, "name"),
+    ("slurm.json", "slurm", {"name": "1job"}, "name"),
+    ("slurm.json", "slurm", {"nodes": 0}, "nodes"),
+    ("kubernetes.json", "k8s", {"partition": "gpu"}, "--partition: not an option of the k8s target"),
+    ("kubernetes.json", "k8s", {"port_stride": 100}, "--port-stride: not an option of the k8s target"),
+    ("slurm-pyxis.json", "pyxis", {"sqsh_to_fileroot": True}, "--sqsh-to-fileroot/--sqsh-dir: only with --sqsh"),
 ])
 def test_preflight_failures_write_nothing(settings, tmp_path, spec, target, kw, msg):
     out = tmp_path / "out"
@@ -89,7 +96,7 @@ def test_preflight_failures_write_nothing(settings, tmp_path, spec, target, kw, 
 
 def test_missing_digest_is_a_preflight_error(settings, tmp_path):
     (settings.build_dir / "images.json").write_text("{}")
-    with pytest.raises(ConfigError, match="no pushed gpu image.*invoke build push"):
+    with pytest.raises(DeployError, match="no pushed gpu image.*invoke build push"):
         deploy(settings, "slurm-pyxis.json", "pyxis", out=str(tmp_path / "out"), recorded=False)
     assert not (tmp_path / "out").exists()
 
@@ -107,12 +114,13 @@ def test_a_seed_format_spec_deploys_without_partition_or_account(settings, tmp_p
     spec.write_text(json.dumps(SEED_SPEC))
     sha = spec_hash(spec)
     (settings.build_dir / "images.json").write_text(json.dumps({"cpu": {
-        "repo_digest": CPU, "spec_sha256": sha, "registry": "registry.example.com:5000", "registry_scheme": "https"}}))
-    res = pipeline.deploy(settings, str(spec), target, None, "job1", False, Reporter(quiet=True), out=str(tmp_path / "o"))
+        "repo_digest": CPU, "spec_sha256": sha, "registry": "registry.example.com:5000", "registry_scheme": "https",
+        "local_ref": "raytrain-cpu:x", "image_id": "sha256:" + "9" * 64, "digest": CPU.split("@")[1]}}))
+    res = pipeline.deploy(settings, str(spec), target, rep=Reporter(quiet=True), name="job1", out=str(tmp_path / "o"))
     script = (tmp_path / "o" / "job1.sbatch").read_text()
     assert "--partition" not in script and "--account" not in script
     assert any("default" in n for n in res["notes"])
-    res = pipeline.deploy(settings, str(spec), target, None, "job1", True, Reporter(quiet=True),
+    res = pipeline.deploy(settings, str(spec), target, rep=Reporter(quiet=True), name="job1", dry_run=True,
                           partition="debug", account="ml")
     assert "#SBATCH --partition=debug" in res["rendered"]["job1.sbatch"]
     assert "#SBATCH --account=ml" in res["rendered"]["job1.sbatch"]

@@ -79,7 +79,7 @@ def test_explicit_overrides_and_missing():
         detect({})
     with pytest.raises(IdentityError, match="outside 0..2"):
         detect({**SKY, "SKYPILOT_NODE_RANK": "5"})
-    with pytest.raises(IdentityError, match="not an integer"):
+    with pytest.raises(IdentityError, match="not a whole number"):
         detect({**SKY, "SKYPILOT_NODE_RANK": "one"})
 
 

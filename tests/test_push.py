@@ -10,12 +10,12 @@ import requests
 from conftest import SPEC, make_settings, run_in
 from toolchain import pipeline
 from toolchain.errors import RegistryError
-from toolchain.metadata import read_images
+from toolchain.records import read_pushes
 from toolchain.progress import Reporter
 
 
 def test_push_records_digest_and_pull_back_by_digest(client, built, pushed, settings):
-    recorded = read_images(settings.build_dir)
+    recorded = {v: r.model_dump() for v, r in read_pushes(settings.build_dir).items()}
     for v in ("cpu", "gpu"):
         entry = recorded[v]
         assert entry["repo_digest"].startswith(f"{settings.registry.address}/raytrain-{v}@sha256:")
@@ -48,7 +48,7 @@ def test_registry_down_is_clear_and_records_nothing(client, built, tmp_path, app
     (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"]}))
     with pytest.raises(RegistryError, match="5999.*start_local is false"):
         pipeline.push(s, str(SPEC), "cpu", Reporter())
-    assert read_images(s.build_dir) == {}
+    assert read_pushes(s.build_dir) == {}
     assert _tags_for(client, "127.0.0.1:5999/") == []
 
 
@@ -131,14 +131,14 @@ def test_transient_5xx_is_retried(client, proxied):
     s, proxy = proxied("PUT", 503, failures=1, retries=2)
     out = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
     assert proxy.count == 1 and out["push"]["attempts"] == 2
-    assert read_images(s.build_dir)["cpu"]["repo_digest"].startswith(proxy.address)
+    assert read_pushes(s.build_dir)["cpu"].repo_digest.startswith(proxy.address)
 
 
 def test_persistent_5xx_fails_without_record_or_tags(client, proxied):
     s, proxy = proxied("PUT", 503, failures=100, retries=1)
     with pytest.raises(RegistryError, match="failed after 2 attempts"):
         pipeline.push(s, str(SPEC), "cpu", Reporter())
-    assert read_images(s.build_dir) == {}
+    assert read_pushes(s.build_dir) == {}
     assert _tags_for(client, proxy.address + "/") == []
 
 
@@ -148,4 +148,4 @@ def test_auth_denied_is_clear(client, proxied):
     with pytest.raises(RegistryError, match="docker login"):
         pipeline.push(s, str(SPEC), "cpu", Reporter())
     assert proxy.count == 1  # not retried
-    assert read_images(s.build_dir) == {}
+    assert read_pushes(s.build_dir) == {}

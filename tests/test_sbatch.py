@@ -15,21 +15,29 @@ from pathlib import Path
 
 import pytest
 
-from deploy import slurm
-from deploy.job import DeployError, JobSpec
+from deploy import sbatch
+from deploy.job import DeployError
+from helpers import jobs
+from helpers.jobs import DIGEST
+from runtime.imageref import ImageRef
 from runtime.spec import SlurmOptions, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
-DIGEST = "registry.example.com:5000/raytrain-gpu@sha256:" + "ab" * 32
+PYXIS_IMAGE = ImageRef.parse(DIGEST).pyxis()
 
 
-def spec_job(spec_name: str, **kw) -> tuple[JobSpec, SlurmOptions]:
+def spec_job(spec_name: str, **kw):
     spec = load_spec(ROOT / "cluster_specs" / f"{spec_name}.json")
-    job = JobSpec(name="golden", nodes=3, gpus_per_node=spec.slurm.gpus_per_node, cpus_per_node=8, image=DIGEST,
-                  command=["python", "train.py", "--steps", "100"], env={"NCCL_DEBUG": "WARN"}, mounts=spec.mounts,
-                  fileroot=spec.fileroot, workdir="/opt/app", time_limit="02:00:00", retries=2, memory="64G", **kw)
+    job = jobs.job(name="golden", nodes=3, gpus_per_node=spec.slurm.gpus_per_node, cpus_per_node=8,
+                   command=["python", "train.py", "--steps", "100"], env={"NCCL_DEBUG": "WARN"}, mounts=spec.mounts,
+                   fileroot=spec.fileroot, workdir="/opt/app", time_limit="02:00:00", retries=2, memory="64G", **kw)
     return job, spec.slurm
+
+
+def render(job, opts: SlurmOptions, image=None, **kw) -> str:
+    return sbatch.render(job, partition=opts.partition, account=opts.account, env_setup=opts.env_setup, image=image,
+                         **kw)
 
 
 def srun_lines(script: str) -> list[list[str]]:
@@ -46,8 +54,8 @@ def bash_n(script: str, tmp_path: Path) -> None:
 @pytest.mark.parametrize("spec_name,pyxis", [("slurm-pyxis", True), ("slurm", False)])
 def test_golden(spec_name, pyxis, tmp_path):
     job, opts = spec_job(spec_name)
-    image = slurm.pyxis_image(DIGEST) if pyxis else None
-    script = slurm.render(job, opts, image)
+    image = PYXIS_IMAGE if pyxis else None
+    script = render(job, opts, image)
     bash_n(script, tmp_path)
     golden = GOLDEN / f"{spec_name}.sbatch"
     if os.environ.get("UPDATE_GOLDEN"):
@@ -57,7 +65,7 @@ def test_golden(spec_name, pyxis, tmp_path):
 
 def test_pyxis_flags_on_every_role_srun_and_never_on_sbatch(tmp_path):
     job, opts = spec_job("slurm-pyxis")
-    script = slurm.render(job, opts, slurm.pyxis_image(DIGEST))
+    script = render(job, opts, PYXIS_IMAGE)
     assert not [l for l in script.splitlines() if l.startswith("#SBATCH") and "container" in l]
     head, workers = srun_lines(script)
     probe = next(l for l in script.splitlines() if "hostname --ip-address" in l)
@@ -74,23 +82,34 @@ def test_pyxis_flags_on_every_role_srun_and_never_on_sbatch(tmp_path):
     assert "RAY_AUTH_TOKEN=" not in script.replace("export RAY_AUTH_TOKEN=\"$(", "")  # generated at run time only
 
 
-def test_image_references_are_digests_or_paths():
-    assert slurm.pyxis_image("127.0.0.1:5000/raytrain-cpu@sha256:" + "0" * 64).startswith("127.0.0.1:5000#raytrain-cpu@")
-    with pytest.raises(DeployError, match="not pinned by digest"):
-        slurm.pyxis_image("127.0.0.1:5000/raytrain-cpu:latest")
-    assert slurm.squashfs_ref("./img.sqsh") == "./img.sqsh" and slurm.squashfs_ref("/abs/img.sqsh")
-    for bad in ("img.sqsh", "../img.sqsh", "/abs/img.tar"):
+def test_squashfs_references_are_paths():
+    assert sbatch.squashfs_ref("./img.sqsh") == "./img.sqsh" and sbatch.squashfs_ref("/abs/img.sqsh")
+    for bad in ("img.sqsh", "../img.sqsh", "/abs/img.tar", "/a,b.sqsh"):
         with pytest.raises(DeployError, match="absolute or ./-prefixed"):
-            slurm.squashfs_ref(bad)
+            sbatch.squashfs_ref(bad)
 
 
 def test_unsafe_sbatch_directive_is_a_preflight_error():
     job, opts = spec_job("slurm-pyxis")
     bad = job.model_copy(update={"fileroot": "/data/my logs"})
     with pytest.raises(DeployError, match="--output=.*cannot go on an #SBATCH line"):
-        slurm.render(bad, opts, None)
+        render(bad, opts, None)
     with pytest.raises(DeployError, match="--partition"):
-        slurm.render(job, opts.model_copy(update={"partition": "gpu\n#SBATCH --uid=0"}), None)
+        render(job, opts.model_copy(update={"partition": "gpu\n#SBATCH --uid=0"}), None)
+
+
+def test_set_x_in_env_setup_does_not_trace_the_token(tmp_path):
+    """`set -x` in slurm.env_setup traces every command into the job log; the token line is not traced."""
+    job, _ = spec_job("slurm")
+    script = render(job, SlurmOptions(env_setup=["set -x"]))
+    lines = script.splitlines()
+    token_at = next(i for i, l in enumerate(lines) if l.startswith("export RAY_AUTH_TOKEN="))
+    snippet = "\n".join(["#!/bin/bash", "set -x", *lines[token_at - 1:token_at + 2], 'echo "tok=${#RAY_AUTH_TOKEN}"'])
+    (tmp_path / "t.sh").write_text(snippet)
+    res = subprocess.run(["bash", str(tmp_path / "t.sh")], capture_output=True, text=True)
+    assert "tok=64" in res.stdout
+    assert "od -An" not in res.stderr and "RAY_AUTH_TOKEN=" not in res.stderr, res.stderr
+    assert "+ echo" in res.stderr  # tracing is back on after the token
 
 
 HOSTILE = ["; touch {c}", "$(touch {c})", "`touch {c}`", "' ; touch {c}; '", "\"$(touch {c})\"", "x\ntouch {c}",
@@ -120,10 +139,10 @@ def test_hostile_values_reach_srun_verbatim_and_run_nothing(pyxis, tmp_path):
         (bindir / tool).chmod(stat.S_IRWXU)
     env = {f"V{i}": v for i, v in enumerate(values)}
     mount_src = f"/data/$(touch {canary})"
-    job = JobSpec(name="hostile", nodes=2, image=DIGEST, command=["python", "-c", *values], env=env,
-                  mounts=[{"source": mount_src, "target": "/mnt/`touch x`"}], fileroot=str(tmp_path / "root"),
-                  workdir=str(tmp_path))
-    script = slurm.render(job, SlurmOptions(), slurm.pyxis_image(DIGEST) if pyxis else None)
+    job = jobs.job(name="hostile", nodes=2, command=["python", "-c", *values], env=env,
+                   mounts=[{"source": mount_src, "target": "/mnt/`touch x`"}], fileroot=str(tmp_path / "root"),
+                   workdir=str(tmp_path))
+    script = render(job, SlurmOptions(), PYXIS_IMAGE if pyxis else None)
     bash_n(script, tmp_path)
     path = tmp_path / "job.sbatch"
     path.write_text(script)
@@ -143,4 +162,4 @@ def test_hostile_values_reach_srun_verbatim_and_run_nothing(pyxis, tmp_path):
 
 def test_hostile_job_name_is_rejected():
     with pytest.raises(ValueError, match="name"):
-        JobSpec(name="a; rm -rf /", image=DIGEST, command=["true"])
+        jobs.job(name="a; rm -rf /")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, make_settings
-from deploy import slurm
+from runtime.imageref import ImageRef
 from toolchain import pipeline
 from toolchain.progress import Reporter
 
@@ -36,15 +36,16 @@ def seed_project(tmp_path_factory, app_dir, registry, built):
 def test_seed_spec_builds_pushes_and_deploys(seed_project, tmp_path):
     settings, spec, pushed = seed_project
     assert pushed["user"] == "1000:1000" and pushed["registry_scheme"] == "http"
-    res = pipeline.deploy(settings, str(spec), "slurm", 3, "seed", False, Reporter(quiet=True), out=str(tmp_path / "s"))
+    res = pipeline.deploy(settings, str(spec), "slurm", rep=Reporter(quiet=True), nodes=3, name="seed",
+                          out=str(tmp_path / "s"))
     script = Path(res["written"][0]).read_text()
     assert "--partition" not in script and "--account" not in script
     subprocess.run(["bash", "-n", res["written"][0]], check=True)
-    res = pipeline.deploy(settings, str(spec), "pyxis", 3, "seed", False, Reporter(quiet=True), out=str(tmp_path / "p"),
-                          partition="debug", allow_local_registry=True, allow_http_registry=True)
+    res = pipeline.deploy(settings, str(spec), "pyxis", rep=Reporter(quiet=True), nodes=3, name="seed",
+                          out=str(tmp_path / "p"), partition="debug", allow_local_registry=True, allow_http_registry=True)
     script = Path(res["written"][0]).read_text()
     assert "#SBATCH --partition=debug" in script
-    assert f"--container-image={slurm.pyxis_image(pushed['repo_digest'])}" in script
+    assert f"--container-image={ImageRef.parse(pushed['repo_digest']).pyxis()}" in script
 
 
 def inv(settings, *args, env=None):

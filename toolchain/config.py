@@ -1,4 +1,9 @@
-"""Typed toolchain settings, read from Invoke's merged configuration (invoke.yaml, INVOKE_* env, flags)."""
+"""Typed toolchain settings: the one source of the project's defaults.
+
+tasks.py hands `defaults()` to Invoke as the collection's configuration; a user overrides them in
+an `invoke.yaml` of their own, with INVOKE_* environment variables (checked before Invoke reads
+them: `check_env`), or with flags. `load_settings` validates the merged result.
+"""
 from __future__ import annotations
 
 from pathlib import Path
@@ -6,6 +11,7 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runtime.contract import DEFAULT_PORT_BASE
 from toolchain.errors import ConfigError
 
 VARIANTS = ("cpu", "gpu")
@@ -39,7 +45,10 @@ class ImageSettings(_Strict):
     variants: list[str] = Field(default_factory=lambda: list(VARIANTS))
     base_image: str = Field("", description="Existing image to build on; empty = bootstrap one with debootstrap.")
     bootstrap: BootstrapSettings = Field(default_factory=BootstrapSettings)
-    torch: dict[str, TorchSettings]
+    torch: dict[str, TorchSettings] = Field(default_factory=lambda: {
+        "cpu": TorchSettings(requirement="torch==2.9.1", index_url="https://download.pytorch.org/whl/cpu",
+                             index_requirement="torch==2.9.1+cpu"),
+        "gpu": TorchSettings(requirement="torch==2.9.1")})
     user: UserSettings = Field(default_factory=UserSettings)
     python: str = Field("python3", description="Interpreter in the base image used to create /opt/venv.")
 
@@ -53,12 +62,13 @@ class RegistrySettings(_Strict):
 
 
 class DeploySettings(_Strict):
+    """Defaults of `invoke deploy`; the job's values are validated again as a JobSpec (deploy/job.py)."""
     name: str = "example"
     target: str = "local"
-    nodes: int = Field(3, ge=1)
+    nodes: int = Field(3, ge=1, description="Head + workers.")
     cpus_per_node: int = Field(2, ge=1)
     command: list[str] = Field(default_factory=lambda: ["python", "train.py", "--cpus-per-worker", "0.5"])
-    port_base: int = 20000
+    port_base: int = DEFAULT_PORT_BASE
     time_limit: str = "01:00:00"
 
 
@@ -66,14 +76,14 @@ class ProjectSettings(_Strict):
     spec: str = "cluster_specs/local.json"
     app_dir: str = "examples/train"
     runtime_dir: str = Field("runtime", description="The in-image runtime package copied into the app layer.")
-    requirements: list[str] = Field(default_factory=lambda: ["runtime/requirements.txt"])
+    requirements: list[str] = Field(default_factory=lambda: ["runtime/requirements.txt", "examples/train/requirements.txt"])
     build_dir: str = "build"
 
 
 class Settings(_Strict):
     root: Path
     project: ProjectSettings = Field(default_factory=ProjectSettings)
-    image: ImageSettings
+    image: ImageSettings = Field(default_factory=ImageSettings)
     registry: RegistrySettings = Field(default_factory=RegistrySettings)
     deploy: DeploySettings = Field(default_factory=DeploySettings)
     quiet: bool = False
@@ -96,6 +106,35 @@ def _plain(obj: Any) -> Any:
     return obj
 
 
+def defaults() -> dict:
+    """The project's defaults as Invoke configuration (the collection's, so INVOKE_* can override them)."""
+    return Settings(root=Path(".")).model_dump(mode="json", exclude={"root"})
+
+
+def check_env(environ: dict, tree: Optional[dict] = None, prefix: str = "INVOKE") -> list[str]:
+    """INVOKE_* variables Invoke could not cast (it would crash with a traceback before any task runs):
+    a list-valued setting, or a number that is not one. One line per variable, with the fix."""
+    tree = defaults() if tree is None else tree
+    problems = []
+    for key, value in tree.items():
+        var = f"{prefix}_{key.upper()}"
+        if isinstance(value, dict):
+            problems += check_env(environ, value, var)
+        elif var in environ:
+            given = environ[var]
+            if isinstance(value, list):
+                problems.append(f"{var}: {key} is a list, which Invoke cannot read from the environment; "
+                                "set it in an invoke.yaml of the project instead")
+            elif isinstance(value, bool):
+                pass  # Invoke reads any value as a boolean
+            elif isinstance(value, (int, float)):
+                try:
+                    type(value)(given)
+                except ValueError:
+                    problems.append(f"{var}={given[:40]!r}: not a {type(value).__name__}; give a number")
+    return problems
+
+
 def load_settings(config: Any, root: Path) -> Settings:
     data = {k: _plain(config.get(k)) for k in ("project", "image", "registry", "deploy") if config.get(k) is not None}
     data["quiet"] = bool(config.get("quiet", False))
@@ -103,7 +142,7 @@ def load_settings(config: Any, root: Path) -> Settings:
         settings = Settings(root=root, **data)
     except ValidationError as e:
         lines = [f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
-        raise ConfigError("invalid toolchain configuration (invoke.yaml / INVOKE_* variables):\n  - " + "\n  - ".join(lines)) from None
+        raise ConfigError("invalid toolchain configuration (invoke.yaml, INVOKE_* variables):\n  - " + "\n  - ".join(lines)) from None
     for v in settings.image.variants:
         if v not in VARIANTS:
             raise ConfigError(f"image.variants: unknown variant {v!r}; use one of {', '.join(VARIANTS)}")

@@ -1,14 +1,14 @@
-"""A small exception tree; every message carries the inputs that caused it and what to do."""
+"""The build side's errors, under the project's one base (runtime.errors); every message carries
+the inputs that caused it and what to do."""
+from runtime.errors import InputError, RaytrainError
 
 
-class ToolchainError(Exception):
-    """Base class: anything the CLI reports as a user-facing error (exit code 1)."""
-
-    exit_code = 1
+class ToolchainError(RaytrainError):
+    """A build, push or run that did not work (exit code 1)."""
 
 
-class ConfigError(ToolchainError):
-    """Bad configuration or spec: nothing was changed (exit code 2)."""
+class ConfigError(ToolchainError, InputError):
+    """Bad configuration, flag or spec: nothing was changed (exit code 2)."""
 
     exit_code = 2
 

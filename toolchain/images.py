@@ -6,17 +6,16 @@ deps and everything above. Equal inputs give equal tags.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 import subprocess
 import tempfile
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import docker
 
+from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, load_spec, spec_hash
 from toolchain import __version__
 from toolchain.bootstrap import BaseImage, ensure_base
@@ -24,7 +23,7 @@ from toolchain.config import Settings
 from toolchain.docker_client import image_exists
 from toolchain.errors import BuildError, ConfigError
 from toolchain.hashing import iter_tree, key_of, tree_hash
-from toolchain.metadata import read_build
+from toolchain.records import BuildRecord, write_builds
 from toolchain.progress import Reporter
 from toolchain.templates import dockerfile_str, label_words, render, template_hash
 from toolchain.wheelhouse import ensure_wheelhouse
@@ -45,39 +44,13 @@ STAGE_LABEL = f"{LABEL_PREFIX}.stage"
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./-]+$")
 
 
-@dataclass(frozen=True)
-class BuiltImage:
-    variant: str
-    local_ref: str
-    human_ref: str
-    image_id: str
-    spec_sha256: str
-    base_ref: str
-    deps_ref: str
-    app_ref: str
-    torch_source: str
-    rebuilt: list
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-def split_image(ref: str) -> tuple[str, str | None]:
-    """'repo/name:tag' -> ('repo/name', 'tag'); digests and registry ports are kept apart correctly."""
-    name = ref.split("@", 1)[0]
-    head, _, last = name.rpartition("/")
-    if ":" in last:
-        last, tag = last.split(":", 1)
-        return (f"{head}/{last}" if head else last), tag
-    return name, None
-
-
 def image_names(spec: ClusterSpec, variant: str, settings: Settings) -> tuple[str, str]:
-    """(repository, human tag) for a variant, from the spec's cpu_image / gpu_image."""
-    repo, tag = split_image(spec.cpu_image if variant == "cpu" else spec.gpu_image)
-    if not re.fullmatch(r"[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*", repo):
-        raise ConfigError(f"{variant}_image: {repo!r} is not a valid image repository name; use lowercase letters, digits, '.', '_', '-' and '/'")
-    return repo, tag or f"{variant}-{settings.image.human_tag}"
+    """(local repository, human tag) for a variant, from the spec's cpu_image / gpu_image.
+
+    A registry in the name (`registry.example.com:5000/team/raytrain-cpu`) is where `push` sends it
+    (pipeline.registry_address); locally the image is tagged by its repository path alone."""
+    ref = ImageRef.parse(spec.cpu_image if variant == "cpu" else spec.gpu_image, f"{variant}_image")
+    return ref.repository, ref.tag or f"{variant}-{settings.image.human_tag}"
 
 
 def git_revision(root: Path) -> str:
@@ -207,7 +180,7 @@ class Builder:
             rebuilt.append("spec")
         return ref, f"{repo}:{human}", sha
 
-    def build(self, variant: str, spec_file: Path) -> BuiltImage:
+    def build(self, variant: str, spec_file: Path) -> BuildRecord:
         load_spec(spec_file)  # fail before any work
         rebuilt: list = []
         base = ensure_base(self.client, self.settings, self.rep)
@@ -218,20 +191,17 @@ class Builder:
         app_ref, app_key = self.app(deps_ref, deps_key, rebuilt)
         ref, human_ref, sha = self.spec_layer(app_ref, app_key, spec_file, variant, wh.torch_source, rebuilt)
         image = self.client.images.get(ref)
-        return BuiltImage(variant, ref, human_ref, image.id, sha, base.ref, deps_ref, app_ref, wh.torch_source, rebuilt)
+        return BuildRecord(variant=variant, local_ref=ref, human_ref=human_ref, image_id=image.id, spec_sha256=sha,
+                           base_ref=base.ref, deps_ref=deps_ref, app_ref=app_ref, torch_source=wh.torch_source,
+                           rebuilt=rebuilt)
 
 
-def build_all(client: docker.DockerClient, settings: Settings, variants: list[str], spec_file: Path, rep: Reporter) -> list[BuiltImage]:
-    """Build every variant; human tags are applied only once all of them built."""
+def build_all(client: docker.DockerClient, settings: Settings, variants: list[str], spec_file: Path, rep: Reporter) -> list[BuildRecord]:
+    """Build every variant; human tags are applied only once all of them built; then build.json."""
     builder = Builder(client, settings, rep)
     built = [builder.build(v, spec_file) for v in variants]
     for b in built:
         repo, tag = b.human_ref.rsplit(":", 1)
         client.api.tag(b.image_id, repo, tag)
-    record = settings.build_dir / "build.json"
-    record.parent.mkdir(parents=True, exist_ok=True)
-    tmp = record.with_suffix(".tmp")
-    # merged: `build --variant cpu` keeps the gpu record (push still checks each one's spec hash)
-    tmp.write_text(json.dumps({**read_build(settings.build_dir), **{b.variant: b.as_dict() for b in built}}, indent=2))
-    os.replace(tmp, record)
+    write_builds(settings.build_dir, built)
     return built

@@ -10,7 +10,7 @@ from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.images import build_all
-from toolchain.metadata import read_build, record_image
+from toolchain.records import PushRecord, read_builds, read_pushes, write_push
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import push_image
 from toolchain.registry import is_local, scheme, start_local
@@ -68,122 +68,115 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
     built = build_all(engine(), settings, variants, spec_file, rep)
     for b in built:
         rep.step(f"built {b.variant}: {b.local_ref} (also {b.human_ref}); rebuilt: {', '.join(b.rebuilt) or 'nothing'}")
-    return {"spec": str(spec_file), "images": {b.variant: b.as_dict() for b in built}}
+    return {"spec": str(spec_file), "images": {b.variant: b.model_dump() for b in built}}
 
 
-def registry_address(settings: Settings, spec_file: Path) -> str:
-    return load_spec(spec_file).registry or settings.registry.address
+def registry_address(settings: Settings, spec_file: Path, variant: str = "cpu") -> str:
+    """Where push sends a variant: the spec's `registry`, else a registry named in its cpu_image/gpu_image,
+    else registry.address."""
+    from runtime.imageref import ImageRef
+    spec = load_spec(spec_file)
+    named = ImageRef.parse(spec.cpu_image if variant == "cpu" else spec.gpu_image).registry
+    return spec.registry or named or settings.registry.address
 
 
 def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporter) -> dict:
     spec_file = resolve_spec(settings, spec)
     variants = pick_variants(settings, variant)
-    built = read_build(settings.build_dir)
+    built = read_builds(settings.build_dir)
     missing = [v for v in variants if v not in built]
     if missing:
         raise ConfigError(f"no build recorded for {', '.join(missing)} in {settings.build_dir / 'build.json'}; run `invoke build` first")
-    address = registry_address(settings, spec_file)
-    if is_local(address):
-        start_local(settings.model_copy(update={"registry": settings.registry.model_copy(update={"address": address})}), rep)
     client = engine()
     sha = spec_hash(spec_file)
     results = {}
     for v in variants:
+        address = registry_address(settings, spec_file, v)
+        if is_local(address):
+            start_local(settings.model_copy(update={"registry": settings.registry.model_copy(update={"address": address})}), rep)
         entry = built[v]
-        if entry["spec_sha256"] != sha:
-            raise ConfigError(f"the {v} build was made from another spec (sha256 {entry['spec_sha256'][:12]}, now {sha[:12]}); run `invoke build` again")
+        if entry.spec_sha256 != sha:
+            raise ConfigError(f"the {v} build was made from another spec (sha256 {entry.spec_sha256[:12]}, now {sha[:12]}); "
+                              f"build with this spec: INVOKE_PROJECT_SPEC={_shown(settings, spec_file)} invoke build push")
         try:
-            image = client.images.get(entry["local_ref"])
+            image = client.images.get(entry.local_ref)
         except Exception:
-            raise ToolchainError(f"image {entry['local_ref']} from build.json is not in the engine; run `invoke build` again") from None
-        repo, content_tag = entry["local_ref"].rsplit(":", 1)
-        _, human_tag = entry["human_ref"].rsplit(":", 1)
+            raise ToolchainError(f"image {entry.local_ref} from build.json is not in the engine; run `invoke build` again") from None
+        repo, content_tag = entry.local_ref.rsplit(":", 1)
+        _, human_tag = entry.human_ref.rsplit(":", 1)
         target = f"{address}/{repo}"
         res = push_image(client, v, image.id, target, [content_tag, human_tag],
                          settings.registry.retries, settings.registry.retry_backoff_s, rep)
-        record = {
-            "local_ref": entry["local_ref"], "image_id": image.id, "repo_digest": res.repo_digest,
-            "digest": res.digest, "spec_sha256": sha, "spec_file": _shown(settings, spec_file),
-            "registry": address, "registry_scheme": scheme(address), "tags": [content_tag, human_tag],
-            "user": (image.attrs.get("Config") or {}).get("User") or "",
-        }
-        path = record_image(settings.build_dir, v, record)
+        record = PushRecord(
+            local_ref=entry.local_ref, image_id=image.id, repo_digest=res.repo_digest, digest=res.digest,
+            spec_sha256=sha, spec_file=_shown(settings, spec_file), registry=address, registry_scheme=scheme(address),
+            tags=[content_tag, human_tag], user=(image.attrs.get("Config") or {}).get("User") or "")
+        path = write_push(settings.build_dir, v, record)
         rep.step(f"pushed {v}: {res.repo_digest} ({res.layers_pushed} layers uploaded, "
                  f"{res.layers_existing} already there, {human_bytes(res.bytes_uploaded)}, {res.seconds:.1f}s)")
-        results[v] = {**record, "push": res.as_dict()}
+        results[v] = {**record.model_dump(), "push": res.as_dict()}
     return {"images_json": str(path), "images": results}
 
 
-def deploy(settings: Settings, spec: str | None, target: str | None, nodes: int | None, name: str | None,
-           dry_run: bool, rep: Reporter, *, out: str | None = None, submit: bool = False, gpus: int | None = None,
-           seeds: str | None = None, slots: str | None = None, sqsh: bool = False, sqsh_to_fileroot: bool = False,
-           port_stride: int = 0, partition: str | None = None, account: str | None = None,
-           allow_local_registry: bool = False, allow_http_registry: bool = False) -> dict:
-    """Pre-flight (spec, pushed digests, job values, target sections), render, then write/submit/run.
+def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, dry_run: bool = False,
+           name: str | None = None, nodes: int | None = None, gpus: int | None = None, out: str | None = None,
+           env: dict | None = None, **flags) -> dict:
+    """Pre-flight (spec, pushed digest, job values, the target's own checks), render, then apply.
 
-    --dry-run returns the rendered files in the summary and writes, converts and starts nothing.
+    `flags` are the target's options as given (only those set); one the target does not take is an
+    error. --dry-run returns the rendered files in the summary and writes, converts and starts nothing.
     """
-    from deploy import k8s, targets
-    from deploy.job import IMAGE_WORKDIR, DeployError, build_job, job_variant
-    from toolchain.metadata import images_file, read_images
+    from deploy.job import ImageInfo
+    from deploy.plan import make_request, plan
+    from deploy.targets.base import ApplyContext
 
     spec_file = resolve_spec(settings, spec)
     cluster = load_spec(spec_file)
-    target = target or settings.deploy.target
     d = settings.deploy
-    job_name = name or d.name
-    try:
-        if target not in targets.TARGETS:
-            raise DeployError(f"--target: {target!r} is not one of {', '.join(targets.TARGETS)}")
-        plain = target == "slurm"
-        images = read_images(settings.build_dir)
-        job = build_job(cluster, images, images_file(settings.build_dir),
-                        name=job_name, nodes=nodes or d.nodes, command=list(d.command), cpus_per_node=d.cpus_per_node,
-                        port_base=d.port_base, time_limit=d.time_limit,
-                        gpus_per_node=gpus if gpus is not None else _spec_gpus(cluster, target),
-                        workdir=str(settings.path(settings.project.app_dir)) if plain else
-                        (IMAGE_WORKDIR if target in ("pyxis", "k8s") else None),
-                        needs_image=not plain)
-        req = targets.Request(
-            target=target, spec=cluster, job=job,
-            out_dir=settings.path(out) if out else settings.build_dir / "deploy" / target / job_name,
-            submit=submit, seeds=_int_list(seeds, "--seeds"), slots=[k8s.Slot.parse(x) for x in _words(slots)],
-            sqsh_dir=settings.build_dir / "sqsh" if sqsh else None, sqsh_to_fileroot=sqsh_to_fileroot,
-            port_stride=port_stride, image_record=images.get(job_variant(job.gpus_per_node), {}) if job.image else {},
-            spec_file=_shown(settings, spec_file), spec_sha256=spec_hash(spec_file), partition=partition,
-            account=account, allow_local_registry=allow_local_registry, allow_http_registry=allow_http_registry)
-        plan = targets.plan(req)
-    except DeployError as e:
-        raise ConfigError(str(e)) from None
-    summary = plan.summary()
-    for note in plan.notes:
+    target_name = target or d.target
+    if target_name == "pyxis" and flags.get("sqsh") and not flags.get("sqsh_dir"):
+        flags["sqsh_dir"] = str(settings.build_dir / "sqsh")
+    images = {v: ImageInfo(ref=r.ref, spec_sha256=r.spec_sha256, spec_file=r.spec_file, user=r.user,
+                           registry_scheme=r.registry_scheme) for v, r in read_pushes(settings.build_dir).items()}
+    job_values = dict(name=d.name if name is None else name, nodes=d.nodes if nodes is None else nodes,
+                      command=list(d.command), cpus_per_node=d.cpus_per_node, port_base=d.port_base,
+                      time_limit=d.time_limit)
+    req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
+                       job_values, gpus, settings.path(settings.project.app_dir))
+    artifacts = plan(req)
+    job = req.job
+    out_dir = settings.path(out) if out else settings.build_dir / "deploy" / req.target.name / job.name
+    summary = {"target": req.target.name, "job": job.model_dump(mode="json"), "out_dir": str(out_dir),
+               "files": sorted(artifacts.files), "notes": list(artifacts.notes),
+               "sqsh": artifacts.extra.get("sqsh_ref")}
+    for note in artifacts.notes:
         rep.step(f"note: {note}")
-    if target == "local":
-        from deploy import local
-        summary["containers"] = [{**n.__dict__, "environment": {**n.environment, "RAY_AUTH_TOKEN": "<generated per run>"}}
-                                 for n in local.plan(job, "<run-id>")]
     if dry_run:
-        summary["rendered"] = plan.files
+        summary["rendered"] = artifacts.texts()
+        if not artifacts.files:
+            summary["objects"] = artifacts.objects
         return summary
-    try:
-        result = targets.execute(plan, engine, rep.step)
-    except DeployError as e:
-        raise ToolchainError(str(e)) from None
-    summary.update(result)
-    if target == "local" and summary["exit_code"] != 0:
+    ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, build_dir=settings.build_dir, env=env)
+    summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))
+    if summary.get("exit_code") not in (None, 0):
         raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}")
     return summary
 
 
 def destroy(settings: Settings, spec: str | None, name: str | None, rep: Reporter) -> dict:
     """Delete the Kubernetes objects a k8s deploy --submit created (by label), seeds included."""
-    from deploy import k8s
-    from deploy.job import DeployError
+    import re
+
+    from deploy.job import JOB_NAME_RE, DeployError
+    from deploy.targets import k8s
 
     cluster = load_spec(resolve_spec(settings, spec))
     if cluster.kubernetes is None:
         raise ConfigError("the cluster spec has no 'kubernetes' section: nothing to destroy")
-    group = name or settings.deploy.name
+    group = settings.deploy.name if name is None else name
+    if not re.fullmatch(JOB_NAME_RE, group):
+        raise ConfigError(f"--name {group[:60]!r}: not a job name (a DNS-1035 label: lowercase letter, then letters, "
+                          "digits, '-')")
     try:
         out = k8s.destroy(group, cluster.kubernetes.namespace)
     except DeployError as e:
@@ -198,31 +191,3 @@ def _shown(settings: Settings, path: Path) -> str:
         return str(path.resolve().relative_to(settings.root.resolve()))
     except ValueError:
         return str(path)
-
-
-def _spec_gpus(cluster: ClusterSpec, target: str) -> int:
-    """GPUs per node when --gpus is not given: what the spec's section for the target says."""
-    if target in ("slurm", "pyxis") and cluster.slurm:
-        return cluster.slurm.gpus_per_node
-    if target == "k8s" and cluster.kubernetes:
-        return cluster.kubernetes.gpus_per_pod
-    return 0
-
-
-def _words(text: str | None) -> list[str]:
-    return [w for w in (text or "").replace(",", " ").split() if w]
-
-
-def _int_list(text: str | None, flag: str) -> list[int]:
-    out = []
-    for w in _words(text):
-        if "-" in w:
-            lo, _, hi = w.partition("-")
-            if not (lo.isdigit() and hi.isdigit()) or int(lo) > int(hi):
-                raise ConfigError(f"{flag}: {w!r} is not a range like 1-8")
-            out += range(int(lo), int(hi) + 1)
-        elif w.isdigit():
-            out.append(int(w))
-        else:
-            raise ConfigError(f"{flag}: {w!r} is not a whole number")
-    return out

@@ -5,7 +5,6 @@ import os
 import shutil
 import signal
 import subprocess
-import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ import requests
 
 from toolchain.config import Settings
 from toolchain.errors import RegistryError
+from runtime.wait import WaitTimeout, wait_until
 from toolchain.progress import Reporter
 
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
@@ -86,15 +86,19 @@ def start_local(settings: Settings, rep: Reporter, timeout: float = 30.0) -> Reg
                             stdin=subprocess.DEVNULL, start_new_session=True)
     pidfile.write_text(str(proc.pid))
     rep.step(f"registry: started {binary} on {address} (pid {proc.pid}, data in {data})")
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    def log_tail() -> str:
+        return " | ".join((data / "registry.log").read_text(errors="replace").strip().splitlines()[-5:])
+
+    def up() -> bool:
         if proc.poll() is not None:
-            tail = (data / "registry.log").read_text(errors="replace").strip().splitlines()[-5:]
-            raise RegistryError(f"the local registry exited with {proc.returncode}: " + " | ".join(tail))
-        if ping(address, timeout=0.5):
-            return RegistryStatus(address, True, True, proc.pid)
-        time.sleep(0.2)
-    raise RegistryError(f"the local registry did not answer on {address} within {timeout:.0f}s; see {data / 'registry.log'}")
+            raise RegistryError(f"the local registry exited with {proc.returncode}: {log_tail()}")
+        return ping(address, timeout=0.5)
+    try:
+        wait_until(up, timeout_s=timeout, what=f"the local registry to answer on {address}",
+                   hint=f"see {data / 'registry.log'}", logs=log_tail)
+    except WaitTimeout as e:
+        raise RegistryError(str(e)) from None
+    return RegistryStatus(address, True, True, proc.pid)
 
 
 def _read_pid(settings: Settings) -> int | None:
@@ -115,12 +119,19 @@ def stop_local(settings: Settings) -> bool:
     except ProcessLookupError:
         pidfile.unlink(missing_ok=True)
         return False
-    for _ in range(50):
+    def gone() -> bool:
         try:
             os.kill(pid, 0)
-            time.sleep(0.1)
+            return False
         except ProcessLookupError:
-            break
+            return True
+    try:
+        wait_until(gone, timeout_s=5, interval_s=0.1, what=f"the registry (pid {pid}) to stop")
+    except WaitTimeout:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     pidfile.unlink(missing_ok=True)
     return True
 

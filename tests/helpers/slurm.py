@@ -9,8 +9,9 @@ import os
 import shutil
 import socket
 import subprocess
-import time
 from pathlib import Path
+
+from runtime.wait import wait_until
 
 CONF = """\
 ClusterName=raytrain-test
@@ -67,13 +68,11 @@ class SlurmCluster:
         subprocess.run(["slurmctld", "-f", str(self.conf)], check=True, env=self.env)
         for k in range(1, self.nodes + 1):
             subprocess.run(["slurmd", "-f", str(self.conf), "-N", f"n{k}"], check=True, env=self.env)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def idle() -> bool:
             out = subprocess.run(["sinfo", "-h", "-o", "%T %D"], capture_output=True, text=True, env=self.env).stdout
-            if out.strip() == f"idle {self.nodes}":
-                return self
-            time.sleep(0.5)
-        raise RuntimeError(f"Slurm nodes not idle after {timeout_s}s: {out!r}\n{self.logs()}")
+            return out.strip() == f"idle {self.nodes}"
+        wait_until(idle, timeout_s=timeout_s, interval_s=0.5, what=f"{self.nodes} idle Slurm nodes", logs=self.logs)
+        return self
 
     def _munge(self) -> None:
         if subprocess.run(["munge", "-n"], capture_output=True).returncode == 0:
@@ -90,16 +89,16 @@ class SlurmCluster:
 
     def wait(self, job_id: str, timeout_s: float) -> dict:
         """Block until the job has ended; return scontrol's fields (JobState, ExitCode, ...)."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def ended() -> dict:
             out = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True,
                                  env=self.env).stdout
             fields = dict(kv.split("=", 1) for kv in out.split() if "=" in kv)
-            if fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
-                return fields
-            time.sleep(1)
-        subprocess.run(["scancel", job_id], env=self.env)
-        raise TimeoutError(f"job {job_id} still {fields.get('JobState')} after {timeout_s}s\n{self.logs()}")
+            done = fields.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+            return fields if done else {}
+        try:
+            return wait_until(ended, timeout_s=timeout_s, interval_s=1, what=f"Slurm job {job_id} to end", logs=self.logs)
+        finally:
+            subprocess.run(["scancel", job_id], env=self.env, capture_output=True)
 
     def stop(self) -> None:
         for pidfile in self.dir.glob("*.pid"):

@@ -22,15 +22,19 @@ from __future__ import annotations
 
 import json
 import re
+import secrets as _secrets
 import subprocess
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import yaml
+from pydantic import Field, field_validator
 
-from deploy.job import RUNTIME_CMD, DeployError, JobSpec, launch_argv, time_limit_seconds
+from deploy.job import DeployError, JobSpec, time_limit_seconds
+from deploy.targets.base import MAX_SEEDS, ApplyContext, Artifacts, File, Target, TargetOptions
+from runtime import contract as C
 from runtime.ports import RayPorts
-from runtime.spec import KubernetesOptions
+from runtime.spec import ClusterSpec, KubernetesOptions
 
 LABEL_JOB = "raytrain.io/job"
 LABEL_ROLE = "raytrain.io/role"
@@ -48,9 +52,10 @@ class Slot:
 
     @classmethod
     def parse(cls, text: str) -> "Slot":
-        m = re.fullmatch(r"([a-z0-9]([-a-z0-9.]*[a-z0-9])?)(?::(\d+))?", text.strip())
-        if not m:
-            raise DeployError(f"--slots: {text!r} is not NODE or NODE:GPU_INDEX (e.g. phortx1:0)")
+        """NODE[:GPU]: NODE a DNS-1123 subdomain (kubernetes.io/hostname), GPU an index 0-63."""
+        m = re.fullmatch(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)(?::(\d{1,2}))?", text.strip())
+        if not m or (m.group(3) is not None and int(m.group(3)) > 63):
+            raise DeployError(f"--slots: {text[:80]!r} is not NODE or NODE:GPU_INDEX (e.g. phortx1:0)")
         return cls(m.group(1), int(m.group(3)) if m.group(3) is not None else None)
 
 
@@ -70,7 +75,7 @@ def _quantity(size: str) -> str:
 def _env(job: JobSpec, extra: dict) -> list[dict]:
     n = names(job)
     env = [{"name": k, "value": v} for k, v in sorted({**job.env, **extra}.items())]
-    env.append({"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {"name": n["secret"], "key": TOKEN_KEY}}})
+    env.append({"name": C.AUTH_TOKEN, "valueFrom": {"secretKeyRef": {"name": n["secret"], "key": TOKEN_KEY}}})
     return env
 
 
@@ -90,9 +95,8 @@ def _volumes(job: JobSpec, opts: KubernetesOptions) -> tuple[list, list]:
 
 def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: list[str], env_extra: dict,
          slot: Optional[Slot]) -> dict:
-    if not job.image or "@sha256:" not in job.image:
-        raise DeployError(f"image {job.image!r} is not pinned by digest; run `invoke build push` first")
-    ports = RayPorts(job.port_base)
+    job.image.require_pinned()
+    ports = RayPorts(job.port_base, ephemeral_low=C.PORTABLE_EPHEMERAL_LOW)
     volumes, mounts = _volumes(job, opts)
     resources: dict = {"requests": {"cpu": str(job.cpus_per_node)}}
     if job.memory:
@@ -104,7 +108,7 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
         resources["limits"] = {"nvidia.com/gpu": gpus}
     probe_port = ports.gcs if role == "head" else ports.node_manager
     container = {
-        "name": "ray", "image": job.image, "command": list(RUNTIME_CMD), "args": args,
+        "name": "ray", "image": job.image.docker(), "command": list(C.RUNTIME_CMD), "args": args,
         "env": _env(job, env_extra), "resources": resources, "volumeMounts": mounts,
         "ports": [{"name": "gcs" if role == "head" else "raylet", "containerPort": probe_port}],
         "readinessProbe": {"tcpSocket": {"port": probe_port}, "periodSeconds": 5, "failureThreshold": 3},
@@ -127,11 +131,12 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
 def pod_security(job: JobSpec) -> dict:
     """runAsNonRoot with the image's numeric uid/gid spelled out, so a kubelet can verify it whatever the
     image's USER says; fsGroup makes the fileroot volume group-writable for that gid."""
-    if job.uid is None or job.uid == 0:
-        raise DeployError(f"image {job.image}: no non-root numeric uid known (got {job.uid!r}); the pods could not "
+    uid, gid = job.uid_gid
+    if uid is None or uid == 0:
+        raise DeployError(f"image {job.image}: no non-root numeric uid known (got {uid!r}); the pods could not "
                           "run as non-root. Build and push again (the image's USER is recorded at push)")
-    gid = job.gid if job.gid is not None else job.uid
-    return {"runAsNonRoot": True, "runAsUser": job.uid, "runAsGroup": gid, "fsGroup": gid}
+    gid = gid if gid is not None else uid
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": gid, "fsGroup": gid}
 
 
 def _meta(name: str, namespace: str, labels: dict) -> dict:
@@ -148,11 +153,10 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
         base[LABEL_SEED] = str(seed)
     head_labels = {**base, LABEL_ROLE: "head"}
     worker_labels = {**base, LABEL_ROLE: "worker"}
-    common = {"RAYTRAIN_NUM_NODES": str(job.nodes), "RAYTRAIN_HEAD_ADDRESS": n["service"],
-              "RAYTRAIN_JOB_NAME": job.name}
+    common = {C.NUM_NODES: str(job.nodes), C.HEAD_ADDRESS: n["service"], C.JOB_NAME: job.name}
     if seed is not None:
-        common["RAYTRAIN_SEED"] = str(seed)
-    launch = launch_argv(job)[len(RUNTIME_CMD):]  # the container's args; RUNTIME_CMD is its command
+        common[C.SEED] = str(seed)
+    launch = job.launch_argv()[len(C.RUNTIME_CMD):]  # the container's args; RUNTIME_CMD is its command
     deadline = time_limit_seconds(job.time_limit)  # the job's time limit, as Slurm's --time is
     objs = [{
         "apiVersion": "v1", "kind": "Service", "metadata": _meta(n["service"], opts.namespace, head_labels),
@@ -162,7 +166,7 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(n["head"], opts.namespace, head_labels),
         "spec": {"completions": 1, "parallelism": 1, "backoffLimit": job.retries, "activeDeadlineSeconds": deadline,
                  "template": _pod(job, opts, "head", head_labels, [*launch, "--", *job.command],
-                                  {**common, "RAYTRAIN_NODE_RANK": "0"}, slot)},
+                                  {**common, C.NODE_RANK: "0"}, slot)},
     }]
     if job.nodes > 1:
         objs.append({
@@ -170,7 +174,7 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
             "spec": {"completionMode": "Indexed", "completions": job.nodes - 1, "parallelism": job.nodes - 1,
                      "backoffLimit": job.retries * (job.nodes - 1), "activeDeadlineSeconds": deadline,
                      "template": _pod(job, opts, "worker", worker_labels, launch,
-                                      {**common, "RAYTRAIN_NODE_RANK_OFFSET": "1"}, slot)},
+                                      {**common, C.NODE_RANK_OFFSET: "1"}, slot)},
         })
     return objs
 
@@ -182,7 +186,7 @@ def render_seeds(job: JobSpec, opts: KubernetesOptions, seeds: Sequence[int], sl
     objs = []
     for i, seed in enumerate(seeds):
         run = job.model_copy(update={"name": f"{job.name}-s{seed}", "command": [*job.command, "--seed", str(seed)]})
-        if len(run.name) > 52:
+        if len(run.name) > 47:  # "<name>-workers" must stay a DNS-1035 label (<= 63)
             raise DeployError(f"job name {run.name!r} is too long for Kubernetes objects; use a shorter --name")
         objs += render(run, opts, seed=seed, slot=slots[i % len(slots)] if slots else None, group=job.name)
     return objs
@@ -194,12 +198,30 @@ def secret(job_name: str, namespace: str, token: str, labels: dict) -> dict:
             "metadata": _meta(f"{job_name}-ray-token", namespace, labels), "stringData": {TOKEN_KEY: token}}
 
 
-class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+_BASE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+class _Dumper(_BASE_DUMPER):  # type: ignore[misc,valid-type]
     """libyaml's safe dumper when PyYAML has it (~10x faster, same rules); never anchors or aliases:
     objects that share a dict (labels and selectors) are written out in full, as people read and diff them."""
 
     def ignore_aliases(self, data) -> bool:
         return True
+
+    def resolve(self, kind, value, implicit):
+        # the emitter asks, for every scalar, which tag its plain text would read back as; a fan-out
+        # repeats the same few hundred values thousands of times, so the answers are memoised
+        if kind is not yaml.ScalarNode:
+            return _BASE_DUMPER.resolve(self, kind, value, implicit)
+        key = (value, tuple(implicit))
+        if key not in _RESOLVED:
+            if len(_RESOLVED) > 100_000:
+                _RESOLVED.clear()
+            _RESOLVED[key] = _BASE_DUMPER.resolve(self, kind, value, implicit)
+        return _RESOLVED[key]
+
+
+_RESOLVED: dict = {}
 
 
 def dump(objs: list[dict]) -> str:
@@ -238,3 +260,86 @@ def destroy(group: str, namespace: str, kubectl: str = "kubectl") -> str:
 
 def _labels_of(objs: list[dict], name: str) -> dict:
     return next(o["metadata"]["labels"] for o in objs if o["metadata"]["labels"][LABEL_JOB] == name)
+
+
+def parse_seeds(text: str) -> list[int]:
+    """'1-4', '1,5,9' or '1-3 7' -> seeds, at most MAX_SEEDS of them, each 0..2**31-1."""
+    out: list[int] = []
+    for w in (x for x in text.replace(",", " ").split() if x):
+        lo, dash, hi = w.partition("-")
+        if not (lo.isdigit() and (not dash or hi.isdigit())) or len(w) > 21:
+            raise DeployError(f"--seeds: {w[:40]!r} is not a whole number or a range like 1-8")
+        a, b = int(lo), int(hi) if dash else int(lo)
+        if a > b or b >= 2**31:
+            raise DeployError(f"--seeds: {w!r} is not an increasing range of seeds below 2**31")
+        if len(out) + (b - a + 1) > MAX_SEEDS:
+            raise DeployError(f"--seeds: more than {MAX_SEEDS} runs; split the sweep into several deploys")
+        out += range(a, b + 1)
+    if not out:
+        raise DeployError("--seeds: no seed given")
+    return out
+
+
+class K8sFlags(TargetOptions):
+    seeds: list[int] = Field(default_factory=list, max_length=MAX_SEEDS)
+    slots: list[Slot] = Field(default_factory=list, max_length=MAX_SEEDS)
+    allow_local_registry: bool = False
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds(cls, v):
+        return parse_seeds(v) if isinstance(v, str) else v
+
+    @field_validator("slots", mode="before")
+    @classmethod
+    def _slots(cls, v):
+        return [Slot.parse(x) for x in v.replace(",", " ").split()] if isinstance(v, str) else v
+
+
+class Kubernetes(Target):
+    name = "k8s"
+    summary = "Kubernetes manifests: head Service + Job, Indexed worker Job; --seeds fan-out; --submit applies"
+    Options = K8sFlags
+    pulls_image = True
+
+    def spec_gpus(self, spec: ClusterSpec) -> int:
+        return spec.kubernetes.gpus_per_pod if spec.kubernetes else 0
+
+    def preflight(self, job: JobSpec, spec: ClusterSpec, opts: K8sFlags) -> list[str]:
+        problems = []
+        k = spec.kubernetes
+        if k is None:
+            problems.append("kubernetes.namespace: the cluster spec has no 'kubernetes' section; add one with a namespace")
+        elif k.gpus_per_pod and job.gpus_per_node != k.gpus_per_pod:
+            problems.append(f"--gpus: the job asks for {job.gpus_per_node} GPUs per node, the spec's "
+                            f"kubernetes.gpus_per_pod is {k.gpus_per_pod}; make them agree")
+        for s in opts.slots:
+            if s.gpu is not None and job.gpus_per_node > 1:
+                problems.append(f"--slots {s.node}:{s.gpu}: a GPU slot gives one GPU but the job asks for "
+                                f"{job.gpus_per_node} per node")
+        if opts.slots and not opts.seeds:
+            problems.append("--slots: only with --seeds (the fan-out pins its runs to them)")
+        uid, _ = job.uid_gid
+        if job.image and uid is None:
+            problems.append(f"image: {job.image} has no numeric USER recorded (build/images.json 'user': "
+                            f"{job.image_info.user if job.image_info else None!r}); a kubelet cannot verify "
+                            "runAsNonRoot. Build and push again")
+        if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
+            problems.append(f"--name {job.name!r}: too long for the seed runs' object names; use a shorter name")
+        return problems
+
+    def render(self, job: JobSpec, spec: ClusterSpec, opts: K8sFlags) -> Artifacts:
+        objs = (render_seeds(job, spec.kubernetes, opts.seeds, opts.slots) if opts.seeds
+                else render(job, spec.kubernetes))
+        return Artifacts({f"{job.name}.yaml": File(dump(objs))}, objs)
+
+    def apply(self, artifacts: Artifacts, job, spec: ClusterSpec, opts: K8sFlags, ctx: ApplyContext) -> dict:
+        out = super().apply(artifacts, job, spec, opts, ctx)
+        if opts.submit:
+            out["kubectl"] = launch(artifacts.objects, spec.kubernetes.namespace, lambda: _secrets.token_hex(32))
+            ctx.progress(f"applied {len(artifacts.objects)} object(s); remove them with "
+                         f"`invoke destroy --name {job.name}`")
+        return out
+
+
+TARGET = Kubernetes()

@@ -1,15 +1,15 @@
-"""The Slurm targets: one sbatch script for plain clusters and for Pyxis, and its submission.
+"""The sbatch script both Slurm targets render (plain and Pyxis), and its submission.
 
 `render()` is a pure function from the job to the script's text (the dry run prints it);
-`submit()` hands a written script to `sbatch`. Every value that reaches the shell goes
-through `shlex.quote`/`shlex.join`; `#SBATCH` lines, which Slurm parses itself, only take
-values from a safe character set and anything else is a pre-flight error.
+`submit()` hands a written script to `sbatch`. Every value that reaches the shell goes through
+`shlex.quote`/`shlex.join`; `#SBATCH` lines, which Slurm parses itself, only take values from a
+safe character set and anything else is a pre-flight problem (`directive_problems`).
 
 Layout of the job (the runtime's barrier replaces the seed walkthrough's sleeps):
   1. the head's IP, asked on the head node with `hostname --ip-address`;
   2. one `srun` step for the head (driver command), one for all workers, both in the
      background with `--kill-on-bad-exit`; the workers' step numbers its nodes from 0, so it
-     passes RAYTRAIN_NODE_RANK_OFFSET=1;
+     passes the rank offset 1;
   3. the script exits with the head's code, and requeues itself while retries are left.
 With Pyxis the container flags go on each `srun`, never on `#SBATCH` (there Pyxis would run
 the batch script itself in the container, and the nested srun would fail).
@@ -20,39 +20,48 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
-from deploy.job import DeployError, JobSpec, launch_argv
-from runtime.spec import SlurmOptions
+from deploy.job import DeployError, JobSpec
+from runtime import contract as C
 
-SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:%@+=-]+$")
-# Generated at run time on the submit node, kept in the job's environment only: never in the script or a log.
-TOKEN_LINE = "export RAY_AUTH_TOKEN=\"$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')\""
-
-
-def pyxis_image(repo_digest: str) -> str:
-    """'host:5000/repo@sha256:..' -> 'host:5000#repo@sha256:..', the registry form Pyxis/enroot take."""
-    if "@sha256:" not in repo_digest:
-        raise DeployError(f"container image {repo_digest!r} is not pinned by digest (repo@sha256:...)")
-    first, _, rest = repo_digest.partition("/")
-    if rest and ("." in first or ":" in first or first == "localhost"):
-        return f"{first}#{rest}"
-    return repo_digest
+SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:@+=-]+$")
+# Generated at run time in the job, kept in its environment only: never in the script or a log.
+# xtrace (`set -x` in env_setup) is off while it is made, so the value is not traced into the log.
+TOKEN_LINES = [
+    'case $- in *x*) _rt_xtrace=1; set +x;; *) _rt_xtrace=;; esac',
+    f"export {C.AUTH_TOKEN}=\"$(od -An -N32 -tx1 /dev/urandom | tr -d ' \\n')\"",
+    '[ -z "$_rt_xtrace" ] || set -x',
+]
 
 
 def squashfs_ref(path: str) -> str:
     """Pyxis takes a .sqsh by absolute path or a ./-relative one; anything else it reads as an image name."""
-    if not (path.startswith("/") or path.startswith("./")) or not path.endswith(".sqsh"):
-        raise DeployError(f"squashfs image {path!r} must be an absolute or ./-prefixed path ending in .sqsh")
+    if not (path.startswith("/") or path.startswith("./")) or not path.endswith(".sqsh") or "," in path:
+        raise DeployError(f"squashfs image {path!r} must be an absolute or ./-prefixed path ending in .sqsh, without ','")
     return path
 
 
-def _directive(flag: str, value: object) -> str:
-    text = str(value)
-    if not SAFE_DIRECTIVE.match(text):
-        raise DeployError(f"{flag}={text!r} cannot go on an #SBATCH line (Slurm does not unquote it); "
-                          "use letters, digits and . _ / : % @ + = -")
-    return f"#SBATCH {flag}={text}"
+def directives(job: JobSpec, partition: Optional[str], account: Optional[str]) -> list[tuple[str, str]]:
+    out = [("--job-name", job.name), ("--nodes", str(job.nodes)), ("--ntasks-per-node", "1"),
+           ("--cpus-per-task", str(job.cpus_per_node)), ("--time", job.time_limit),
+           ("--output", f"{job.fileroot}/logs/{job.name}-%j.out"), ("--open-mode", "append")]
+    if partition:
+        out.append(("--partition", partition))
+    if account:
+        out.append(("--account", account))
+    if job.gpus_per_node:
+        out.append(("--gpus-per-node", str(job.gpus_per_node)))
+    if job.memory:
+        out.append(("--mem", job.memory))
+    return out
+
+
+def directive_problems(job: JobSpec, partition: Optional[str], account: Optional[str]) -> list[str]:
+    """Values Slurm would read differently on an #SBATCH line (it does not unquote them)."""
+    return [f"{flag}={value!r} cannot go on an #SBATCH line (Slurm does not unquote it); use letters, digits and "
+            ". _ / : @ + = -" for flag, value in directives(job, partition, account)
+            if not SAFE_DIRECTIVE.match(value.replace("%j", "", 1) if flag == "--output" else value)]
 
 
 def container_flags(job: JobSpec, image: str, mount_home: bool = False) -> list[str]:
@@ -64,60 +73,50 @@ def container_flags(job: JobSpec, image: str, mount_home: bool = False) -> list[
     if not mount_home:
         flags.append("--no-container-mount-home")
     # these must beat whatever the image's /etc/environment says
-    names = ["RAY_AUTH_TOKEN", "RAYTRAIN_HEAD_ADDRESS", "RAYTRAIN_NUM_NODES", "RAYTRAIN_JOB_NAME", *sorted(job.env)]
+    names = [C.AUTH_TOKEN, C.HEAD_ADDRESS, C.NUM_NODES, C.JOB_NAME, *sorted(job.env)]
     flags.append("--container-env=" + ",".join(names))
     return flags
 
 
-def render(job: JobSpec, opts: SlurmOptions, image: Optional[str] = None, *, port_stride: int = 0,
+def render(job: JobSpec, *, partition: Optional[str] = None, account: Optional[str] = None,
+           env_setup: Sequence[str] = (), image: Optional[str] = None, port_stride: int = 0,
            mount_home: bool = False) -> str:
-    """The sbatch script. `image` is a Pyxis image reference (digest or .sqsh path); None = plain."""
-    out_path = f"{job.fileroot}/logs/{job.name}-%j.out"
-    lines = ["#!/bin/bash",
-             _directive("--job-name", job.name),
-             _directive("--nodes", job.nodes),
-             "#SBATCH --ntasks-per-node=1",
-             _directive("--cpus-per-task", job.cpus_per_node),
-             _directive("--time", job.time_limit),
-             _directive("--output", out_path),
-             "#SBATCH --open-mode=append"]
-    if opts.partition:
-        lines.append(_directive("--partition", opts.partition))
-    if opts.account:
-        lines.append(_directive("--account", opts.account))
-    if job.gpus_per_node:
-        lines.append(_directive("--gpus-per-node", job.gpus_per_node))
-    if job.memory:
-        lines.append(_directive("--mem", job.memory))
+    """The sbatch script. `image` is a Pyxis image reference (registry#repo@digest or a .sqsh path);
+    None = plain: `env_setup` (shell lines from the spec, run as written) prepares the nodes' environment."""
+    problems = directive_problems(job, partition, account)
+    if problems:
+        raise DeployError("; ".join(problems))
+    lines = ["#!/bin/bash", *(f"#SBATCH {flag}={value}" for flag, value in directives(job, partition, account))]
     if job.retries:
         lines.append("#SBATCH --requeue")
-    lines += [f"# generated by raytrain for job {job.name}; image: {image or 'none (plain: environment below)'}",
+    # the image reference is quoted like every other value: a recorded digest is input too
+    lines += [f"# generated by raytrain for job {job.name}",
+              f"RAYTRAIN_IMAGE={shlex.quote(image or 'none (plain: the nodes environment)')}",
               "set -euo pipefail", ""]
-    if opts.env_setup and not image:
+    if env_setup and not image:
         lines.append("# environment setup from the cluster spec (slurm.env_setup), run as written")
-        lines += list(opts.env_setup)
+        lines += list(env_setup)
         lines.append("")
     if job.workdir and not image:
         lines.append(f"cd {shlex.quote(job.workdir)}")
     for k, v in sorted(job.env.items()):
         lines.append(f"export {k}={shlex.quote(v)}")
-    lines += [TOKEN_LINE,
+    lines += [*TOKEN_LINES,
               'mkdir -p ' + shlex.quote(f"{job.fileroot}/logs"),
               'nodes=($(scontrol show hostnames "$SLURM_JOB_NODELIST"))',
               'head_node="${nodes[0]}"',
               'head_ip="$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk \'{print $1}\')"',
-              f'export RAYTRAIN_HEAD_ADDRESS="$head_ip" RAYTRAIN_NUM_NODES={job.nodes} '
-              f'RAYTRAIN_JOB_NAME={shlex.quote(job.name)}',
+              f'export {C.HEAD_ADDRESS}="$head_ip" {C.NUM_NODES}={job.nodes} '
+              f'{C.JOB_NAME}={shlex.quote(job.name)}',
               'echo "raytrain: job $SLURM_JOB_ID head $head_node ($head_ip), ' + f'{job.nodes} node(s)"', ""]
     ctr = container_flags(job, image, mount_home) if image else []
-    launch = launch_argv(job, port_stride)
-    head = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", "--export=ALL,RAYTRAIN_NODE_RANK=0", *ctr]
-    lines.append(shlex.join(head) + ' -w "$head_node" ' + shlex.join([*launch, "--", *job.command]) + " &")
+    head = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", f"--export=ALL,{C.NODE_RANK}=0", *ctr]
+    lines.append(shlex.join(head) + ' -w "$head_node" ' + shlex.join(job.launch_argv(port_stride, driver=True)) + " &")
     lines.append("head_pid=$!")
     if job.nodes > 1:
         workers = ["srun", f"--nodes={job.nodes - 1}", f"--ntasks={job.nodes - 1}", "--ntasks-per-node=1",
-                   "--kill-on-bad-exit=1", "--export=ALL,RAYTRAIN_NODE_RANK_OFFSET=1", *ctr]
-        lines.append(shlex.join(workers) + ' --exclude="$head_node" ' + shlex.join(launch) + " &")
+                   "--kill-on-bad-exit=1", f"--export=ALL,{C.NODE_RANK_OFFSET}=1", *ctr]
+        lines.append(shlex.join(workers) + ' --exclude="$head_node" ' + shlex.join(job.launch_argv(port_stride)) + " &")
         lines.append("workers_pid=$!")
     lines += ["rc=0", 'wait "$head_pid" || rc=$?']
     if job.nodes > 1:
@@ -151,7 +150,7 @@ def submit(script: Path, job: JobSpec, env: Optional[dict] = None) -> str:
     try:
         res = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env, timeout=60)
     except FileNotFoundError:
-        raise DeployError("sbatch is not on PATH: run on a Slurm login node, or deploy with --dry-run/--out only") from None
+        raise DeployError("sbatch is not on PATH: run on a Slurm login node, or deploy without --submit") from None
     if res.returncode != 0:
         raise DeployError(f"sbatch {script} failed ({res.returncode}): {res.stderr.strip()}")
     return res.stdout.strip().split(";")[0]

@@ -1,0 +1,92 @@
+"""From flags, spec and the pushed image to a target's artifacts: every problem at once, or a plan.
+
+    request = make_request(...)   # the target, its options and the job; problems collected, not raised one by one
+    artifacts = plan(request)     # common + target pre-flight, then the target's pure render (the dry run)
+    target.apply(artifacts, ...)  # the only step with side effects
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from deploy.job import DeployError, ImageInfo, JobSpec, PreflightError, job_variant, make_job
+from deploy.targets import get as get_target
+from deploy.targets.base import Artifacts, Target, TargetOptions
+from runtime import contract as C
+from runtime.ports import RayPorts
+from runtime.spec import ClusterSpec
+
+
+@dataclass(frozen=True)
+class Request:
+    target: Target
+    options: TargetOptions
+    job: JobSpec
+    spec: ClusterSpec
+    spec_file: str
+    spec_sha256: str
+
+
+def make_request(target_name: str, flags: dict, spec: ClusterSpec, spec_file: str, spec_sha256: str,
+                 images: dict[str, ImageInfo], job_values: dict, gpus: Optional[int], app_dir: Path) -> Request:
+    """Resolve the target, its options and the job; every problem found is reported together."""
+    target = get_target(target_name)
+    problems: list[str] = []
+    options = None
+    try:
+        options = target.parse_options(flags)
+    except PreflightError as e:
+        problems += e.problems
+    gpus_per_node = gpus if gpus is not None else target.spec_gpus(spec)
+    info = None
+    if target.needs_image:
+        info = images.get(job_variant(gpus_per_node))
+        if info is None:
+            problems.append(f"image: no pushed {job_variant(gpus_per_node)} image recorded (build/images.json); "
+                            "run `invoke build push` first")
+    job = None
+    try:
+        job = make_job(**job_values, gpus_per_node=gpus_per_node, image=info.ref if info else None, image_info=info,
+                       mounts=spec.mounts, fileroot=spec.fileroot, workdir=target.job_workdir(app_dir))
+    except PreflightError as e:
+        problems += e.problems
+    if problems:
+        raise PreflightError(problems)
+    return Request(target, options, job, spec, spec_file, spec_sha256)
+
+
+def common_problems(req: Request) -> list[str]:
+    """What every target needs of the image and the ports."""
+    job, opts, problems = req.job, req.options, []
+    info = job.image_info
+    if info is not None:
+        if info.spec_sha256 != req.spec_sha256:
+            problems.append(
+                f"--spec {req.spec_file}: the image {job.image} was built with spec sha256 {info.spec_sha256[:12]} "
+                f"({info.spec_file or 'another file'}), not this one (sha256 {req.spec_sha256[:12]}); the job would run "
+                f"with the baked-in spec. Build and push with this spec, for the whole chain: "
+                f"INVOKE_PROJECT_SPEC={req.spec_file} invoke build push deploy --target {req.target.name}")
+        if req.target.pulls_from_registry(opts) and job.image.loopback and not getattr(opts, "allow_local_registry", False):
+            fix = "or deploy with --sqsh (the image travels as a file)" if req.target.name == "pyxis" else \
+                "or load the image on every node yourself"
+            problems.append(
+                f"image: {job.image} is in the loopback registry {job.image.registry}, which compute nodes cannot pull "
+                f"from. Push to a registry they reach (INVOKE_REGISTRY_ADDRESS=host:port, or the spec's \"registry\"), "
+                f"{fix}; --allow-local-registry if the nodes really are this machine")
+    stride = getattr(opts, "port_stride", 0)
+    try:
+        RayPorts(job.port_base, (job.nodes - 1) * stride, ephemeral_low=C.PORTABLE_EPHEMERAL_LOW)
+    except ValueError as e:
+        problems.append(f"--port-base/--port-stride: {e}")
+    return problems
+
+
+def plan(req: Request) -> Artifacts:
+    problems = common_problems(req) + req.target.preflight(req.job, req.spec, req.options)
+    if problems:
+        raise PreflightError(problems)
+    try:
+        return req.target.render(req.job, req.spec, req.options)
+    except DeployError as e:
+        raise PreflightError([str(e)]) from None

@@ -1,0 +1,108 @@
+"""What every deploy target is: its own options, a pre-flight, a pure render, and an apply step.
+
+    options = target.parse_options(flags)        # the flags this target takes; any other is an error
+    problems = target.preflight(job, spec, opts) # every problem at once, nothing touched
+    artifacts = target.render(job, spec, opts)   # pure: objects and the files made from them
+    result = target.apply(artifacts, ctx)        # convert / write / submit / run, as the options say
+
+`render` returns the objects it serialised alongside the file texts, so `apply` never parses a file
+back. Adding a target is one module with a `TARGET` plus its line in `deploy.targets.TARGETS`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Optional
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from deploy.artifacts import write_all
+from deploy.job import IMAGE_WORKDIR, JobSpec
+from runtime.spec import ClusterSpec
+
+MAX_SEEDS = 1000
+
+
+class TargetOptions(BaseModel):
+    """Base of every target's options: strict types, unknown flags refused."""
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    submit: bool = False
+
+
+@dataclass(frozen=True)
+class File:
+    text: str
+    mode: int = 0o644
+
+
+@dataclass
+class Artifacts:
+    files: dict[str, File] = field(default_factory=dict)  # name -> content, written all at once
+    objects: list[Any] = field(default_factory=list)       # what the files were serialised from
+    notes: list[str] = field(default_factory=list)         # things the user should know; not errors
+    extra: dict[str, Any] = field(default_factory=dict)    # target-specific plan (e.g. the .sqsh to make)
+
+    def texts(self) -> dict[str, str]:
+        return {name: f.text for name, f in self.files.items()}
+
+
+@dataclass
+class ApplyContext:
+    out_dir: Path
+    engine: Callable[[], Any]                 # docker client factory (only targets that need one call it)
+    progress: Callable[[str], None]
+    build_dir: Path
+    env: Optional[dict] = None                # environment for scheduler CLIs (sbatch, kubectl, sky)
+
+    def write(self, artifacts: Artifacts) -> list[Path]:
+        written = write_all(self.out_dir, {n: f.text for n, f in artifacts.files.items()},
+                            {n: f.mode for n, f in artifacts.files.items()})
+        for w in written:
+            self.progress(f"wrote {w}")
+        return written
+
+
+class Target:
+    """A deploy target. Subclasses set `name`, `Options`, `summary`, and implement the three steps."""
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    Options: ClassVar[type[TargetOptions]] = TargetOptions
+    needs_image: ClassVar[bool] = True       # False: runs in the nodes' own environment (plain sbatch)
+    pulls_image: ClassVar[bool] = False      # True: compute nodes pull the image from its registry
+
+    def parse_options(self, flags: dict) -> TargetOptions:
+        """The flags given for this target; a flag it does not take is an error naming its flags."""
+        try:
+            return self.Options.model_validate(flags)
+        except ValidationError as e:
+            known = ", ".join("--" + f.replace("_", "-") for f in self.Options.model_fields)
+            lines = []
+            for err in e.errors():
+                flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "(options)"
+                if err["type"] == "extra_forbidden":
+                    lines.append(f"{flag}: not an option of the {self.name} target (its options: {known})")
+                else:
+                    lines.append(f"{flag}: {err['msg']} (got {str(err.get('input'))[:80]!r})")
+            from deploy.job import PreflightError
+            raise PreflightError(lines) from None
+
+    def pulls_from_registry(self, opts: TargetOptions) -> bool:
+        return self.pulls_image
+
+    def spec_gpus(self, spec: ClusterSpec) -> int:
+        """GPUs per node when --gpus is not given."""
+        return 0
+
+    def job_workdir(self, app_dir: Path) -> Optional[str]:
+        """Where the command runs: the image's project directory (plain Slurm: the app on the shared disk)."""
+        return IMAGE_WORKDIR
+
+    def preflight(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> list[str]:
+        return []
+
+    def render(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> Artifacts:
+        raise NotImplementedError
+
+    def apply(self, artifacts: Artifacts, job: JobSpec, spec: ClusterSpec, opts: TargetOptions,
+              ctx: ApplyContext) -> dict:
+        return {"written": [str(p) for p in ctx.write(artifacts)]}

@@ -1,0 +1,93 @@
+"""`--target pyxis`: the sbatch script with Pyxis' container flags on each srun.
+
+The image comes from its registry (`registry#repo@digest`) or, with `--sqsh`, from an enroot
+squashfs made here (cached by digest) and optionally copied to `<fileroot>/images/`. Compute
+nodes pull from the registry themselves, so a loopback registry is a pre-flight problem unless
+`--allow-local-registry`; a plain-HTTP one needs the site's ENROOT_ALLOW_HTTP (`--allow-http-registry`).
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Optional
+
+from deploy import enroot, sbatch
+from deploy.targets.base import ApplyContext, Artifacts, File, Target
+from deploy.targets.slurm import SlurmFlags, partition_account, slurm_notes, slurm_problems, spec_section, submit
+from deploy.job import JobSpec
+from runtime.spec import ClusterSpec
+
+
+class PyxisFlags(SlurmFlags):
+    sqsh: bool = False
+    sqsh_to_fileroot: bool = False
+    allow_local_registry: bool = False
+    allow_http_registry: bool = False
+    sqsh_dir: Optional[str] = None  # where .sqsh files are made and cached (default: <build_dir>/sqsh)
+
+
+def sqsh_paths(job: JobSpec, opts: PyxisFlags) -> tuple[Path, str]:
+    """(where the .sqsh is made here, what srun is told)."""
+    local = Path(opts.sqsh_dir or "build/sqsh").resolve() / job.image.sqsh_name()
+    where = Path(job.fileroot) / "images" / local.name if opts.sqsh_to_fileroot else local
+    return local, sbatch.squashfs_ref(str(where))
+
+
+class Pyxis(Target):
+    name = "pyxis"
+    summary = "sbatch with srun --container-image (Pyxis + enroot): from the registry digest or an enroot .sqsh"
+    Options = PyxisFlags
+    pulls_image = True
+
+    def pulls_from_registry(self, opts: PyxisFlags) -> bool:
+        return not opts.sqsh
+
+    def spec_gpus(self, spec: ClusterSpec) -> int:
+        return spec_section(spec).gpus_per_node
+
+    def preflight(self, job, spec, opts: PyxisFlags) -> list[str]:
+        problems = slurm_problems(job, spec, opts)
+        if (opts.sqsh_to_fileroot or opts.sqsh_dir) and not opts.sqsh:
+            problems.append("--sqsh-to-fileroot/--sqsh-dir: only with --sqsh")
+        info = job.image_info
+        if (not opts.sqsh and info and info.registry_scheme == "http" and not opts.allow_http_registry):
+            problems.append(
+                f"image: the registry {job.image.registry} speaks plain HTTP; enroot refuses it unless the site's "
+                "enroot.conf sets ENROOT_ALLOW_HTTP=yes (Pyxis strips ENROOT_* from the job's environment, so it "
+                "cannot be set per job). Set it there and pass --allow-http-registry, use a TLS registry, or --sqsh")
+        return problems
+
+    def render(self, job: JobSpec, spec: ClusterSpec, opts: PyxisFlags) -> Artifacts:
+        partition, account = partition_account(spec, opts)
+        extra = {}
+        if opts.sqsh:
+            local, image = sqsh_paths(job, opts)
+            extra = {"sqsh_path": local, "sqsh_ref": image}
+        else:
+            image = job.image.pyxis()
+        script = sbatch.render(job, partition=partition, account=account, image=image, port_stride=opts.port_stride)
+        return Artifacts({f"{job.name}.sbatch": File(script, 0o755)}, [script], slurm_notes(spec, opts), extra)
+
+    def apply(self, artifacts: Artifacts, job: JobSpec, spec, opts: PyxisFlags, ctx: ApplyContext) -> dict:
+        out: dict = {}
+        if opts.sqsh:
+            local: Path = artifacts.extra["sqsh_path"]
+            res = enroot.convert(ctx.engine(), job.image.docker(), local.parent, digest=job.image.digest,
+                                 progress=ctx.progress)
+            ctx.progress(f"squashfs {'reused' if res.cached else 'written'}: {res.path} ({res.seconds:.1f}s)")
+            out["sqsh"] = str(res.path)
+            if opts.sqsh_to_fileroot:
+                dest = Path(artifacts.extra["sqsh_ref"])
+                if not dest.exists():
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = dest.with_name(f".{dest.name}.partial")
+                    shutil.copyfile(res.path, tmp)
+                    tmp.replace(dest)
+                ctx.progress(f"squashfs at {dest}")
+                out["sqsh"] = str(dest)
+        if opts.submit:
+            return {**out, **submit(artifacts, job, ctx)}
+        return {**out, **super().apply(artifacts, job, spec, opts, ctx)}
+
+
+TARGET = Pyxis()

@@ -1,0 +1,139 @@
+"""`--target skypilot`: a SkyPilot task YAML (the seed's multi-node system), one per seed with --seeds.
+
+    num_nodes                the job's nodes
+    resources.image_id       docker:<registry/repo@sha256:...> (the pushed digest)
+    resources.accelerators   <GPU type>:<GPUs per node> when the job has GPUs (--accelerator, else the
+                             spec's one GPU type)
+    envs                     the job's variables; secrets: RAY_AUTH_TOKEN (null: `sky launch --secret`
+                             passes a fresh one, never in the file)
+    file_mounts              the fileroot from --fileroot-store (a bucket URI, MOUNT mode)
+    run                      `python -m runtime launch` on every node; SkyPilot's own variables
+                             (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, ...) place each node; rank 0 runs the driver
+`--submit` runs `sky launch -y -c <name> --secret RAY_AUTH_TOKEN <file>` per task.
+"""
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shlex
+import subprocess
+from typing import Optional
+
+from pydantic import Field, field_validator
+
+from deploy.job import DeployError, JobSpec
+from deploy.targets.base import MAX_SEEDS, ApplyContext, Artifacts, File, Target, TargetOptions
+from deploy.targets.k8s import _Dumper, parse_seeds
+from runtime import contract as C
+from runtime.spec import ClusterSpec
+
+import yaml
+
+
+class SkyFlags(TargetOptions):
+    seeds: list[int] = Field(default_factory=list, max_length=MAX_SEEDS)
+    accelerator: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    fileroot_store: Optional[str] = Field(None, pattern=r"^(s3|gs|r2|cos|oci|https)://[A-Za-z0-9_./-]{1,500}$")
+    allow_local_registry: bool = False
+
+    @field_validator("seeds", mode="before")
+    @classmethod
+    def _seeds(cls, v):
+        return parse_seeds(v) if isinstance(v, str) else v
+
+
+def run_script(job: JobSpec) -> str:
+    """The `run:` section: every token quoted; the rank decides who runs the driver."""
+    cd = shlex.join(["cd", job.workdir]) + "\n" if job.workdir else ""
+    return (f"{cd}if [ \"${{SKYPILOT_NODE_RANK}}\" = 0 ]; then\n"
+            f"  exec {shlex.join(job.launch_argv(driver=True))}\n"
+            f"else\n"
+            f"  exec {shlex.join(job.launch_argv())}\n"
+            f"fi\n")
+
+
+def accelerator_name(spec: ClusterSpec, opts: SkyFlags) -> Optional[str]:
+    if opts.accelerator:
+        return opts.accelerator
+    types = sorted(set(spec.gpu_type_from_node_name.values()))
+    return types[0] if len(types) == 1 and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", types[0]) else None
+
+
+def task(job: JobSpec, spec: ClusterSpec, opts: SkyFlags, seed: Optional[int] = None) -> dict:
+    resources: dict = {"image_id": f"docker:{job.image.docker()}", "cpus": f"{job.cpus_per_node}+"}
+    if job.gpus_per_node:
+        resources["accelerators"] = f"{accelerator_name(spec, opts)}:{job.gpus_per_node}"
+    if job.memory:  # SkyPilot counts memory in GB: at least this much
+        unit = job.memory[-1] if job.memory[-1] in "KMGT" else ""
+        n = int(job.memory.rstrip("KMGT"))
+        resources["memory"] = f"{max(1, -(-n * {'': 1, 'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}[unit] // 2**30))}+"
+    envs = {**job.env, C.JOB_NAME: job.name}
+    if seed is not None:
+        envs[C.SEED] = str(seed)
+    out = {"name": job.name, "num_nodes": job.nodes, "resources": resources, "envs": envs,
+           "secrets": {C.AUTH_TOKEN: None}}
+    if opts.fileroot_store:
+        out["file_mounts"] = {job.fileroot: {"source": opts.fileroot_store, "mode": "MOUNT"}}
+    out["run"] = run_script(job)
+    return out
+
+
+class _TaskDumper(_Dumper):
+    """Multi-line strings (the run script) as literal blocks where YAML allows it; the emitter falls
+    back to quoting by itself for strings a block cannot hold (trailing spaces, control characters)."""
+
+
+_TaskDumper.add_representer(
+    str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+
+def dump(obj: dict) -> str:
+    return yaml.dump(obj, Dumper=_TaskDumper, sort_keys=False, default_flow_style=False)
+
+
+class SkyPilot(Target):
+    name = "skypilot"
+    summary = "SkyPilot task YAML: num_nodes, the image by digest, `python -m runtime launch` on every node"
+    Options = SkyFlags
+    pulls_image = True
+
+    def preflight(self, job: JobSpec, spec: ClusterSpec, opts: SkyFlags) -> list[str]:
+        problems = []
+        if job.gpus_per_node and not accelerator_name(spec, opts):
+            problems.append("--accelerator: the job has GPUs and the spec's gpu_type_from_node_name does not name "
+                            "exactly one GPU type SkyPilot can take; pass --accelerator (e.g. A100)")
+        if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
+            problems.append(f"--name {job.name!r}: too long for the seed runs' task names; use a shorter name")
+        return problems
+
+    def render(self, job: JobSpec, spec: ClusterSpec, opts: SkyFlags) -> Artifacts:
+        runs = ([(job.model_copy(update={"name": f"{job.name}-s{s}", "command": [*job.command, "--seed", str(s)]}), s)
+                 for s in opts.seeds] if opts.seeds else [(job, None)])
+        tasks = [task(j, spec, opts, seed) for j, seed in runs]
+        notes = [] if opts.fileroot_store else [
+            f"fileroot {job.fileroot} is not mounted (no --fileroot-store): checkpoints stay on each node"]
+        return Artifacts({f"{t['name']}.yaml": File(dump(t)) for t in tasks}, tasks, notes)
+
+    def apply(self, artifacts: Artifacts, job, spec, opts: SkyFlags, ctx: ApplyContext) -> dict:
+        out = super().apply(artifacts, job, spec, opts, ctx)
+        if opts.submit:
+            launched = []
+            for path in out["written"]:
+                name = os.path.basename(path)[:-len(".yaml")]
+                env = {**(ctx.env or os.environ), C.AUTH_TOKEN: secrets.token_hex(32)}
+                try:
+                    res = subprocess.run(["sky", "launch", "-y", "-d", "-c", name, "--secret", C.AUTH_TOKEN, path],
+                                         capture_output=True, text=True, env=env, timeout=3600)
+                except FileNotFoundError:
+                    raise DeployError("sky is not on PATH: `pip install skypilot`, or launch the written tasks "
+                                      "yourself") from None
+                if res.returncode != 0:
+                    raise DeployError(f"sky launch {path} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+                launched.append(name)
+                ctx.progress(f"launched SkyPilot cluster {name}")
+            out["launched"] = launched
+        return out
+
+
+TARGET = SkyPilot()

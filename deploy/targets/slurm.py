@@ -1,0 +1,92 @@
+"""`--target slurm`: a plain sbatch script; the job runs in the nodes' own environment (no image).
+
+The spec's `slurm.env_setup` lines (module load, venv activation) run first; without them the job
+uses the environment sbatch exports from the submitting shell. Partition and account are optional
+(Slurm has a default partition): `slurm.partition`/`slurm.account`, or `--partition`/`--account`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from pydantic import Field
+
+from deploy import sbatch
+from deploy.job import JobSpec
+from deploy.targets.base import ApplyContext, Artifacts, File, Target, TargetOptions
+from runtime.spec import ClusterSpec, SlurmOptions as SpecSlurm
+
+SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class SlurmFlags(TargetOptions):
+    partition: Optional[str] = Field(None, pattern=SLURM_NAME)
+    account: Optional[str] = Field(None, pattern=SLURM_NAME)
+    port_stride: int = Field(0, ge=0, le=1000)
+
+
+def spec_section(spec: ClusterSpec) -> SpecSlurm:
+    return spec.slurm or SpecSlurm()
+
+
+def partition_account(spec: ClusterSpec, opts: SlurmFlags) -> tuple[Optional[str], Optional[str]]:
+    section = spec_section(spec)
+    return opts.partition or section.partition, opts.account or section.account
+
+
+def slurm_problems(job: JobSpec, spec: ClusterSpec, opts: SlurmFlags) -> list[str]:
+    problems = sbatch.directive_problems(job, *partition_account(spec, opts))
+    section = spec_section(spec)
+    if job.gpus_per_node and section.gpus_per_node and job.gpus_per_node != section.gpus_per_node:
+        problems.append(f"--gpus: the job asks for {job.gpus_per_node} GPUs per node, the spec's slurm.gpus_per_node "
+                        f"is {section.gpus_per_node}; make them agree")
+    return problems
+
+
+def slurm_notes(spec: ClusterSpec, opts: SlurmFlags) -> list[str]:
+    partition, _ = partition_account(spec, opts)
+    return [] if partition else ["no partition given (slurm.partition or --partition): Slurm uses the cluster's default"]
+
+
+def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext) -> dict:
+    written = ctx.write(artifacts)
+    out = {"written": [str(w) for w in written]}
+    job_id = sbatch.submit(written[0], job, env=ctx.env)
+    ctx.progress(f"submitted: Slurm job {job_id}; output in {sbatch.log_dir(job)}")
+    out["slurm_job_id"] = job_id
+    return out
+
+
+class Slurm(Target):
+    name = "slurm"
+    summary = "plain sbatch: Ray head + workers over srun in the nodes' own environment (slurm.env_setup)"
+    Options = SlurmFlags
+    needs_image = False
+
+    def spec_gpus(self, spec: ClusterSpec) -> int:
+        return spec_section(spec).gpus_per_node
+
+    def job_workdir(self, app_dir: Path) -> Optional[str]:
+        return str(app_dir.resolve())
+
+    def preflight(self, job, spec, opts) -> list[str]:
+        return slurm_problems(job, spec, opts)
+
+    def render(self, job: JobSpec, spec: ClusterSpec, opts: SlurmFlags) -> Artifacts:
+        partition, account = partition_account(spec, opts)
+        section = spec_section(spec)
+        script = sbatch.render(job, partition=partition, account=account, env_setup=section.env_setup,
+                               port_stride=opts.port_stride)
+        notes = slurm_notes(spec, opts)
+        if not section.env_setup:
+            notes.append("slurm.env_setup is empty: the job runs `python -m runtime` from the environment sbatch "
+                         "exports (activate the runtime's venv before submitting, or add env_setup lines)")
+        return Artifacts({f"{job.name}.sbatch": File(script, 0o755)}, [script], notes)
+
+    def apply(self, artifacts, job, spec, opts, ctx) -> dict:
+        if opts.submit:
+            return submit(artifacts, job, ctx)
+        return super().apply(artifacts, job, spec, opts, ctx)
+
+
+TARGET = Slurm()

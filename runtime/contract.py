@@ -1,0 +1,53 @@
+"""The contract between the deploy artifacts and the in-image runtime, in one place.
+
+Every renderer (local, sbatch, Pyxis, Kubernetes, SkyPilot) starts each node with `launch_argv()`
+and hands it the variables named here; the runtime reads exactly these names. Nothing else in
+the project spells them out.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+# How every node starts: the image's interpreter runs the runtime package.
+RUNTIME_CMD = ("python", "-m", "runtime")
+DEFAULT_PORT_BASE = 20000
+# Linux's default start of the ephemeral port range: Ray's pinned ports must stay below it on the
+# nodes. A renderer checks against this (the nodes' value), never against the rendering host's.
+PORTABLE_EPHEMERAL_LOW = 32768
+
+# Set by the deploy artifacts, read by runtime.identity / runtime.launch
+NODE_RANK = "RAYTRAIN_NODE_RANK"                # explicit rank of this node (0 = head)
+NODE_RANK_OFFSET = "RAYTRAIN_NODE_RANK_OFFSET"  # added to a scheduler's rank (the workers' srun step)
+NUM_NODES = "RAYTRAIN_NUM_NODES"
+HEAD_ADDRESS = "RAYTRAIN_HEAD_ADDRESS"
+GPUS_PER_NODE = "RAYTRAIN_GPUS_PER_NODE"
+JOB_NAME = "RAYTRAIN_JOB_NAME"
+SEED = "RAYTRAIN_SEED"
+AUTH_TOKEN = "RAY_AUTH_TOKEN"                   # per job, generated at run time, never written to a file
+SPEC_PATH = "CLUSTER_SPEC_PATH"                 # the baked cluster spec (image ENV)
+# Set by the runtime for the user's code
+RESTARTS = "RAYTRAIN_RESTARTS"                  # how often the worker group was restarted
+
+
+@dataclass(frozen=True)
+class LaunchArgs:
+    """What `python -m runtime launch` takes; the same on every target."""
+    port_base: int = DEFAULT_PORT_BASE
+    num_cpus: Optional[int] = None
+    num_gpus: int = 0
+    port_stride: int = 0
+
+
+def launch_argv(args: LaunchArgs, driver: Optional[list[str]] = None) -> list[str]:
+    """The node's command line; the driver command goes after `--` on the head only."""
+    argv = [*RUNTIME_CMD, "launch", f"--port-base={args.port_base}"]
+    if args.num_cpus is not None:
+        argv.append(f"--num-cpus={args.num_cpus}")
+    if args.port_stride:
+        argv.append(f"--port-stride={args.port_stride}")
+    if args.num_gpus:
+        argv.append(f"--num-gpus={args.num_gpus}")
+    if driver:
+        argv += ["--", *driver]
+    return argv

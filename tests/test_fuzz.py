@@ -1,0 +1,216 @@
+"""Property-based fuzzing of every input boundary: the spec loader, image references, the scheduler
+variables, the deploy flags and each renderer. Whatever comes in, the outcome is a value or the
+project's InputError (exit 2, naming the field) in bounded time; never another exception, and a
+failed deploy writes nothing."""
+import json
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from deploy.targets import TARGETS
+from helpers import jobs
+from runtime.errors import InputError
+from runtime.identity import detect
+from runtime.imageref import ImageRef
+from runtime.spec import SpecError, load_spec, parse_spec, spec_hash
+from toolchain import pipeline
+from toolchain.progress import Reporter
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECS = ROOT / "cluster_specs"
+FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                         HealthCheck.too_slow])
+HOSTILE = st.sampled_from(["; rm -rf /", "$(touch /tmp/pwned)", "`id`", "a'b\"c", "x\ny", "\x00", "%j", "é€",
+                           "(a+)+$", "9" * 5000, "-", "", " ", "*", "&a", "{{x}}", "\\", ":", ",", "/"])
+TEXT = st.one_of(st.text(max_size=40), HOSTILE)
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT,
+                       lambda c: st.lists(c, max_size=4) | st.dictionaries(TEXT, c, max_size=4), max_leaves=20)
+VALID = json.loads((SPECS / "slurm-pyxis.json").read_text())
+
+
+def bounded(fn, *args, limit_s=2.0):
+    t0 = time.monotonic()
+    try:
+        return fn(*args)
+    finally:
+        assert time.monotonic() - t0 < limit_s, f"{fn.__name__} took {time.monotonic() - t0:.1f}s"
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(sorted(VALID) + ["$schema", "extra"]), JSONISH, max_size=12))
+def test_spec_loader_takes_anything(data):
+    merged = {**VALID, **data}
+    try:
+        spec = bounded(parse_spec, merged)
+    except SpecError as e:
+        assert e.exit_code == 2 and e.problems and all(":" in p for p in e.problems)
+        return
+    for pattern in spec.node_type_from_node_name:  # matching is bounded too (RE2)
+        bounded(spec.node_type, "a" * 5000 + "!")
+
+
+@FUZZ
+@given(st.binary(max_size=300))
+def test_spec_files_of_any_bytes(tmp_path, raw):
+    f = tmp_path / "spec.json"
+    f.write_bytes(raw)
+    with pytest.raises(SpecError):
+        bounded(load_spec, f)
+
+
+def test_spec_file_edge_cases(tmp_path):
+    import os
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    big_int = tmp_path / "int.json"
+    big_int.write_text('{"cluster_type": ' + "9" * 5000 + "}")
+    for path, needle in ((fifo, "not a regular file"), (deep, "usable JSON"), (big_int, "usable JSON"),
+                         (tmp_path / "missing.json", "cannot read")):
+        with pytest.raises(SpecError, match=needle):
+            bounded(load_spec, path)
+    schema_ok = {**VALID, "$schema": "./schema.json"}
+    assert parse_spec(schema_ok).cluster_name == VALID["cluster_name"]
+
+
+@pytest.mark.parametrize("pattern", ["(a+)+$", r"gpu-node-(\d+)+$", "(x|x)*y", "a{1000}"])
+def test_backtracking_patterns_match_in_linear_time(pattern):
+    spec = parse_spec({**VALID, "node_type_from_node_name": {pattern: "g8"}})
+    bounded(spec.node_type, "a" * 50000 + "!", limit_s=0.5)
+    bounded(spec.node_type, "gpu-node-" + "1" * 50000 + "x", limit_s=0.5)
+
+
+@FUZZ
+@given(st.one_of(TEXT, st.from_regex(r"[a-z0-9.:\[\]/@_-]{1,80}", fullmatch=True)))
+def test_image_references(text):
+    try:
+        ref = bounded(ImageRef.parse, text)
+    except InputError:
+        return
+    assert ImageRef.parse(ref.docker()) == ref
+    if ref.pinned:
+        assert "\n" not in ref.pyxis() and " " not in ref.sqsh_name()
+
+
+SCHED_KEYS = ["SLURM_JOB_ID", "SLURM_NODEID", "SLURM_JOB_NODELIST", "SLURM_STEP_NODELIST", "SLURM_NNODES",
+              "SLURM_GPUS_ON_NODE", "SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES",
+              "SKYPILOT_NUM_GPUS_PER_NODE", "DSTACK_NODE_RANK", "DSTACK_NODES_IPS", "KUBERNETES_SERVICE_HOST",
+              "JOB_COMPLETION_INDEX", "HOSTNAME", "RAYTRAIN_NODE_RANK", "RAYTRAIN_NUM_NODES", "RAYTRAIN_HEAD_ADDRESS",
+              "RAYTRAIN_NODE_RANK_OFFSET", "RAYTRAIN_GPUS_PER_NODE"]
+SCHED_VALUES = st.one_of(TEXT, st.sampled_from(["0", "1", "2", "3", "n[1-3]", "a-[3-1]", "gpu-[01-99999999]",
+                                               "gpu:a100:4(IDX:0-3)", "10.0.0.1 10.0.0.2", "gpu:" * 2000 + "8",
+                                               "n[1-3],gpu-[08-10,12]", "[[[", "99999999999"]))
+
+
+@FUZZ
+@given(st.dictionaries(st.sampled_from(SCHED_KEYS), SCHED_VALUES, max_size=8))
+def test_scheduler_variables(env):
+    try:
+        ident = bounded(detect, env)
+    except InputError:
+        return
+    assert 0 <= ident.node_rank < ident.num_nodes
+
+
+def test_scheduler_variables_that_used_to_break():
+    for env, needle in (({"SLURM_JOB_ID": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "a-[3-1]"}, "cannot be read"),
+                        ({"SLURM_JOB_ID": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "gpu-[01-99999999]"},
+                         "cannot be read"),
+                        ({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "5", "SKYPILOT_NODE_IPS": "a\nb\nc"},
+                         "lists 3 address")):
+        with pytest.raises(InputError, match=needle):
+            bounded(detect, env)
+    env = {"SLURM_JOB_ID": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "gpu:" * 20000 + "8"}
+    with pytest.raises(InputError):
+        bounded(detect, env, limit_s=0.5)
+
+
+@pytest.fixture
+def project(tmp_path):
+    from conftest import make_settings
+    s = make_settings(tmp_path / "proj", ROOT / "examples" / "train")
+    return s
+
+
+def record(settings, spec_name):
+    sha = spec_hash(SPECS / spec_name)
+    (settings.build_dir / "images.json").write_text(json.dumps({v: {
+        "repo_digest": f"registry.example.com:5000/raytrain-{v}@sha256:" + "1" * 64, "spec_sha256": sha,
+        "registry": "registry.example.com:5000", "registry_scheme": "https", "user": "1000:1000",
+        "local_ref": f"raytrain-{v}:x", "image_id": "sha256:" + "2" * 64, "digest": "sha256:" + "1" * 64}
+        for v in ("cpu", "gpu")}))
+
+
+SPEC_FOR = {"local": "local.json", "slurm": "slurm.json", "pyxis": "slurm-pyxis.json", "k8s": "kubernetes.json",
+            "skypilot": "kubernetes.json"}
+GOOD_FLAGS = {"seeds": "1-3", "slots": "node1:0,node2", "partition": "debug", "account": "ml", "port_stride": 100,
+              "sqsh": True, "sqsh_to_fileroot": True, "allow_local_registry": True, "accelerator": "A100",
+              "fileroot_store": "s3://b/x", "bogus": True}
+FLAG = st.one_of(st.none(), TEXT, st.integers(-5, 10**6), st.booleans())
+
+
+@FUZZ
+@given(target=st.sampled_from(sorted(SPEC_FOR)),
+       name=st.one_of(st.none(), st.sampled_from(["ok-job", "a" * 60]), TEXT),
+       nodes=st.one_of(st.none(), st.integers(1, 8), st.integers(-1, 5000)),
+       gpus=st.one_of(st.none(), st.integers(-1, 100)),
+       good=st.lists(st.sampled_from(sorted(GOOD_FLAGS)), max_size=2),
+       flags=st.dictionaries(st.sampled_from(sorted(GOOD_FLAGS)), FLAG, max_size=2))
+def test_deploy_flags(project, tmp_path, target, name, nodes, gpus, good, flags):
+    flags = {**{k: GOOD_FLAGS[k] for k in good}, **{k: v for k, v in flags.items() if v is not None}}
+    record(project, SPEC_FOR[target])
+    out = tmp_path / f"out-{target}"
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        res = bounded(lambda: pipeline.deploy(project, str(SPECS / SPEC_FOR[target]), target, rep=Reporter(quiet=True),
+                                              dry_run=target == "local" or bool(flags.get("sqsh")), name=name,
+                                              nodes=nodes, gpus=gpus, out=str(out), **flags), limit_s=5)
+    except InputError as e:
+        event("refused")
+        assert str(e) and e.exit_code == 2
+        assert not out.exists(), "a failed deploy wrote files"
+        return
+    event("rendered")
+    assert res["target"] == target
+
+
+JOB_VALUES = st.fixed_dictionaries({
+    "env": st.dictionaries(st.from_regex(r"[A-Z_][A-Z0-9_]{0,10}", fullmatch=True), TEXT, max_size=4),
+    "command": st.lists(TEXT, min_size=1, max_size=5),
+    "mount_source": st.one_of(TEXT, st.just("/data/x")),
+})
+
+
+@FUZZ
+@given(values=JOB_VALUES, target=st.sampled_from(["slurm", "pyxis", "k8s", "skypilot"]))
+def test_renderers_keep_hostile_values_as_data(tmp_path, values, target):
+    from runtime.spec import Mount
+    try:
+        job = jobs.job(env=values["env"], command=values["command"], workdir="/opt/app/project",
+                       mounts=[Mount(source="/" + values["mount_source"].lstrip("/"), target="/mnt/x")])
+    except (InputError, ValueError):
+        return  # refused at the boundary (NUL, bad names): fine
+    spec = json.loads((SPECS / SPEC_FOR[target]).read_text())
+    from runtime.spec import parse_spec as ps
+    t = TARGETS[target]
+    opts = t.parse_options({"allow_local_registry": True} if target in ("k8s", "skypilot") else {})
+    try:
+        art = t.render(job, ps(spec), opts)
+    except InputError:
+        event("refused at render")
+        return
+    event("rendered")
+    for name, f in art.files.items():
+        if name.endswith(".sbatch"):
+            p = tmp_path / "s.sbatch"
+            p.write_text(f.text)
+            assert subprocess.run(["bash", "-n", str(p)], capture_output=True).returncode == 0, f.text
+        else:
+            docs = list(yaml.safe_load_all(f.text))
+            assert docs == (art.objects if target == "k8s" else [o for o in art.objects if o["name"] + ".yaml" == name])

@@ -1,0 +1,112 @@
+"""What was built (build/build.json) and pushed (build/images.json): typed records, one writer each.
+
+`invoke build` writes BuildRecords (images.build_all), `invoke push` PushRecords (pipeline.push);
+everything else only reads them, through these functions, which refuse a malformed file with the
+fix instead of failing later on a missing key. Writes are atomic: a crash leaves the old file.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from runtime.errors import InputError
+from runtime.imageref import ImageRef, ImageRefError
+
+SHA256 = r"^[0-9a-f]{64}$"
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class BuildRecord(_Record):
+    variant: str
+    local_ref: str
+    human_ref: str
+    image_id: str
+    spec_sha256: str = Field(..., pattern=SHA256)
+    base_ref: str
+    deps_ref: str
+    app_ref: str
+    torch_source: str
+    rebuilt: list[str] = Field(default_factory=list)
+
+
+class PushRecord(_Record):
+    local_ref: str
+    image_id: str
+    repo_digest: str
+    digest: str = Field(..., pattern=r"^sha256:[0-9a-f]{64}$")
+    spec_sha256: str = Field(..., pattern=SHA256)
+    spec_file: str = ""
+    registry: str
+    registry_scheme: str = Field("unknown", pattern=r"^(https|http|unknown)$")
+    tags: list[str] = Field(default_factory=list)
+    user: str = ""
+
+    @field_validator("repo_digest")
+    @classmethod
+    def _pinned(cls, v: str) -> str:
+        try:
+            ImageRef.parse(v, "repo_digest").require_pinned()
+        except ImageRefError as e:
+            raise ValueError(str(e)) from None
+        return v
+
+    @property
+    def ref(self) -> ImageRef:
+        return ImageRef.parse(self.repo_digest)
+
+
+R = TypeVar("R", bound=_Record)
+
+
+def build_file(build_dir: Path) -> Path:
+    return build_dir / "build.json"
+
+
+def images_file(build_dir: Path) -> Path:
+    return build_dir / "images.json"
+
+
+def _read(path: Path, model: type[R], made_by: str) -> dict[str, R]:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("not a JSON object")
+        return {str(k): model.model_validate(v) for k, v in data.items()}
+    except (ValueError, ValidationError, RecursionError) as e:
+        detail = str(e).splitlines()[0][:200]
+        raise InputError(f"{path} is malformed ({detail}); it is written by `{made_by}`: delete it and run "
+                         f"`{made_by}` again") from None
+
+
+def _write(path: Path, records: dict[str, _Record]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps({k: r.model_dump() for k, r in sorted(records.items())}, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_builds(build_dir: Path) -> dict[str, BuildRecord]:
+    return _read(build_file(build_dir), BuildRecord, "invoke build")
+
+
+def write_builds(build_dir: Path, built: list[BuildRecord]) -> Path:
+    """Merge: `build --variant cpu` keeps the gpu record."""
+    return _write(build_file(build_dir), {**read_builds(build_dir), **{b.variant: b for b in built}})
+
+
+def read_pushes(build_dir: Path) -> dict[str, PushRecord]:
+    return _read(images_file(build_dir), PushRecord, "invoke push")
+
+
+def write_push(build_dir: Path, variant: str, record: PushRecord) -> Path:
+    return _write(images_file(build_dir), {**read_pushes(build_dir), variant: record})
