@@ -68,16 +68,18 @@ def test_equal_inputs_give_equal_tags(settings, built):
     assert again["rebuilt"] == []
 
 
-def test_hostile_label_values_round_trip(client, built, tmp_path):
-    """Label values go through dockerfile_str: quotes, $, backslashes and spaces come back verbatim."""
-    from toolchain.templates import label_words
-    hostile = {"io.raytrain.test-a": 'x"; $(touch /tmp/pwned) `id` \\ ${HOME}', "io.raytrain.test-b": "a b=c '*' & {"}
-    (tmp_path / "Dockerfile").write_text(f"FROM {built['cpu']['base_ref']}\nLABEL {label_words(hostile)}\n")
-    image, _ = client.images.build(path=str(tmp_path), tag="raytrain-test-labels:1", rm=True)
+def test_hostile_label_values_round_trip(client, built):
+    """Labels go into the assembled image's JSON config: quotes, $, backslashes, newlines come back verbatim."""
+    from toolchain import layers
+    hostile = {"io.raytrain.test-a": 'x"; $(touch /tmp/pwned) `id` \\ ${HOME}', "io.raytrain.test-b": "a b=c '*' & {\n}"}
+    lower = client.images.get(built["cpu"]["base_ref"]).attrs
+    layer = layers.make_layer([("etc/raytrain-test", b"x", False)])
+    config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id], labels=hostile)
+    image_id = layers.load(client, lower, [layer], config, "raytrain-test-labels:1")
     try:
-        assert {k: image.labels[k] for k in hostile} == hostile
+        assert {k: client.images.get(image_id).labels[k] for k in hostile} == hostile
     finally:
-        client.images.remove(image.id, force=True)
+        client.images.remove(image_id, force=True)
 
 
 def test_control_characters_rejected():

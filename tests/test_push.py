@@ -1,7 +1,12 @@
 """Push to a real docker-registry: digests recorded, pull back by digest, failures leave nothing."""
+import io
 import json
+import os
 import threading
+import time
+import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import docker
 import pytest
@@ -12,6 +17,7 @@ from toolchain import pipeline
 from toolchain.errors import RegistryError
 from toolchain.records import read_pushes
 from toolchain.progress import Reporter
+from runtime.wait import wait_until
 
 
 def test_push_records_digest_and_pull_back_by_digest(client, built, pushed, settings):
@@ -57,6 +63,7 @@ class FaultyProxy:
 
     def __init__(self, upstream, method, status, failures, body=b""):
         self.upstream, self.count = upstream, 0
+        self.closed = threading.Event()
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -79,6 +86,10 @@ class FaultyProxy:
 
             def _handle(self):
                 data = self._body()
+                if self.command == method and proxy.count < failures and status == 0:  # a stalled registry
+                    proxy.count += 1
+                    proxy.closed.wait(120)
+                    return
                 if self.command == method and proxy.count < failures:
                     proxy.count += 1
                     self.send_response(status)
@@ -106,6 +117,7 @@ class FaultyProxy:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
+        self.closed.set()
         self.server.shutdown()
 
 
@@ -149,3 +161,69 @@ def test_auth_denied_is_clear(client, proxied):
         pipeline.push(s, str(SPEC), "cpu", Reporter())
     assert proxy.count == 1  # not retried
     assert read_pushes(s.build_dir) == {}
+
+
+def test_stalled_push_is_a_clear_message_not_a_traceback(client, proxied):
+    """The registry accepts the upload and then says nothing: the stream stalls, each attempt gives
+    up after registry.stall_timeout_s, the failure names the stall and the setting; nothing is kept."""
+    s, proxy = proxied("PUT", 0, failures=100, retries=1)
+    s = s.model_copy(update={"registry": s.registry.model_copy(update={"stall_timeout_s": 4})})
+    warnings = io.StringIO()
+    with pytest.raises(RegistryError, match="no push progress for 4s.*stall_timeout_s"):
+        pipeline.push(s, str(SPEC), "cpu", Reporter(stream=warnings))
+    assert "retrying" in warnings.getvalue()
+    assert read_pushes(s.build_dir) == {}
+    assert _tags_for(client, proxy.address + "/") == []
+
+
+@pytest.fixture
+def big_image(client, built):
+    """A fresh 96 MiB layer of random bytes over the base: an upload that takes long enough to interrupt."""
+    from toolchain import layers
+    lower = client.images.get(built["cpu"]["base_ref"]).attrs
+    layer = layers.make_layer([("opt/blob", os.urandom(96 << 20), False)])
+    config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
+    tag = f"raytrain-fault:{uuid.uuid4().hex[:8]}"
+    image_id = layers.load(client, lower, [layer], config, tag)
+    yield tag, image_id
+    client.images.remove(image_id, force=True)
+
+
+def _uploads_started(data_dir) -> bool:
+    return any(p.name == "_uploads" and any(p.iterdir()) for p in Path(data_dir).rglob("_uploads"))
+
+
+@pytest.mark.parametrize("comes_back", [True, False], ids=["restarted", "gone-for-good"])
+def test_registry_killed_mid_upload(client, big_image, tmp_path, app_dir, comes_back):
+    from toolchain.push import push_image
+    from toolchain.registry import start_local, stop_local
+    s = make_settings(tmp_path / "w", app_dir, registry_address="127.0.0.1:5088", retries=4)
+    s.registry.data_dir = str(tmp_path / "reg")
+    start_local(s, Reporter(quiet=True))
+    tag, image_id = big_image
+    target = f"{s.registry.address}/raytrain-fault"
+    out = io.StringIO()
+
+    def saboteur():
+        wait_until(lambda: _uploads_started(s.registry.data_dir), timeout_s=60, interval_s=0.05, what="an upload")
+        stop_local(s)
+        if comes_back:
+            time.sleep(1)
+            start_local(s, Reporter(quiet=True))
+    t = threading.Thread(target=saboteur)
+    t.start()
+    try:
+        if comes_back:
+            res = push_image(client, "cpu", image_id, target, ["x"], 4, 1.0, Reporter(stream=out), stall_s=60)
+            assert res.attempts >= 2 and res.digest.startswith("sha256:")
+            assert "retrying" in out.getvalue()
+        else:
+            with pytest.raises(RegistryError, match="not reachable"):
+                push_image(client, "cpu", image_id, target, ["x"], 2, 0.5, Reporter(stream=out), stall_s=60)
+            assert _tags_for(client, target) == []
+        assert "Traceback" not in out.getvalue()
+    finally:
+        t.join()
+        stop_local(s)
+        for ref in _tags_for(client, target):
+            client.images.remove(ref, noprune=True)

@@ -59,6 +59,7 @@ class RegistrySettings(_Strict):
     data_dir: str = ".registry"
     retries: int = Field(3, ge=0)
     retry_backoff_s: float = Field(2.0, ge=0)
+    stall_timeout_s: float = Field(300, gt=0, description="A push whose stream says nothing this long is retried.")
 
 
 class DeploySettings(_Strict):

@@ -11,24 +11,27 @@ import re
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import docker
 
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, load_spec, spec_hash
-from toolchain import __version__
+from runtime.contract import SPEC_PATH as SPEC_ENV
+from toolchain import __version__, layers
 from toolchain.bootstrap import BaseImage, ensure_base
 from toolchain.config import Settings
 from toolchain.docker_client import image_exists
 from toolchain.errors import BuildError, ConfigError
-from toolchain.hashing import iter_tree, key_of, tree_hash
+from toolchain.hashing import key_of, tree_hash
 from toolchain.records import BuildRecord, write_builds
-from toolchain.progress import Reporter
-from toolchain.templates import dockerfile_str, label_words, render, template_hash
+from toolchain.progress import Reporter, human_bytes
+from toolchain.templates import dockerfile_str, render, template_hash
 from toolchain.wheelhouse import ensure_wheelhouse
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
+APP_ROOT = "/opt/app"  # PYTHONPATH=/opt/app:/opt/app/project (deps layer); the project is the image's WORKDIR
 VENV = "/opt/venv"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE_SCRIPT = "00-raytrain-venv.sh"
@@ -129,29 +132,28 @@ class Builder:
         return ref, key, wh
 
     def app(self, deps_ref: str, deps_key: str, rebuilt: list) -> tuple[str, str]:
+        """The runtime package and the user's code as one layer, assembled directly (toolchain/layers.py)."""
         app_dir = self.settings.path(self.settings.project.app_dir)
         if not app_dir.is_dir():
             raise ConfigError(f"project.app_dir: {app_dir} is not a directory; point it at your training code")
         runtime_dir = self.settings.path(self.settings.project.runtime_dir)
-        key = key_of("app", deps_key, tree_hash(runtime_dir), tree_hash(app_dir), template_hash("app.Dockerfile.j2"))
+        key = key_of("app", deps_key, tree_hash(runtime_dir), tree_hash(app_dir), layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:app-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"app: reusing {ref}")
             return ref, key
-        ctx = self._context()
-        try:
-            for src, dst in ((runtime_dir, ctx / "app" / "runtime"), (app_dir, ctx / "app" / "project")):
-                for f in iter_tree(src):
-                    target = dst / f.relative_to(src)
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    shutil.copy2(f, target)
-            self._build("app", ref, ctx, render("app.Dockerfile.j2", deps_ref=deps_ref))
-        finally:
-            shutil.rmtree(ctx, ignore_errors=True)
+        t0 = time.monotonic()
+        lower = self.client.images.get(deps_ref).attrs
+        layer = layers.make_layer(layers.files_under(runtime_dir, f"{APP_ROOT}/runtime")
+                                  + layers.files_under(app_dir, f"{APP_ROOT}/project"))
+        config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
+        layers.load(self.client, lower, [layer], config, ref)
+        self.rep.step(f"app: assembled {ref} ({human_bytes(len(layer.data))} layer, {time.monotonic() - t0:.2f}s)")
         rebuilt.append("app")
         return ref, key
 
     def spec_layer(self, app_ref: str, app_key: str, spec_file: Path, variant: str, torch_source: str, rebuilt: list):
+        """The validated spec at CLUSTER_SPEC_PATH and the image's labels, as one layer."""
         spec = load_spec(spec_file)
         sha = spec_hash(spec_file)
         repo, human = image_names(spec, variant, self.settings)
@@ -165,18 +167,17 @@ class Builder:
             f"{LABEL_PREFIX}.toolchain-version": __version__,
             f"{LABEL_PREFIX}.torch-source": torch_source,
         }
-        key = key_of("spec", app_key, sha, labels, template_hash("spec.Dockerfile.j2"), SPEC_PATH_IN_IMAGE)
+        key = key_of("spec", app_key, sha, labels, SPEC_PATH_IN_IMAGE, layers.LAYER_FORMAT)
         ref = f"{repo}:{variant}-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"spec: reusing {ref}")
         else:
-            ctx = self._context()
-            try:
-                shutil.copyfile(spec_file, ctx / "cluster-spec.json")
-                text = render("spec.Dockerfile.j2", app_ref=app_ref, spec_path=SPEC_PATH_IN_IMAGE, labels=label_words(labels))
-                self._build("spec", ref, ctx, text)
-            finally:
-                shutil.rmtree(ctx, ignore_errors=True)
+            lower = self.client.images.get(app_ref).attrs
+            layer = layers.make_layer([(SPEC_PATH_IN_IMAGE, spec_file.read_bytes(), False)])
+            config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id],
+                                         env={SPEC_ENV: SPEC_PATH_IN_IMAGE}, labels=labels)
+            layers.load(self.client, lower, [layer], config, ref)
+            self.rep.step(f"spec: assembled {ref}")
             rebuilt.append("spec")
         return ref, f"{repo}:{human}", sha
 

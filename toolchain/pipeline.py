@@ -106,7 +106,8 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         _, human_tag = entry.human_ref.rsplit(":", 1)
         target = f"{address}/{repo}"
         res = push_image(client, v, image.id, target, [content_tag, human_tag],
-                         settings.registry.retries, settings.registry.retry_backoff_s, rep)
+                         settings.registry.retries, settings.registry.retry_backoff_s, rep,
+                         settings.registry.stall_timeout_s)
         record = PushRecord(
             local_ref=entry.local_ref, image_id=image.id, repo_digest=res.repo_digest, digest=res.digest,
             spec_sha256=sha, spec_file=_shown(settings, spec_file), registry=address, registry_scheme=scheme(address),

@@ -1,4 +1,5 @@
-"""Progress and result output: plain lines for humans, nothing but errors in quiet mode."""
+"""Progress and result output: a progress bar on a terminal, plain lines in CI logs, nothing but
+errors in quiet mode."""
 from __future__ import annotations
 
 import sys
@@ -20,7 +21,32 @@ class Reporter:
             print(f"          {msg}", file=self.stream, flush=True)
 
     def warn(self, msg: str) -> None:
+        self.progress_done()
         print(f"WARNING: {msg}", file=self.stream, flush=True)
+
+    def progress(self, what: str, done: int, total: int | None = None) -> None:
+        """A bar redrawn in place on a terminal; a plain line at most every 5 s otherwise (CI logs)."""
+        if self.quiet:
+            return
+        tty = getattr(self.stream, "isatty", lambda: False)()
+        now = time.monotonic()
+        if now - getattr(self, "_last_progress", 0.0) < (0.2 if tty else 5.0):
+            return
+        self._last_progress = now
+        if tty:
+            frac = min(1.0, done / total) if total else 0.0
+            bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
+            of = f" / {human_bytes(total)}" if total else ""
+            print(f"\r          {what} [{bar}] {human_bytes(done)}{of}", end="", file=self.stream, flush=True)
+            self._bar_open = True
+        else:
+            of = f" of {human_bytes(total)}" if total else ""
+            print(f"          {what}: {human_bytes(done)}{of}", file=self.stream, flush=True)
+
+    def progress_done(self) -> None:
+        if getattr(self, "_bar_open", False):
+            print(file=self.stream, flush=True)
+            self._bar_open = False
 
 
 def human_bytes(n: float) -> str:

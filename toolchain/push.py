@@ -1,18 +1,23 @@
 """Push built images to the registry and record their digests.
 
-Only changed layers upload (the registry answers 'Layer already exists' for the rest).
-Transient failures (5xx, resets, timeouts) are retried with backoff; auth failures and a
-registry that is down are reported at once. An image that did not fully push is neither
-recorded nor left tagged with the registry name.
+Only changed layers upload (the registry answers 'Layer already exists' for the rest, so a retry
+resumes: what was uploaded is not sent again). Transient failures (5xx, resets, a registry that
+restarts, a stalled stream) are retried with backoff; auth failures and a registry that stays
+down are reported at once, with the fix. A stall is chosen on purpose: the engine's push stream
+silent for `registry.stall_timeout_s` (a slow disk can make it quiet for minutes; longer is a
+stuck push). An image that did not fully push, or whose push was interrupted (Ctrl-C), is
+neither recorded nor left tagged with the registry name.
 """
 from __future__ import annotations
 
 import re
+import socket
 import time
 from dataclasses import asdict, dataclass, field
 
 import docker
 import requests
+import urllib3
 
 from toolchain.errors import RegistryError, TransientRegistryError
 from toolchain.progress import Reporter, human_bytes
@@ -41,24 +46,35 @@ class PushResult:
         return asdict(self)
 
 
+class RegistryGone(TransientRegistryError):
+    """The registry stopped answering mid-push: retried (it may be restarting), then reported with the fix."""
+
+
 def classify(message: str) -> RegistryError:
     if _AUTH.search(message):
         return RegistryError(f"{message.strip()} — the registry refused the credentials; run `docker login <registry>` or fix registry.address")
     if _DOWN.search(message):
-        return RegistryError(f"{message.strip()} — the registry is not reachable; start it (`invoke registry.start`) or fix registry.address")
+        return RegistryGone(f"{message.strip()} — the registry is not reachable; start it (`invoke registry.start`) or fix registry.address")
     if _TRANSIENT.search(message):
         return TransientRegistryError(message.strip())
     return RegistryError(message.strip())
 
 
-def _push_once(client: docker.DockerClient, target: str, tag: str, rep: Reporter) -> tuple[str, dict, dict]:
+class StalledPush(TransientRegistryError):
+    """The engine's push stream said nothing for the stall timeout."""
+
+
+def _push_once(client: docker.DockerClient, target: str, tag: str, rep: Reporter,
+               stall_s: float = 300) -> tuple[str, dict, dict]:
     """One `docker push`; returns (digest, per-layer bytes pushed, per-layer status)."""
     progress: dict = {}
+    totals: dict = {}
     states: dict = {}
     digest = None
-    last_report = 0.0
+    # the engine connection's socket timeout is the stall timeout of the stream
+    pusher = docker.APIClient(base_url=client.api.base_url, version=client.api.api_version, timeout=stall_s)
     try:
-        stream = client.api.push(target, tag=tag, stream=True, decode=True)
+        stream = pusher.push(target, tag=tag, stream=True, decode=True)
         for ev in stream:
             if "error" in ev:
                 raise classify(ev.get("errorDetail", {}).get("message") or ev["error"])
@@ -68,23 +84,29 @@ def _push_once(client: docker.DockerClient, target: str, tag: str, rep: Reporter
                 detail = ev.get("progressDetail") or {}
                 if status == "Pushing" and detail.get("current"):
                     progress[layer] = max(progress.get(layer, 0), int(detail["current"]))
+                    totals[layer] = int(detail.get("total") or totals.get(layer, 0))
                 if status in ("Pushed", "Layer already exists", "Mounted from") or status.startswith("Mounted"):
                     rep.detail(f"{layer}: {status}" + (f" ({human_bytes(progress[layer])})" if layer in progress else ""))
-                elif status == "Pushing" and time.monotonic() - last_report > 2:
-                    last_report = time.monotonic()
-                    rep.detail(f"uploading: {human_bytes(sum(progress.values()))} so far")
+                elif status == "Pushing":
+                    rep.progress(f"uploading {tag}", sum(progress.values()), sum(totals.values()) or None)
             aux = ev.get("aux") or {}
             if "Digest" in aux:
                 digest = aux["Digest"]
-    except (requests.ConnectionError, requests.Timeout, docker.errors.APIError) as e:
+    except (requests.Timeout, urllib3.exceptions.ReadTimeoutError, socket.timeout) as e:
+        raise StalledPush(f"the engine sent no push progress for {stall_s:.0f}s ({type(e).__name__}): a stalled "
+                          f"registry or a very slow engine; registry.stall_timeout_s sets how long to wait") from None
+    except (requests.ConnectionError, urllib3.exceptions.HTTPError, docker.errors.APIError) as e:
         raise classify(str(e)) from None
+    finally:
+        rep.progress_done()
+        pusher.close()
     if not digest:
         raise TransientRegistryError(f"push of {target}:{tag} ended without a digest")
     return digest, progress, states
 
 
 def push_image(client: docker.DockerClient, variant: str, image_id: str, target: str, tags: list[str],
-               retries: int, backoff: float, rep: Reporter) -> PushResult:
+               retries: int, backoff: float, rep: Reporter, stall_s: float = 300) -> PushResult:
     """Tag image_id as target:tag for each tag, push, and return the digest of the first tag."""
     created = []
     t0 = time.monotonic()
@@ -103,13 +125,14 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
                 attempt += 1
                 rep.step(f"push[{variant}]: {target}:{tag} (attempt {attempt})")
                 try:
-                    digest, progress, states = _push_once(client, target, tag, rep)
+                    digest, progress, states = _push_once(client, target, tag, rep, stall_s)
                     break
                 except TransientRegistryError as e:
                     if attempt > retries:
                         raise RegistryError(f"pushing {target}:{tag} failed after {attempt} attempts: {e}") from None
                     wait = backoff * 2 ** (attempt - 1)
-                    rep.warn(f"transient registry error ({e}); retrying in {wait:.1f}s")
+                    rep.warn(f"push {target}:{tag} attempt {attempt} failed ({e}); retrying in {wait:.1f}s "
+                             "(layers already uploaded are not sent again)")
                     time.sleep(wait)
             if result is None:
                 pushed = [l for l, s in states.items() if s == "Pushed"]
@@ -123,7 +146,7 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
                 result.extra_tags.append(tag)
         result.seconds = round(time.monotonic() - t0, 3)
         return result
-    except Exception:
+    except BaseException:  # errors and Ctrl-C alike
         for ref in created:  # leave no half-tagged images behind
             try:
                 client.api.remove_image(ref, noprune=True)

@@ -23,11 +23,6 @@ def dockerfile_str(value: object) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
 
 
-def label_words(labels: dict) -> str:
-    """One LABEL instruction's arguments: "k1"="v1" "k2"="v2" (one build step, values quoted)."""
-    return " ".join(f"{dockerfile_str(k)}={dockerfile_str(v)}" for k, v in sorted(labels.items()))
-
-
 def render(name: str, **values: object) -> str:
     return _env.get_template(name).render(**values)
 

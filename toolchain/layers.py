@@ -1,0 +1,102 @@
+"""Image layers that are only files, assembled directly (no Dockerfile builder), reproducibly.
+
+A layer is an uncompressed tar with sorted entries, every parent directory listed, a fixed mtime,
+uid/gid 0 with no names, modes normalised (0755 directories and executables, 0644 other files)
+and no host metadata: the same sources give the same bytes, hence the same diff ID, from any
+checkout path, clone or mtime. The image config is written from the lower image's config plus
+what the layer adds (env, labels), with a fixed creation time, as canonical JSON: its sha256 is
+the image ID. `load()` hands the engine a docker-archive holding only the new layers; the lower
+layers are listed by diff ID and the engine, which has their chain, does not ask for them.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Iterable
+
+from toolchain.errors import BuildError
+from toolchain.hashing import iter_tree
+
+LAYER_FORMAT = 1  # bump when what make_layer/image_config produce changes, so old stage tags are not reused
+MTIME = 0
+CREATED = "1970-01-01T00:00:00Z"
+# the parts of an image config a layer on top inherits (the engine's inspect output has more)
+CONFIG_KEYS = ("User", "Env", "Entrypoint", "Cmd", "WorkingDir", "Labels", "Volumes", "ExposedPorts", "StopSignal")
+
+
+@dataclass(frozen=True)
+class Layer:
+    data: bytes
+
+    @property
+    def diff_id(self) -> str:
+        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+
+
+def files_under(src: Path, dest: str) -> list[tuple[str, bytes, bool]]:
+    """(path in the image, content, executable) for the files of a source tree (caches skipped)."""
+    out = []
+    for f in iter_tree(src):
+        rel = f.relative_to(src).as_posix()
+        out.append((f"{dest.rstrip('/')}/{rel}", f.read_bytes(), bool(os.stat(f).st_mode & 0o111)))
+    return out
+
+
+def make_layer(files: Iterable[tuple[str, bytes, bool]]) -> Layer:
+    entries = {str(PurePosixPath("/", p)).lstrip("/"): (data, exe) for p, data, exe in files}
+    dirs = {str(parent) for p in entries for parent in PurePosixPath(p).parents if str(parent) != "."}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
+        for name in sorted(dirs | set(entries)):
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = MTIME, 0, 0, "", ""
+            if name in entries:
+                data, exe = entries[name]
+                info.size, info.mode = len(data), 0o755 if exe else 0o644
+                tf.addfile(info, io.BytesIO(data))
+            else:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tf.addfile(info)
+    return Layer(buf.getvalue())
+
+
+def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labels: dict | None = None) -> bytes:
+    """The config of an image of `lower` (the engine's inspect attrs) plus layers, env and labels."""
+    cfg = {k: lower["Config"][k] for k in CONFIG_KEYS if (lower.get("Config") or {}).get(k) is not None}
+    if env:
+        kept = [e for e in cfg.get("Env", []) if e.split("=", 1)[0] not in env]
+        cfg["Env"] = kept + [f"{k}={v}" for k, v in env.items()]
+    if labels:
+        cfg["Labels"] = {**cfg.get("Labels", {}), **labels}
+    doc = {"architecture": lower.get("Architecture", "amd64"), "os": lower.get("Os", "linux"), "created": CREATED,
+           "config": cfg, "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def load(client, lower: dict, new: list[Layer], config: bytes, tag: str) -> str:
+    """Load the image (only the new layers travel) and tag it; returns its ID (sha256 of the config)."""
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    lower_ids = list(lower["RootFS"]["Layers"])
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tf:
+        def add(name: str, data: bytes) -> None:
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime = len(data), MTIME
+            tf.addfile(info, io.BytesIO(data))
+        add(f"{image_id[7:]}.json", config)
+        for layer in new:
+            add(f"{layer.diff_id[7:]}/layer.tar", layer.data)
+        paths = [f"{d[7:]}/layer.tar" for d in lower_ids + [layer.diff_id for layer in new]]
+        add("manifest.json", json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": paths}]).encode())
+    try:
+        client.images.load(out.getvalue())
+    except Exception as e:  # the engine's message says which layer it missed
+        raise BuildError("layer", tag, f"the engine did not load the assembled image: {e}", []) from None
+    if client.images.get(tag).id != image_id:
+        raise BuildError("layer", tag, f"the engine gave the image another ID than {image_id}", [])
+    return image_id
