@@ -79,7 +79,7 @@ def worker_group_ms(args) -> float:
     for step in range(args.steps):
         b = make_batch(step, args.batch, args.width)
         t0 = time.perf_counter()
-        g.run_all_workers_sharded_data("step", b)
+        g.run_all_workers_sharded_batch("step", b)
         times.append(time.perf_counter() - t0)
     g.shutdown()
     vc.shutdown()

@@ -52,6 +52,22 @@ def sqsh_name(repo: str, digest: str) -> str:
     return f"{base}+{digest.replace(':', '-')}.sqsh"
 
 
+def bash_q(word: str) -> str:
+    """A word quoted as bash's ${word@Q} quotes it (what enroot writes into /etc/rc): '...' with ' as '\\'';
+    $'...' with escapes when the word holds control characters."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in word):
+        escaped = "".join({"\n": "\\n", "\t": "\\t", "\r": "\\r", "'": "\\'", "\\": "\\\\"}.get(c)
+                          or (f"\\{ord(c):03o}" if ord(c) < 32 or ord(c) == 127 else c) for c in word)
+        return f"$'{escaped}'"
+    return "'" + word.replace("'", "'\\''") + "'"
+
+
+def _workdir_word(workdir: str) -> str:
+    """enroot writes the working directory in double quotes, as is; a path a double-quoted shell word
+    would change ($, `, \\, ") is single-quoted instead (enroot itself would expand it)."""
+    return f'"{workdir}"' if not set(workdir) & set('$`\\"\n') else shlex.quote(workdir)
+
+
 def rc_script(config: dict) -> str:
     labels = config.get("Labels") or {}
     workdir = config.get("WorkingDir") or "/"
@@ -62,9 +78,11 @@ def rc_script(config: dict) -> str:
     lines = [f"# {k} {v}".replace("\n", " ") for k, v in sorted(labels.items())]
     if lines:
         lines.append("")
-    q = shlex.join
-    lines += [f"mkdir -p {shlex.quote(workdir)} 2> /dev/null",
-              f"cd {shlex.quote(workdir)} && unset OLDPWD || exit 1",
+
+    def q(words: list[str]) -> str:
+        return " ".join(bash_q(w) for w in words)
+    lines += [f"mkdir -p {_workdir_word(workdir)} 2> /dev/null",
+              f"cd {_workdir_word(workdir)} && unset OLDPWD || exit 1",
               "",
               "if [ -s /etc/rc.local ]; then",
               "    . /etc/rc.local",

@@ -275,17 +275,20 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str) -> 
 
 
 def _follow_head(ident: NodeIdentity, node: subprocess.Popen, address: str) -> int:
-    """Stay until the head publishes the driver's exit code, or this node's Ray exits (head lost)."""
-    import ray
-    from ray.experimental import internal_kv
-    ray.init(address=address, log_to_driver=False, logging_level="ERROR")
+    """Stay until the head publishes the driver's exit code, or this node's Ray exits (head lost).
+
+    The exit code is read from the GCS directly, not through a Ray driver: a driver attaches to
+    "the" raylet of this node's IP, which is ambiguous when several nodes share an IP (several
+    slurmd on one host) and unreachable when their /tmp is private (containers)."""
+    from ray._raylet import GcsClient
+    gcs = GcsClient(address=address)
     lost_since = None
     while True:
         if node.poll() is not None:
             log(ident, f"this node's Ray exited ({node.returncode}): the head is gone; leaving\n    {_tail(node, 5)}")
             return 1
         try:
-            val = internal_kv._internal_kv_get(EXIT_KEY)
+            val = gcs.internal_kv_get(EXIT_KEY, None, timeout=2)
             lost_since = None
             if val is not None:
                 code = int(val)

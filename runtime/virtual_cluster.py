@@ -1,10 +1,36 @@
-"""RayVirtualCluster: one STRICT_PACK placement group per physical node, bundles in stable node order."""
+"""RayVirtualCluster: one STRICT_PACK placement group per physical node, bundles in stable node order.
+
+The seed's (NeMo RL's) options, each with a meaning here:
+    enable_colocation      worker groups share the bundles, taking turns (each actor asks for a
+                           1/max_colocated_worker_groups share; 2 groups unless said otherwise)
+    gpu_ids                pin bundle k of node n to a device: [0, 1] for one node, [[0, 1], [2, 3]]
+                           per node, or "auto" (the devices Ray assigns); workers get CUDA_VISIBLE_DEVICES
+    communication_backend  "nccl" or "gloo" for torch.distributed; default by device (nccl with GPUs)
+    monitor_memory         workers track peak memory per call (RSS, and CUDA's peak where present),
+                           reported by RayWorkerGroup.get_resource_usage()
+    memory_per_bundle      memory (bytes or "8GB") each bundle reserves, which a worker group's
+                           memory_limit draws from
+"""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from typing import Optional, Union
 
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+BACKENDS = ("nccl", "gloo")
+
+
+def parse_bytes(value: Union[int, str, None], what: str) -> Optional[int]:
+    """8 * 2**30, "8GB", "8GiB", "512M" -> bytes."""
+    if value is None or isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(i?B)?\s*", str(value), re.I)
+    if not m:
+        raise ValueError(f"{what}: {value!r} is not a size such as 8GB, 512MiB or a number of bytes")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
 
 
 @dataclass(frozen=True)
@@ -16,19 +42,57 @@ class BundleSlot:
     local_rank: int
     node_ip: str
     local_world_size: int
+    gpu_id: Optional[int] = None  # pinned device (gpu_ids), None = whatever Ray assigns
+
+
+def gpu_assignment(bundle_ct_per_node_list: list[int], gpu_ids) -> list[list[Optional[int]]]:
+    """Per node, the device each bundle is pinned to; checked against the bundle counts."""
+    counts = list(bundle_ct_per_node_list)
+    if gpu_ids is None or gpu_ids == "auto":
+        return [[None] * n for n in counts]
+    if isinstance(gpu_ids, str):
+        raise ValueError(f'gpu_ids: {gpu_ids!r} is not a list of device indices or "auto"')
+    per_node = gpu_ids if gpu_ids and all(isinstance(x, (list, tuple)) for x in gpu_ids) else [gpu_ids]
+    if len(per_node) != len(counts):
+        raise ValueError(f"gpu_ids: {len(per_node)} node list(s) for {len(counts)} node(s) {counts}; give one list "
+                         "per node, e.g. [[0, 1], [0, 1]]")
+    for n, (ids, want) in enumerate(zip(per_node, counts)):
+        if len(ids) != want or len(set(ids)) != len(ids) or not all(isinstance(i, int) and i >= 0 for i in ids):
+            raise ValueError(f"gpu_ids: node {n} needs {want} distinct device indices, got {list(ids)}")
+    return [list(ids) for ids in per_node]
 
 
 class RayVirtualCluster:
-    def __init__(self, bundle_ct_per_node_list: list[int], *, use_gpus: bool = False, num_cpus_per_bundle: float = 1,
-                 max_colocated_worker_groups: int = 1, name: str = "raytrain", ready_timeout_s: float = 60):
-        if not bundle_ct_per_node_list or any(n < 0 for n in bundle_ct_per_node_list):
+    def __init__(self, bundle_ct_per_node_list: list[int], *, use_gpus: Optional[bool] = None,
+                 num_cpus_per_bundle: float = 1, max_colocated_worker_groups: Optional[int] = None,
+                 enable_colocation: bool = False, gpu_ids=None, communication_backend: Optional[str] = None,
+                 monitor_memory: bool = False, memory_per_bundle: Union[int, str, None] = None,
+                 name: str = "raytrain", ready_timeout_s: float = 60):
+        if not bundle_ct_per_node_list or any(not isinstance(n, int) or n < 0 for n in bundle_ct_per_node_list):
             raise ValueError(f"bundle_ct_per_node_list must list non-negative counts, got {bundle_ct_per_node_list}")
+        if use_gpus is None:
+            use_gpus = gpu_ids is not None or communication_backend == "nccl"
+        if gpu_ids is not None and not use_gpus:
+            raise ValueError("gpu_ids pins bundles to GPUs, but use_gpus=False; drop gpu_ids or set use_gpus=True")
+        if communication_backend not in (None, *BACKENDS):
+            raise ValueError(f"communication_backend: {communication_backend!r} is not one of {', '.join(BACKENDS)}")
+        if communication_backend == "nccl" and not use_gpus:
+            raise ValueError('communication_backend="nccl" needs GPUs (use_gpus=True); on CPUs use "gloo"')
+        if max_colocated_worker_groups is None:
+            max_colocated_worker_groups = 2 if enable_colocation else 1
         if max_colocated_worker_groups < 1:
             raise ValueError("max_colocated_worker_groups must be >= 1")
         self.use_gpus = use_gpus
         self.num_cpus_per_bundle = num_cpus_per_bundle
         self.max_colocated_worker_groups = max_colocated_worker_groups
-        bundle = {"CPU": num_cpus_per_bundle, **({"GPU": 1} if use_gpus else {})}
+        self.enable_colocation = max_colocated_worker_groups > 1
+        self.communication_backend = communication_backend or ("nccl" if use_gpus else "gloo")
+        self.monitor_memory = monitor_memory
+        self.memory_per_bundle = parse_bytes(memory_per_bundle, "memory_per_bundle")
+        self._gpu_ids = gpu_assignment(bundle_ct_per_node_list, gpu_ids)
+        self._gpu_ids = [ids for ids, n in zip(self._gpu_ids, bundle_ct_per_node_list) if n > 0]
+        bundle = {"CPU": num_cpus_per_bundle, **({"GPU": 1} if use_gpus else {}),
+                  **({"memory": self.memory_per_bundle} if self.memory_per_bundle else {})}
         pgs = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK", name=f"{name}-node{i}")
                for i, n in enumerate(bundle_ct_per_node_list) if n > 0]
         try:
@@ -41,28 +105,48 @@ class RayVirtualCluster:
                 f"{ready_timeout_s:.0f}s; the cluster has {ray.cluster_resources()}") from None
         ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         placed = []
-        for pg in pgs:
+        for pg, gpus in zip(pgs, self._gpu_ids):
             node_id = placement_group_table(pg)["bundles_to_node_id"][0]
-            placed.append((ips.get(node_id, ""), node_id, pg))
+            placed.append((ips.get(node_id, ""), node_id, pg, gpus))
         # stable order: by node address, so ranks are grouped by node and reproducible
-        self._pgs = [pg for _, _, pg in sorted(placed, key=lambda t: (t[0], t[1]))]
-        self._ips = [ip for ip, _, _ in sorted(placed, key=lambda t: (t[0], t[1]))]
+        placed.sort(key=lambda t: (t[0], t[1]))
+        self._pgs = [pg for _, _, pg, _ in placed]
+        self._ips = [ip for ip, _, _, _ in placed]
+        self._slot_gpus = [gpus for _, _, _, gpus in placed]
 
     def get_placement_groups(self) -> list:
         return list(self._pgs)
 
     def slots(self) -> list[BundleSlot]:
         out = []
-        for node_rank, (pg, ip) in enumerate(zip(self._pgs, self._ips)):
+        for node_rank, (pg, ip, gpus) in enumerate(zip(self._pgs, self._ips, self._slot_gpus)):
             n = pg.bundle_count
-            out.extend(BundleSlot(pg, i, node_rank, i, ip, n) for i in range(n))
+            out.extend(BundleSlot(pg, i, node_rank, i, ip, n, gpus[i]) for i in range(n))
         return out
 
-    @property
     def world_size(self) -> int:
+        """Bundles in the cluster (a method, as in NeMo RL)."""
         return sum(pg.bundle_count for pg in self._pgs)
+
+    def node_count(self) -> int:
+        return len(self._pgs)
+
+    def get_master_address_and_port(self) -> tuple[str, int]:
+        """An address and a free port on the first node (in its first bundle), for torch.distributed."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        return ray.get(_free_port.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=self._pgs[0], placement_group_bundle_index=0)).remote())
 
     def shutdown(self) -> None:
         for pg in self._pgs:
             remove_placement_group(pg)
         self._pgs = []
+
+
+@ray.remote(num_cpus=0)
+def _free_port() -> tuple[str, int]:
+    import socket
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port

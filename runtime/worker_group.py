@@ -1,14 +1,24 @@
 """RayWorkerGroup: one actor per bundle, torch.distributed ready, run a method on all workers.
 
-Failure handling restarts the *whole* group (a torch process group cannot re-admit one rank):
-new actors, a new master port, and the worker class reloads its last checkpoint in __init__.
-After a restart the call raises WorkerGroupRestarted so the driver can re-sync its step;
-past max_restarts it raises WorkerFailureError naming the worker and the cause.
+Failure handling restarts the *whole* group when the workers share a torch process group (a
+process group cannot re-admit one rank): new actors, a new master port, and the worker class
+reloads its last checkpoint in __init__. After a restart the call raises WorkerGroupRestarted so
+the driver can re-sync its step; past max_restarts it raises WorkerFailureError naming the worker
+and the cause. Groups without collectives (backend=None) restart only their dead workers.
+
+The seed's (NeMo RL's) group options, each with a meaning here:
+    memory_limit                Ray `memory` per actor, drawn from the cluster's memory_per_bundle
+    async_communication         run_all_workers_* return a WorkerGroupFuture (await it, .result(),
+                                or combine several with gather_futures) instead of the results
+    enable_load_balancing /     run_work_items(method, items) hands items to workers: round_robin
+    load_balancing_strategy     (item i -> worker i % n) or least_loaded (the next item to whichever
+                                worker is free first)
+    enable_gradient_compression "fp16", "bf16" or "powersgd" (True = fp16): compress_gradients(model)
+                                in the worker registers torch's DDP communication hook
 """
 from __future__ import annotations
 
 import os
-import socket
 import time
 from datetime import timedelta
 from typing import Callable, Optional
@@ -24,6 +34,11 @@ from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
 PEER_CHECK_S = 20.0
 
 
+LB_STRATEGIES = ("round_robin", "least_loaded")
+COMPRESSIONS = ("fp16", "bf16", "powersgd")
+COMPRESSION_ENV = "RAYTRAIN_GRADIENT_COMPRESSION"
+
+
 class WorkerFailureError(RuntimeError):
     def __init__(self, message: str, rank: Optional[int] = None, node: Optional[str] = None):
         super().__init__(message)
@@ -32,14 +47,6 @@ class WorkerFailureError(RuntimeError):
 
 class WorkerGroupRestarted(WorkerFailureError):
     """The group was restarted after a failure; worker state is back at the last checkpoint."""
-
-
-@ray.remote(num_cpus=0)
-def _probe_master_port() -> tuple[str, int]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
 
 
 @ray.remote(num_cpus=0)
@@ -61,12 +68,16 @@ def _read_worker_log(pid: int, lines: int) -> str:
 class _WorkerHost:
     """Hosts one user worker: sets rank variables, joins torch.distributed, runs methods."""
 
-    def __init__(self, worker_cls, env: dict, init_args: tuple, init_kwargs: dict, backend: Optional[str], timeout_s: float):
+    def __init__(self, worker_cls, env: dict, init_args: tuple, init_kwargs: dict, backend: Optional[str], timeout_s: float,
+                 monitor_memory: bool = False):
         os.environ.update(env)
         self.rank = int(env["RANK"])
         self.node = env["NODE_IP"]
         self.busy: Optional[str] = None
+        self.busy_since = 0.0
         self.started = time.time()
+        self.monitor_memory = monitor_memory
+        self._cpu = (time.monotonic(), time.process_time())
         if backend:
             import torch.distributed as dist
             dist.init_process_group(backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
@@ -74,7 +85,9 @@ class _WorkerHost:
         self.worker = worker_cls(*init_args, **init_kwargs)
 
     def execute(self, method: str, *args, **kwargs):
-        self.busy = method
+        self.busy, self.busy_since = method, time.monotonic()
+        if self.monitor_memory:
+            _reset_cuda_peak()
         try:
             return getattr(self.worker, method)(*args, **kwargs)
         finally:
@@ -82,7 +95,32 @@ class _WorkerHost:
 
     def status(self) -> dict:
         return {"rank": self.rank, "node": self.node, "pid": os.getpid(), "busy": self.busy,
+                "busy_for_s": round(time.monotonic() - self.busy_since, 2) if self.busy else 0.0,
                 "node_id": ray.get_runtime_context().get_node_id(), "uptime_s": round(time.time() - self.started, 1)}
+
+    def usage(self) -> dict:
+        """RSS now and at its peak, CPU use since the last call, and CUDA memory where present."""
+        import resource
+        wall, cpu = time.monotonic(), time.process_time()
+        cpu_pct = 100.0 * (cpu - self._cpu[1]) / max(1e-6, wall - self._cpu[0])
+        self._cpu = (wall, cpu)
+        rss = 0
+        try:
+            with open("/proc/self/statm") as f:
+                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:
+            pass
+        out = {"rank": self.rank, "node": self.node, "pid": os.getpid(), "rss_bytes": rss,
+               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+               "cpu_percent": round(cpu_pct, 1)}
+        try:
+            import torch
+            if torch.cuda.is_available():
+                out.update(gpu_memory_bytes=torch.cuda.memory_allocated(),
+                           gpu_peak_memory_bytes=torch.cuda.max_memory_allocated())
+        except Exception:
+            pass
+        return out
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -93,18 +131,92 @@ class _WorkerHost:
         return f"rank{self.rank}@{self.node}"
 
 
+def _reset_cuda_peak() -> None:
+    try:
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+    except Exception:
+        pass
+
+
 WorkerHost = ray.remote(max_concurrency=2)(_WorkerHost)
+
+
+def compress_gradients(model, kind: Optional[str] = None, process_group=None):
+    """Register torch's DDP communication hook for gradient compression on a DDP model: fp16 or bf16
+    compression, or PowerSGD. `kind` defaults to what the group was created with
+    (enable_gradient_compression); returns the kind registered, or None when compression is off."""
+    kind = kind or os.environ.get(COMPRESSION_ENV) or None
+    if kind is None:
+        return None
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+    if kind == "fp16":
+        model.register_comm_hook(process_group, default_hooks.fp16_compress_hook)
+    elif kind == "bf16":
+        model.register_comm_hook(process_group, default_hooks.bf16_compress_hook)
+    elif kind == "powersgd":
+        state = powerSGD_hook.PowerSGDState(process_group=process_group, matrix_approximation_rank=1,
+                                            start_powerSGD_iter=2)
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+    else:
+        raise ValueError(f"gradient compression {kind!r} is not one of {', '.join(COMPRESSIONS)}")
+    return kind
+
+
+class WorkerGroupFuture:
+    """Results of one call on all workers, not yet fetched: `result()`, `await`, or gather_futures()."""
+
+    def __init__(self, group: "RayWorkerGroup", refs: list, timeout: Optional[float]):
+        self.group, self.refs, self.timeout = group, refs, timeout
+
+    def result(self) -> list:
+        return self.group._collect(self.refs, self.timeout)
+
+    def __await__(self):
+        import asyncio
+        return asyncio.get_event_loop().run_in_executor(None, self.result).__await__()
+
+
+def gather_futures(*futures: WorkerGroupFuture) -> list[list]:
+    """Wait for several calls (on one or several groups) at once; a list of results per future."""
+    refs = [r for f in futures for r in f.refs]
+    ray.wait(refs, num_returns=len(refs))
+    return [f.result() for f in futures]
 
 
 class RayWorkerGroup:
     def __init__(self, virtual_cluster: RayVirtualCluster, worker_class, *, init_args: tuple = (),
                  init_kwargs: Optional[dict] = None, backend: Optional[str] = "auto", restart_on_failure: bool = False,
                  max_restarts: int = 0, call_timeout_s: Optional[float] = None, init_timeout_s: float = 120,
-                 env: Optional[dict] = None, colocated_share: Optional[float] = None):
+                 env: Optional[dict] = None, colocated_share: Optional[float] = None,
+                 memory_limit=None, async_communication: bool = False, enable_load_balancing: bool = False,
+                 load_balancing_strategy: Optional[str] = None, enable_gradient_compression=False):
         self.cluster = virtual_cluster
         self.worker_class = worker_class
         self.init_args, self.init_kwargs = init_args, dict(init_kwargs or {})
-        self.backend = ("nccl" if virtual_cluster.use_gpus else "gloo") if backend == "auto" else backend
+        self.backend = virtual_cluster.communication_backend if backend == "auto" else backend
+        if load_balancing_strategy not in (None, *LB_STRATEGIES):
+            raise ValueError(f"load_balancing_strategy: {load_balancing_strategy!r} is not one of {', '.join(LB_STRATEGIES)}")
+        self.load_balancing_strategy = load_balancing_strategy or ("least_loaded" if enable_load_balancing else "round_robin")
+        self.async_communication = async_communication
+        compression = "fp16" if enable_gradient_compression is True else (enable_gradient_compression or None)
+        if compression not in (None, *COMPRESSIONS):
+            raise ValueError(f"enable_gradient_compression: {enable_gradient_compression!r} is not True or one of "
+                             f"{', '.join(COMPRESSIONS)}")
+        if compression and not self.backend:
+            raise ValueError("enable_gradient_compression compresses DDP gradients; it needs a backend (nccl/gloo)")
+        self.compression = compression
+        from runtime.virtual_cluster import parse_bytes
+        self.memory_limit = parse_bytes(memory_limit, "memory_limit")
+        if self.memory_limit:
+            reserved = virtual_cluster.memory_per_bundle
+            share = reserved / virtual_cluster.max_colocated_worker_groups if reserved else 0
+            if self.memory_limit > share:
+                have = f"reserves {share / 2**30:.2f} GiB per worker" if reserved else "reserves no memory"
+                raise ValueError(f"memory_limit {self.memory_limit / 2**30:.2f} GiB cannot be met: the cluster {have}; "
+                                 f"create it with RayVirtualCluster(..., memory_per_bundle=\"{self.memory_limit * virtual_cluster.max_colocated_worker_groups / 2**30:.0f}GB\") "
+                                 "on nodes that have it, or lower memory_limit")
         self.restart_on_failure, self.max_restarts = restart_on_failure, max_restarts
         self.call_timeout_s, self.init_timeout_s = call_timeout_s, init_timeout_s
         self.extra_env = dict(env or {})
@@ -130,20 +242,32 @@ class RayWorkerGroup:
                                                 placement_group_bundle_index=slot.bundle_index)
 
     def _start(self) -> None:
-        first = self.slots[0]
-        master_addr, master_port = ray.get(_probe_master_port.options(scheduling_strategy=self._strategy(first)).remote())
+        master_addr, master_port = self.cluster.get_master_address_and_port()  # in rank 0's bundle
         self.master = (master_addr, master_port)
         self.workers = []
         for rank, slot in enumerate(self.slots):
-            env = {**self.extra_env, "RANK": str(rank), "LOCAL_RANK": str(slot.local_rank),
-                   "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(slot.local_world_size),
-                   "NODE_RANK": str(slot.node_rank), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-                   "NODE_IP": slot.node_ip, RESTARTS: str(self.restarts)}
-            self.workers.append(WorkerHost.options(scheduling_strategy=self._strategy(slot), num_cpus=self._cpus,
-                                                   num_gpus=self._gpus).remote(
-                self.worker_class, env, self.init_args, self.init_kwargs, self.backend, self.init_timeout_s))
+            self.workers.append(self._spawn(rank, slot, master_addr, master_port))
         self._info = self._guard(lambda: [w.status.remote() for w in self.workers], timeout=self.init_timeout_s,
                                  restartable=False)
+
+    def _env(self, rank: int, slot: BundleSlot, master_addr: str, master_port: int) -> dict:
+        env = {**self.extra_env, "RANK": str(rank), "LOCAL_RANK": str(slot.local_rank),
+               "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(slot.local_world_size),
+               "NODE_RANK": str(slot.node_rank), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
+               "NODE_IP": slot.node_ip, RESTARTS: str(self.restarts)}
+        if slot.gpu_id is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu_id)
+        if self.compression:
+            env[COMPRESSION_ENV] = self.compression
+        return env
+
+    def _spawn(self, rank: int, slot: BundleSlot, master_addr: str, master_port: int):
+        opts = dict(scheduling_strategy=self._strategy(slot), num_cpus=self._cpus, num_gpus=self._gpus)
+        if self.memory_limit:
+            opts["memory"] = self.memory_limit
+        return WorkerHost.options(**opts).remote(self.worker_class, self._env(rank, slot, master_addr, master_port),
+                                                 self.init_args, self.init_kwargs, self.backend, self.init_timeout_s,
+                                                 self.cluster.monitor_memory)
 
     def shutdown(self) -> None:
         for w in self.workers:
@@ -242,19 +366,107 @@ class RayWorkerGroup:
             return i, f"no answer within {self.call_timeout_s}s (stuck)"
         return None, str(err).splitlines()[0]
 
-    def run_all_workers_single_data(self, method_name: str, *args, **kwargs) -> list:
-        return self._guard(lambda: [w.execute.remote(method_name, *args, **kwargs) for w in self.workers],
-                           self.call_timeout_s)
+    def _collect(self, refs: list, timeout: Optional[float]) -> list:
+        return self._guard(lambda: refs, timeout)
 
-    def run_all_workers_multiple_data(self, method_name: str, data_list: list, **kwargs) -> list:
+    def _call(self, make_refs: Callable[[], list]):
+        if self.async_communication:
+            return WorkerGroupFuture(self, make_refs(), self.call_timeout_s)
+        return self._guard(make_refs, self.call_timeout_s)
+
+    def run_all_workers_single_data(self, method_name: str, *args, **kwargs):
+        """The method on every worker with the same arguments; results in rank order (a future when
+        async_communication)."""
+        return self._call(lambda: [w.execute.remote(method_name, *args, **kwargs) for w in self.workers])
+
+    def run_all_workers_multiple_data(self, method_name: str, data_list: list, **kwargs):
+        """Worker i gets data_list[i]; results in rank order (a future when async_communication)."""
         if len(data_list) != self.world_size:
             raise ValueError(f"data_list has {len(data_list)} items for {self.world_size} workers")
-        return self._guard(lambda: [w.execute.remote(method_name, d, **kwargs) for w, d in zip(self.workers, data_list)],
-                           self.call_timeout_s)
+        return self._call(lambda: [w.execute.remote(method_name, d, **kwargs) for w, d in zip(self.workers, data_list)])
 
-    def run_all_workers_sharded_data(self, method_name: str, data: BatchedDataDict, batch_size: Optional[int] = None,
-                                     **kwargs) -> list:
+    def run_all_workers_sharded_batch(self, method_name: str, data: BatchedDataDict, batch_size: Optional[int] = None,
+                                      **kwargs):
+        """Split one BatchedDataDict over the data-parallel ranks (shard_by_batch_size) and run."""
         return self.run_all_workers_multiple_data(method_name, data.shard_by_batch_size(self.dp_size, batch_size), **kwargs)
+
+    def run_all_workers_sharded_data(self, *args, **kwargs):
+        raise TypeError("run_all_workers_sharded_data: NeMo RL's takes data already sharded along named axes "
+                        "(in_sharded_axes, replicate_on_axes); this group shards one batch over its data-parallel "
+                        "ranks with run_all_workers_sharded_batch(method, batch), or takes one item per worker with "
+                        "run_all_workers_multiple_data(method, items)")
+
+    def run_work_items(self, method_name: str, items: list, strategy: Optional[str] = None, **kwargs) -> list:
+        """Every item through `method_name` on some worker, results in item order. round_robin: item i
+        to worker i % n, in order; least_loaded: each worker takes the next item as soon as it is free."""
+        strategy = strategy or self.load_balancing_strategy
+        if strategy not in LB_STRATEGIES:
+            raise ValueError(f"strategy {strategy!r} is not one of {', '.join(LB_STRATEGIES)}")
+        results: list = [None] * len(items)
+        n = len(self.workers)
+        if strategy == "round_robin":
+            queues = [[i for i in range(len(items)) if i % n == w] for w in range(n)]
+        else:
+            queues = None
+        todo = list(range(len(items)))
+        running: dict = {}
+        def submit(w: int) -> None:
+            if queues is not None:
+                if queues[w]:
+                    i = queues[w].pop(0)
+                    running[self.workers[w].execute.remote(method_name, items[i], **kwargs)] = (w, i)
+            elif todo:
+                i = todo.pop(0)
+                running[self.workers[w].execute.remote(method_name, items[i], **kwargs)] = (w, i)
+        for w in range(n):
+            submit(w)
+        while running:
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=self.call_timeout_s)
+            if not ready:
+                self._fail(running[next(iter(running))][0], f"no answer within {self.call_timeout_s}s (stuck)", True)
+            ref = ready[0]
+            w, i = running.pop(ref)
+            results[i] = self._guard(lambda: [ref], None)[0]
+            submit(w)
+        return results
+
+    def get_resource_usage(self, timeout_s: float = 5) -> list[dict]:
+        """Per worker: RSS now and at peak, CPU percent since the last ask, CUDA memory where present."""
+        refs = [w.usage.remote() for w in self.workers]
+        out = []
+        for rank, ref in enumerate(refs):
+            try:
+                out.append(ray.get(ref, timeout=timeout_s))
+            except Exception as e:
+                out.append({"rank": rank, "node": self.slots[rank].node_ip, "error": str(e).splitlines()[0]})
+        return out
+
+    def detect_stuck_workers(self, threshold_s: float = 60, timeout_s: float = 5) -> list[dict]:
+        """Workers busy in one call for longer than threshold_s (or not answering): rank, node, method, seconds."""
+        stuck = []
+        for st in self.get_worker_status(timeout_s):
+            if st["state"] == "unresponsive" or (st["state"] == "busy" and st.get("busy_for_s", 0) > threshold_s):
+                stuck.append({"rank": st["rank"], "node": st["node"], "method": st.get("busy"),
+                              "busy_for_s": st.get("busy_for_s"), "state": st["state"]})
+        return stuck
+
+    def restart_failed_workers(self) -> list[int]:
+        """Replace dead workers; returns the ranks that were dead. With a torch process group
+        (backend nccl/gloo) the whole group restarts, because a process group cannot re-admit one
+        rank: every worker reloads its checkpoint in __init__. Without one (backend=None) only the
+        dead workers are replaced, the others keep their state."""
+        dead = [s["rank"] for s in self.get_worker_status() if s["state"] == "dead"]
+        if not dead:
+            return []
+        if self.backend:
+            self._restart()
+            return dead
+        self.restarts += 1
+        for rank in dead:
+            ray.kill(self.workers[rank], no_restart=True)
+            self.workers[rank] = self._spawn(rank, self.slots[rank], *self.master)
+        ray.get([self.workers[r].__ray_ready__.remote() for r in dead], timeout=self.init_timeout_s)
+        return dead
 
     def get_worker_status(self, timeout_s: float = 5) -> list[dict]:
         refs = [w.status.remote() for w in self.workers]

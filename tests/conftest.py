@@ -7,6 +7,8 @@ from pathlib import Path
 
 import docker
 import pytest
+import ray
+from ray.cluster_utils import Cluster
 
 from toolchain import pipeline
 from toolchain.config import ImageSettings, ProjectSettings, RegistrySettings, Settings, defaults as config_defaults
@@ -90,3 +92,14 @@ def run_in(client, image: str, cmd: list[str], **kw) -> str:
 def pushed(built, registry, settings):
     """The cpu and gpu images pushed to the test registry, digests in the session's build/images.json."""
     return pipeline.push(settings, str(SPEC), "cpu,gpu", Reporter())["images"]
+
+
+@pytest.fixture(scope="module")
+def two_nodes():
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": f"{ROOT / 'tests'}:{ROOT}"}})
+    yield cluster
+    ray.shutdown()
+    cluster.shutdown()

@@ -75,8 +75,8 @@ def test_rc_script_behaviour(client, small_image, tmp_path):
     assert read_member(res.path, "etc/fstab") == "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n"
     rc = read_member(res.path, "etc/rc")
     assert f"# io.raytrain.test {small_image.labels['io.raytrain.test']}" in rc
-    assert "cd /srv/app && unset OLDPWD || exit 1" in rc
-    assert "exec /bin/echo 'it'\"'\"'s' \"$@\"" in rc and "exec /bin/echo 'it'\"'\"'s' a '$HOME'" in rc
+    assert 'cd "/srv/app" && unset OLDPWD || exit 1' in rc  # enroot's own quoting (bash ${word@Q})
+    assert "exec '/bin/echo' 'it'\\''s' \"$@\"" in rc and "exec '/bin/echo' 'it'\\''s' 'a' '$HOME'" in rc
 
     # the rc script does what enroot start would: default command, then a given one
     tree = tmp_path / "tree"

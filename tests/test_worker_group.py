@@ -2,9 +2,7 @@
 from pathlib import Path
 
 import pytest
-import ray
 import torch
-from ray.cluster_utils import Cluster
 
 from runtime.batched import BatchedDataDict
 from runtime.virtual_cluster import RayVirtualCluster
@@ -12,17 +10,6 @@ from runtime.worker_group import RayWorkerGroup, WorkerFailureError, WorkerGroup
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-
-
-@pytest.fixture(scope="module")
-def two_nodes():
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    cluster.add_node(num_cpus=2)
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, runtime_env={"env_vars": {"PYTHONPATH": f"{HERE}:{ROOT}"}})
-    yield cluster
-    ray.shutdown()
-    cluster.shutdown()
 
 
 @pytest.fixture
@@ -44,7 +31,7 @@ def test_ranks_env_and_allreduce(vc):
     assert g.run_all_workers_single_data("allreduce_rank") == [6.0] * 4
     assert g.run_all_workers_multiple_data("echo", ["a", "b", "c", "d"]) == ["a", "b", "c", "d"]
     data = BatchedDataDict({"x": torch.arange(8).float(), "id": list(range(8))})
-    out = g.run_all_workers_sharded_data("shard_sum", data)
+    out = g.run_all_workers_sharded_batch("shard_sum", data)
     assert [o["ids"] for o in out] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     st = g.get_worker_status()
     assert [s["state"] for s in st] == ["idle"] * 4

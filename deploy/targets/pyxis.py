@@ -66,7 +66,7 @@ class Pyxis(Target):
         else:
             image = job.image.pyxis()
         script = sbatch.render(job, partition=partition, account=account, image=image, port_stride=opts.port_stride)
-        return Artifacts({f"{job.name}.sbatch": File(script, 0o755)}, [script], slurm_notes(spec, opts), extra)
+        return Artifacts({f"{job.name}.sbatch": File(script, 0o755)}, [script], slurm_notes(job, spec, opts), extra)
 
     def apply(self, artifacts: Artifacts, job: JobSpec, spec, opts: PyxisFlags, ctx: ApplyContext) -> dict:
         out: dict = {}

@@ -43,9 +43,13 @@ def slurm_problems(job: JobSpec, spec: ClusterSpec, opts: SlurmFlags) -> list[st
     return problems
 
 
-def slurm_notes(spec: ClusterSpec, opts: SlurmFlags) -> list[str]:
+def slurm_notes(job: JobSpec, spec: ClusterSpec, opts: SlurmFlags) -> list[str]:
     partition, _ = partition_account(spec, opts)
-    return [] if partition else ["no partition given (slurm.partition or --partition): Slurm uses the cluster's default"]
+    notes = [] if partition else ["no partition given (slurm.partition or --partition): Slurm uses the cluster's default"]
+    if not opts.submit:
+        notes.append(f"to submit by hand: mkdir -p {sbatch.log_dir(job)} first (Slurm opens --output before the "
+                     "script runs); --submit does it")
+    return notes
 
 
 def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext) -> dict:
@@ -77,7 +81,7 @@ class Slurm(Target):
         section = spec_section(spec)
         script = sbatch.render(job, partition=partition, account=account, env_setup=section.env_setup,
                                port_stride=opts.port_stride)
-        notes = slurm_notes(spec, opts)
+        notes = slurm_notes(job, spec, opts)
         if not section.env_setup:
             notes.append("slurm.env_setup is empty: the job runs `python -m runtime` from the environment sbatch "
                          "exports (activate the runtime's venv before submitting, or add env_setup lines)")

@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     try:
         while step < args.steps:
             try:
-                res = group.run_all_workers_sharded_data("train_step", batch_for(step, args.batch_size, args.seed))
+                res = group.run_all_workers_sharded_batch("train_step", batch_for(step, args.batch_size, args.seed))
             except WorkerGroupRestarted as e:
                 step = group.run_all_workers_single_data("get_step")[0]
                 print(f"[driver] {e}; resuming at step {step}", flush=True)

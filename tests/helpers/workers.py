@@ -35,3 +35,58 @@ class EnvReporter:
     def sleep(self, seconds):
         time.sleep(seconds)
         return seconds
+
+
+class Checkpointed:
+    """Counts steps, checkpoints to a file after each, and resumes from it when (re)started."""
+
+    def __init__(self, path):
+        self.path = path
+        self.step = int(open(path).read()) if os.path.exists(path) else 0
+
+    def train_step(self):
+        self.step += 1
+        if dist.get_rank() == 0:
+            with open(self.path + ".tmp", "w") as f:
+                f.write(str(self.step))
+            os.replace(self.path + ".tmp", self.path)
+        dist.barrier()
+        return self.step
+
+    def pid(self):
+        return os.getpid()
+
+    def crash(self):
+        os._exit(3)
+
+
+class Plain:
+    """No process group: each worker on its own."""
+
+    def pid(self):
+        return os.getpid()
+
+    def crash(self):
+        os._exit(3)
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+
+class DDPWorker:
+    def __init__(self):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from runtime.worker_group import compress_gradients
+        torch.manual_seed(0)
+        self.model = DDP(torch.nn.Linear(8, 1))
+        self.kind = compress_gradients(self.model)
+        self.opt = torch.optim.SGD(self.model.parameters(), lr=0.1)
+
+    def step(self):
+        x = torch.randn(16, 8, generator=torch.Generator().manual_seed(dist.get_rank()))
+        loss = self.model(x).pow(2).mean()
+        self.opt.zero_grad()
+        loss.backward()
+        self.opt.step()
+        return {"kind": self.kind, "loss": loss.item(), "w0": self.model.module.weight[0, 0].item()}

@@ -1,0 +1,153 @@
+"""The seed's worker-group API, point by point, on a two-raylet ray.cluster_utils.Cluster."""
+import asyncio
+import time
+
+import pytest
+import ray
+import torch
+
+from runtime.batched import BatchedDataDict
+from runtime.virtual_cluster import RayVirtualCluster, gpu_assignment
+from runtime.worker_group import RayWorkerGroup, gather_futures
+
+
+@pytest.fixture
+def vc(two_nodes):
+    c = RayVirtualCluster([2, 2], enable_colocation=True)
+    yield c
+    c.shutdown()
+
+
+def test_cluster_is_nemo_compatible(vc):
+    assert vc.world_size() == 4 and vc.node_count() == 2 and vc.max_colocated_worker_groups == 2
+    addr, port = vc.get_master_address_and_port()
+    assert addr and 0 < port < 65536
+    assert vc.communication_backend == "gloo"  # chosen by device: no GPUs here
+
+
+def test_colocated_groups_take_turns_on_the_same_bundles(vc):
+    from helpers.workers import EnvReporter
+    a = RayWorkerGroup(vc, EnvReporter, init_kwargs={"tag": "policy"})
+    b = RayWorkerGroup(vc, EnvReporter, init_kwargs={"tag": "generation"})
+    assert [e["tag"] for e in a.run_all_workers_single_data("env")] == ["policy"] * 4
+    assert [e["tag"] for e in b.run_all_workers_single_data("env")] == ["generation"] * 4
+    assert a.run_all_workers_single_data("allreduce_rank") == b.run_all_workers_single_data("allreduce_rank") == [6.0] * 4
+    a.shutdown()
+    b.shutdown()
+
+
+def test_options_without_an_honest_meaning_here_are_clear_errors(two_nodes):
+    with pytest.raises(ValueError, match='"nccl" needs GPUs'):
+        RayVirtualCluster([1], communication_backend="nccl", use_gpus=False)
+    with pytest.raises(ValueError, match="gpu_ids pins bundles to GPUs"):
+        RayVirtualCluster([1], gpu_ids=[0], use_gpus=False)
+
+
+def test_gpu_ids_placement_logic():
+    assert gpu_assignment([2, 2], [[0, 1], [2, 3]]) == [[0, 1], [2, 3]]
+    assert gpu_assignment([4], [0, 1, 2, 3]) == [[0, 1, 2, 3]]
+    assert gpu_assignment([2], "auto") == [[None, None]]
+    for bad, msg in (([[0, 1]], "1 node list"), ([[0, 0], [1, 2]], "distinct"), ("all", "not a list")):
+        with pytest.raises(ValueError, match=msg):
+            gpu_assignment([2, 2], bad)
+
+
+def test_memory_limit(two_nodes):
+    from helpers.workers import EnvReporter
+    plain = RayVirtualCluster([1, 1])
+    with pytest.raises(ValueError, match="memory_limit 8.00 GiB cannot be met.*memory_per_bundle"):
+        RayWorkerGroup(plain, EnvReporter, memory_limit="8GB")
+    plain.shutdown()
+    reserved = RayVirtualCluster([1, 1], memory_per_bundle="64MiB")
+    g = RayWorkerGroup(reserved, EnvReporter, memory_limit="64MiB")
+    assert len(g.run_all_workers_single_data("env")) == 2
+    g.shutdown()
+    reserved.shutdown()
+
+
+def test_resource_usage_and_stuck_workers(vc):
+    from helpers.workers import EnvReporter
+    g = RayWorkerGroup(vc, EnvReporter, async_communication=True)
+    usage = g.get_resource_usage()
+    assert [u["rank"] for u in usage] == [0, 1, 2, 3]
+    assert all(u["rss_bytes"] > 10 << 20 and u["peak_rss_bytes"] >= u["rss_bytes"] * 0.5 for u in usage)
+    assert all("cpu_percent" in u for u in usage)
+    future = g.run_all_workers_single_data("sleep", 3)
+    time.sleep(1.5)
+    stuck = g.detect_stuck_workers(threshold_s=1)
+    assert sorted(s["rank"] for s in stuck) == [0, 1, 2, 3] and {s["method"] for s in stuck} == {"sleep"}
+    assert g.detect_stuck_workers(threshold_s=60) == []
+    assert future.result() == [3] * 4
+    g.shutdown()
+
+
+def test_futures_combine_across_two_groups_and_await(vc):
+    from helpers.workers import EnvReporter
+    a = RayWorkerGroup(vc, EnvReporter, async_communication=True)
+    b = RayWorkerGroup(vc, EnvReporter, async_communication=True)
+    fa, fb = a.run_all_workers_multiple_data("echo", [1, 2, 3, 4]), b.run_all_workers_single_data("echo", "x")
+    assert gather_futures(fa, fb) == [[1, 2, 3, 4], ["x"] * 4]
+
+    async def main():
+        return await a.run_all_workers_single_data("echo", 5)
+    assert asyncio.run(main()) == [5] * 4
+    a.shutdown()
+    b.shutdown()
+
+
+def test_restart_failed_workers_whole_group_with_collectives_continues_from_checkpoint(vc, tmp_path):
+    from helpers.workers import Checkpointed
+    ckpt = str(tmp_path / "step")
+    g = RayWorkerGroup(vc, Checkpointed, init_args=(ckpt,))
+    assert g.run_all_workers_single_data("train_step") == [1] * 4
+    assert g.run_all_workers_single_data("train_step") == [2] * 4
+    before = g.run_all_workers_single_data("pid")
+    ray.kill(g.workers[3], no_restart=True)
+    time.sleep(1)
+    assert g.restart_failed_workers() == [3]
+    after = g.run_all_workers_single_data("pid")
+    assert not set(before) & set(after), "with a process group the whole group restarts"
+    assert g.run_all_workers_single_data("train_step") == [3] * 4  # resumed from the checkpoint
+    g.shutdown()
+
+
+def test_restart_failed_workers_only_the_dead_without_collectives(vc):
+    from helpers.workers import Plain
+    g = RayWorkerGroup(vc, Plain, backend=None)
+    before = g.run_all_workers_single_data("pid")
+    ray.kill(g.workers[1], no_restart=True)
+    time.sleep(1)
+    assert g.restart_failed_workers() == [1]
+    after = g.run_all_workers_single_data("pid")
+    assert after[0] == before[0] and after[2:] == before[2:] and after[1] != before[1]
+    g.shutdown()
+
+
+def test_least_loaded_finishes_a_skewed_list_sooner_than_round_robin(vc):
+    from helpers.workers import Plain
+    g = RayWorkerGroup(vc, Plain, backend=None, enable_load_balancing=True)
+    items = [1.0, 0.05, 0.05, 0.05, 1.0, 0.05, 0.05, 0.05]
+    t0 = time.monotonic()
+    assert g.run_work_items("sleep", items, strategy="round_robin") == items
+    rr = time.monotonic() - t0
+    t0 = time.monotonic()
+    assert g.run_work_items("sleep", items) == items  # least_loaded, from enable_load_balancing
+    ll = time.monotonic() - t0
+    assert ll < rr - 0.5, (ll, rr)
+    g.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["fp16", "powersgd"])
+def test_gradient_compression_registers_a_ddp_comm_hook(vc, kind):
+    from helpers.workers import DDPWorker
+    g = RayWorkerGroup(vc, DDPWorker, enable_gradient_compression=kind)
+    out = [g.run_all_workers_single_data("step") for _ in range(3)][-1]
+    assert {o["kind"] for o in out} == {kind}
+    assert len({round(o["w0"], 6) for o in out}) == 1  # gradients averaged across ranks: same weights
+    g.shutdown()
+
+
+def test_batched_to_device():
+    b = BatchedDataDict({"x": torch.ones(4, 2), "ids": [1, 2, 3, 4]})
+    moved = b.to_device(torch.device("cpu"))
+    assert moved["x"].device.type == "cpu" and moved["ids"] == [1, 2, 3, 4] and isinstance(moved, BatchedDataDict)
