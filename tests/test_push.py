@@ -215,11 +215,13 @@ def test_registry_killed_mid_upload(client, big_image, tmp_path, app_dir, comes_
     try:
         if comes_back:
             res = push_image(client, "cpu", image_id, target, ["x"], 4, 1.0, Reporter(stream=out), stall_s=60)
-            assert res.attempts >= 2 and res.digest.startswith("sha256:")
-            assert "retrying" in out.getvalue()
+            assert res.digest.startswith("sha256:")
+            # resumed by our retry or by the engine's own per-layer retry; either way it is logged
+            assert res.attempts >= 2 or res.engine_retries >= 1, res
+            assert "retrying" in out.getvalue().lower()
         else:
             with pytest.raises(RegistryError, match="not reachable"):
-                push_image(client, "cpu", image_id, target, ["x"], 2, 0.5, Reporter(stream=out), stall_s=60)
+                push_image(client, "cpu", image_id, target, ["x"], 0, 0.5, Reporter(stream=out), stall_s=60)
             assert _tags_for(client, target) == []
         assert "Traceback" not in out.getvalue()
     finally:

@@ -23,6 +23,8 @@ from toolchain.errors import RegistryError, TransientRegistryError
 from toolchain.progress import Reporter, human_bytes
 
 _TRANSIENT = re.compile(r"\b5\d\d\b|internal server error|bad gateway|service unavailable|gateway timeout|"
+                        r"blob upload unknown|blob upload invalid|"  # a registry restarted mid-upload lost the session
+
                         r"connection reset|broken pipe|timeout|timed out|unexpected eof|\beof\b", re.I)
 _AUTH = re.compile(r"unauthorized|denied|authentication required|forbidden|\b401\b|\b403\b", re.I)
 _DOWN = re.compile(r"connection refused|no such host|dial tcp", re.I)
@@ -39,6 +41,7 @@ class PushResult:
     layers_existing: int = 0
     bytes_uploaded: int = 0
     attempts: int = 1
+    engine_retries: int = 0  # layer uploads the engine itself retried within the attempts
     seconds: float = 0.0
     extra_tags: list = field(default_factory=list)
 
@@ -65,14 +68,15 @@ class StalledPush(TransientRegistryError):
 
 
 def _push_once(client: docker.DockerClient, target: str, tag: str, rep: Reporter,
-               stall_s: float = 300) -> tuple[str, dict, dict]:
-    """One `docker push`; returns (digest, per-layer bytes pushed, per-layer status)."""
+               stall_s: float = 300) -> tuple[str, dict, dict, int]:
+    """One `docker push`; returns (digest, per-layer bytes pushed, per-layer status, engine retries)."""
+    engine_retries = 0
     progress: dict = {}
     totals: dict = {}
     states: dict = {}
     digest = None
     # the engine connection's socket timeout is the stall timeout of the stream
-    pusher = docker.APIClient(base_url=client.api.base_url, version=client.api.api_version, timeout=stall_s)
+    pusher = docker.from_env(timeout=stall_s).api
     try:
         stream = pusher.push(target, tag=tag, stream=True, decode=True)
         for ev in stream:
@@ -85,6 +89,10 @@ def _push_once(client: docker.DockerClient, target: str, tag: str, rep: Reporter
                 if status == "Pushing" and detail.get("current"):
                     progress[layer] = max(progress.get(layer, 0), int(detail["current"]))
                     totals[layer] = int(detail.get("total") or totals.get(layer, 0))
+                if status.startswith("Retrying"):  # the engine's own retry of one layer (it resumes uploads)
+                    rep.warn(f"engine: layer {layer}: {status}")
+                    engine_retries += 1
+                    continue
                 if status in ("Pushed", "Layer already exists", "Mounted from") or status.startswith("Mounted"):
                     rep.detail(f"{layer}: {status}" + (f" ({human_bytes(progress[layer])})" if layer in progress else ""))
                 elif status == "Pushing":
@@ -102,7 +110,7 @@ def _push_once(client: docker.DockerClient, target: str, tag: str, rep: Reporter
         pusher.close()
     if not digest:
         raise TransientRegistryError(f"push of {target}:{tag} ended without a digest")
-    return digest, progress, states
+    return digest, progress, states, engine_retries
 
 
 def push_image(client: docker.DockerClient, variant: str, image_id: str, target: str, tags: list[str],
@@ -125,7 +133,7 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
                 attempt += 1
                 rep.step(f"push[{variant}]: {target}:{tag} (attempt {attempt})")
                 try:
-                    digest, progress, states = _push_once(client, target, tag, rep, stall_s)
+                    digest, progress, states, engine_retries = _push_once(client, target, tag, rep, stall_s)
                     break
                 except TransientRegistryError as e:
                     if attempt > retries:
@@ -141,7 +149,7 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
                     layers_pushed=len(pushed),
                     layers_existing=sum(1 for s in states.values() if s == "Layer already exists" or s.startswith("Mounted")),
                     bytes_uploaded=sum(progress.get(l, 0) for l in pushed), attempts=attempt,
-                )
+                    engine_retries=engine_retries)
             else:
                 result.extra_tags.append(tag)
         result.seconds = round(time.monotonic() - t0, 3)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -109,6 +110,15 @@ def ensure_wheelhouse(settings: Settings, variant: str, python_version: str, rep
             raise WheelhouseError(f"pip could not fetch {torch_req} from {index}: {_last_line(res.stderr)}")
     rep.step(f"wheelhouse[{variant}]: pip download of {len(full)} requirements for Python {python_version}")
     res = _pip_download(tmp, full, python_version, extra)
+    built: set[str] = set()
+    while res.returncode != 0:
+        # a pure-Python package published only as an sdist (e.g. python-hostlist): build its wheel
+        # here; a py3-none-any wheel is the same for the image's Python and platform
+        m = re.search(r"No matching distribution found for (\S+)", res.stderr)
+        if not m or m.group(1) in built or not _build_pure_wheel(m.group(1), tmp, rep):
+            break
+        built.add(m.group(1))
+        res = _pip_download(tmp, full, python_version, extra)
     if res.returncode != 0:
         shutil.rmtree(tmp, ignore_errors=True)
         raise WheelhouseError(f"pip download failed for {variant} ({', '.join(full)}):\n    " + "\n    ".join(res.stderr.strip().splitlines()[-8:]))
@@ -122,6 +132,19 @@ def ensure_wheelhouse(settings: Settings, variant: str, python_version: str, rep
     os.replace(tmp, path)
     rep.detail(f"{len(wheels)} wheels, {human_bytes(data['size'])}, torch from {torch_source}")
     return Wheelhouse(path, key, full, wheels, data["size"], torch_source)
+
+
+def _build_pure_wheel(requirement: str, dest: Path, rep: Reporter) -> bool:
+    """`pip wheel` one sdist-only requirement on the host; kept only if the wheel is pure Python."""
+    with tempfile.TemporaryDirectory() as out:
+        res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps",
+                              "-w", out, requirement], capture_output=True, text=True)
+        wheels = list(Path(out).glob("*.whl"))
+        if res.returncode != 0 or len(wheels) != 1 or not wheels[0].name.endswith("-none-any.whl"):
+            return False
+        shutil.copy2(wheels[0], dest / wheels[0].name)
+    rep.detail(f"built the pure-Python wheel {wheels[0].name} from its sdist")
+    return True
 
 
 def _last_line(text: str) -> str:
