@@ -157,7 +157,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         if not artifacts.files:
             summary["objects"] = artifacts.objects
         return summary
-    ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, build_dir=settings.build_dir, env=env)
+    ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env)
     summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))
     if summary.get("exit_code") not in (None, 0):
         raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}")

@@ -51,7 +51,6 @@ class ApplyContext:
     out_dir: Path
     engine: Callable[[], Any]                 # docker client factory (only targets that need one call it)
     progress: Callable[[str], None]
-    build_dir: Path
     env: Optional[dict] = None                # environment for scheduler CLIs (sbatch, kubectl, sky)
 
     def write(self, artifacts: Artifacts) -> list[Path]:
