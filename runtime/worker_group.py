@@ -13,7 +13,7 @@ The seed's (NeMo RL's) group options, each with a meaning here:
     enable_load_balancing /     run_work_items(method, items) hands items to workers: round_robin
     load_balancing_strategy     (item i -> worker i % n) or least_loaded (the next item to whichever
                                 worker is free first)
-    enable_gradient_compression "fp16", "bf16" or "powersgd" (True = fp16): compress_gradients(model)
+    enable_gradient_compression "fp16", "bf16" or "powersgd" (True = fp16): runtime.comm_hooks.compress_gradients(model)
                                 in the worker registers torch's DDP communication hook
 """
 from __future__ import annotations
@@ -26,7 +26,9 @@ from typing import Callable, Optional
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from runtime.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
 from runtime.contract import RESTARTS
+from runtime.usage import process_usage, reset_cuda_peak
 from runtime.batched import BatchedDataDict
 from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
 
@@ -35,8 +37,6 @@ PEER_CHECK_S = 20.0
 
 
 LB_STRATEGIES = ("round_robin", "least_loaded")
-COMPRESSIONS = ("fp16", "bf16", "powersgd")
-COMPRESSION_ENV = "RAYTRAIN_GRADIENT_COMPRESSION"
 
 
 class WorkerFailureError(RuntimeError):
@@ -87,7 +87,7 @@ class _WorkerHost:
     def execute(self, method: str, *args, **kwargs):
         self.busy, self.busy_since = method, time.monotonic()
         if self.monitor_memory:
-            _reset_cuda_peak()
+            reset_cuda_peak()
         try:
             return getattr(self.worker, method)(*args, **kwargs)
         finally:
@@ -100,27 +100,8 @@ class _WorkerHost:
 
     def usage(self) -> dict:
         """RSS now and at its peak, CPU use since the last call, and CUDA memory where present."""
-        import resource
-        wall, cpu = time.monotonic(), time.process_time()
-        cpu_pct = 100.0 * (cpu - self._cpu[1]) / max(1e-6, wall - self._cpu[0])
-        self._cpu = (wall, cpu)
-        rss = 0
-        try:
-            with open("/proc/self/statm") as f:
-                rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        except OSError:
-            pass
-        out = {"rank": self.rank, "node": self.node, "pid": os.getpid(), "rss_bytes": rss,
-               "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-               "cpu_percent": round(cpu_pct, 1)}
-        try:
-            import torch
-            if torch.cuda.is_available():
-                out.update(gpu_memory_bytes=torch.cuda.memory_allocated(),
-                           gpu_peak_memory_bytes=torch.cuda.max_memory_allocated())
-        except Exception:
-            pass
-        return out
+        sample, self._cpu = process_usage(self._cpu)
+        return {"rank": self.rank, "node": self.node, **sample}
 
     def shutdown(self) -> None:
         import torch.distributed as dist
@@ -131,37 +112,7 @@ class _WorkerHost:
         return f"rank{self.rank}@{self.node}"
 
 
-def _reset_cuda_peak() -> None:
-    try:
-        import torch
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
-    except Exception:
-        pass
-
-
 WorkerHost = ray.remote(max_concurrency=2)(_WorkerHost)
-
-
-def compress_gradients(model, kind: Optional[str] = None, process_group=None):
-    """Register torch's DDP communication hook for gradient compression on a DDP model: fp16 or bf16
-    compression, or PowerSGD. `kind` defaults to what the group was created with
-    (enable_gradient_compression); returns the kind registered, or None when compression is off."""
-    kind = kind or os.environ.get(COMPRESSION_ENV) or None
-    if kind is None:
-        return None
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-    if kind == "fp16":
-        model.register_comm_hook(process_group, default_hooks.fp16_compress_hook)
-    elif kind == "bf16":
-        model.register_comm_hook(process_group, default_hooks.bf16_compress_hook)
-    elif kind == "powersgd":
-        state = powerSGD_hook.PowerSGDState(process_group=process_group, matrix_approximation_rank=1,
-                                            start_powerSGD_iter=2)
-        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-    else:
-        raise ValueError(f"gradient compression {kind!r} is not one of {', '.join(COMPRESSIONS)}")
-    return kind
 
 
 class WorkerGroupFuture:

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from runtime.batched import BatchedDataDict
+from runtime.wait import wait_until
 from runtime.virtual_cluster import RayVirtualCluster
 from runtime.worker_group import RayWorkerGroup, WorkerFailureError, WorkerGroupRestarted
 
@@ -71,8 +72,10 @@ def test_stuck_worker_times_out(vc):
     from helpers.workers import EnvReporter
     g = RayWorkerGroup(vc, EnvReporter, call_timeout_s=2)
     refs = [w.execute.remote("sleep", 30) for w in g.workers[:1]]
-    st = g.get_worker_status(timeout_s=5)
-    assert st[0]["state"] == "busy" and st[0]["busy"] == "sleep"
+    # the call may not have started when the first status answers: wait for it to
+    st = wait_until(lambda: (lambda s: s if s[0]["state"] == "busy" else None)(g.get_worker_status(timeout_s=5)),
+                    timeout_s=15, what="rank 0 to be busy")
+    assert st[0]["busy"] == "sleep"
     with pytest.raises(WorkerFailureError, match="stuck"):
         g.run_all_workers_single_data("sleep", 30)
     del refs
