@@ -17,7 +17,7 @@ from typing import Any, Callable, ClassVar, Optional
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from deploy.artifacts import write_all
-from deploy.job import IMAGE_WORKDIR, JobSpec
+from deploy.job import IMAGE_WORKDIR, JobSpec, PreflightError
 from runtime.spec import ClusterSpec
 
 MAX_SEEDS = 1000
@@ -82,7 +82,6 @@ class Target:
                     lines.append(f"{flag}: not an option of the {self.name} target (its options: {known})")
                 else:
                     lines.append(f"{flag}: {err['msg']} (got {str(err.get('input'))[:80]!r})")
-            from deploy.job import PreflightError
             raise PreflightError(lines) from None
 
     def pulls_from_registry(self, opts: TargetOptions) -> bool:
