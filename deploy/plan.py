@@ -68,12 +68,10 @@ def common_problems(req: Request) -> list[str]:
                 f"with the baked-in spec. Build and push with this spec, for the whole chain: "
                 f"INVOKE_PROJECT_SPEC={req.spec_file} invoke build push deploy --target {req.target.name}")
         if req.target.pulls_from_registry(opts) and job.image.loopback and not getattr(opts, "allow_local_registry", False):
-            fix = "or deploy with --sqsh (the image travels as a file)" if req.target.name == "pyxis" else \
-                "or load the image on every node yourself"
             problems.append(
                 f"image: {job.image} is in the loopback registry {job.image.registry}, which compute nodes cannot pull "
                 f"from. Push to a registry they reach (INVOKE_REGISTRY_ADDRESS=host:port, or the spec's \"registry\"), "
-                f"{fix}; --allow-local-registry if the nodes really are this machine")
+                f"{req.target.unreachable_registry_fix}; --allow-local-registry if the nodes really are this machine")
     stride = getattr(opts, "port_stride", 0)
     try:
         RayPorts(job.port_base, (job.nodes - 1) * stride, ephemeral_low=C.PORTABLE_EPHEMERAL_LOW)

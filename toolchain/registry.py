@@ -13,10 +13,11 @@ import requests
 
 from toolchain.config import Settings
 from toolchain.errors import RegistryError
+from runtime.errors import InputError
+from runtime.imageref import ImageRef
 from runtime.wait import WaitTimeout, wait_until
 from toolchain.progress import Reporter
 
-LOOPBACK_HOSTS = ("127.0.0.1", "localhost")
 
 
 @dataclass(frozen=True)
@@ -28,7 +29,11 @@ class RegistryStatus:
 
 
 def is_local(address: str) -> bool:
-    return address.split("/")[0].rsplit(":", 1)[0] in LOOPBACK_HOSTS
+    """A registry on this machine (localhost, 127.0.0.0/8, [::1]): the same rule deploy's pre-flight uses."""
+    try:
+        return ImageRef.parse(f"{address.rstrip('/')}/x", "registry.address").loopback
+    except InputError:
+        return False
 
 
 def ping(address: str, timeout: float = 2.0) -> bool:

@@ -54,8 +54,7 @@ class ApplyContext:
     env: Optional[dict] = None                # environment for scheduler CLIs (sbatch, kubectl, sky)
 
     def write(self, artifacts: Artifacts) -> list[Path]:
-        written = write_all(self.out_dir, {n: f.text for n, f in artifacts.files.items()},
-                            {n: f.mode for n, f in artifacts.files.items()})
+        written = write_all(self.out_dir, artifacts.texts(), {n: f.mode for n, f in artifacts.files.items()})
         for w in written:
             self.progress(f"wrote {w}")
         return written
@@ -68,6 +67,8 @@ class Target:
     Options: ClassVar[type[TargetOptions]] = TargetOptions
     needs_image: ClassVar[bool] = True       # False: runs in the nodes' own environment (plain sbatch)
     pulls_image: ClassVar[bool] = False      # True: compute nodes pull the image from its registry
+    # what to do instead when the nodes cannot reach the image's registry
+    unreachable_registry_fix: ClassVar[str] = "or load the image on every node yourself"
 
     def parse_options(self, flags: dict) -> TargetOptions:
         """The flags given for this target; a flag it does not take is an error naming its flags."""

@@ -38,6 +38,7 @@ class Pyxis(Target):
     summary = "sbatch with srun --container-image (Pyxis + enroot): from the registry digest or an enroot .sqsh"
     Options = PyxisFlags
     pulls_image = True
+    unreachable_registry_fix = "or deploy with --sqsh (the image travels as a file)"
 
     def pulls_from_registry(self, opts: PyxisFlags) -> bool:
         return not opts.sqsh
