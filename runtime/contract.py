@@ -9,6 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+# Where the image keeps the code: runtime/ and the user's project under APP_ROOT (on PYTHONPATH),
+# the project being the image's WORKDIR. A top-level directory of its own, away from /opt/venv, so
+# an incremental .sqsh re-squashes only what the app layer touches (deploy/enroot_incremental.py).
+APP_ROOT = "/app"
+PROJECT_DIR = f"{APP_ROOT}/project"
+
 # How every node starts: the image's interpreter runs the runtime package.
 RUNTIME_CMD = ("python", "-m", "runtime")
 DEFAULT_PORT_BASE = 20000

@@ -48,7 +48,7 @@ def test_one_line_code_change_rebuilds_and_pushes_only_top_layers(client, built,
     assert push2["layers_pushed"] <= len(new) - len(deps_layers)
     assert push2["layers_existing"] >= len(deps_layers)
     assert 0 < push2["bytes_uploaded"] < 1_000_000 < client.images.get(second["local_ref"]).attrs["Size"] // 1000
-    got = run_in(client, second["local_ref"], ["grep", "-c", f"^{marker}$", "/opt/app/project/train.py"])
+    got = run_in(client, second["local_ref"], ["grep", "-c", f"^{marker}$", "/app/project/train.py"])
     assert got.strip() == "1"
 
 
@@ -65,3 +65,18 @@ def test_spec_change_rebuilds_only_spec_layer(client, built, edited_project, tmp
     assert old[:-1] == new[:-1] and old[-1] != new[-1]
     got = run_in(client, out["local_ref"], ["sh", "-c", 'cat "$CLUSTER_SPEC_PATH"; echo "<END>"'])
     assert got.encode() == spec2.read_bytes() + b"<END>\n"
+
+
+def test_the_assembled_layers_are_kept_in_the_layer_store(client, built, edited_project):
+    """The app and spec layers as tars named by diff ID (what the incremental .sqsh appends), also
+    when the stages are reused from the engine: made again from the same files, same bytes."""
+    import hashlib
+
+    from toolchain.images import LAYER_STORE
+    s, _ = edited_project  # a fresh build dir: every stage is reused, the store starts empty
+    ref = pipeline.build(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]["local_ref"]
+    store = s.build_dir / LAYER_STORE
+    for diff_id in layers(client, ref)[-2:]:
+        kept = store / f"{diff_id[7:]}.tar"
+        assert "sha256:" + hashlib.sha256(kept.read_bytes()).hexdigest() == diff_id
+    assert len(list(store.iterdir())) == 2  # nothing else: no partial files, no deps layer

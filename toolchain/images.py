@@ -18,7 +18,7 @@ import docker
 
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, load_spec, spec_hash
-from runtime.contract import SPEC_PATH as SPEC_ENV
+from runtime.contract import APP_ROOT, SPEC_PATH as SPEC_ENV
 from toolchain import __version__, layers
 from toolchain.bootstrap import BaseImage, ensure_base
 from toolchain.config import Settings
@@ -31,10 +31,10 @@ from toolchain.templates import dockerfile_str, render, template_hash
 from toolchain.wheelhouse import ensure_wheelhouse
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
-APP_ROOT = "/opt/app"  # PYTHONPATH=/opt/app:/opt/app/project (deps layer); the project is the image's WORKDIR
 VENV = "/opt/venv"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE_SCRIPT = "00-raytrain-venv.sh"
+LAYER_STORE = "layers"  # <build_dir>/layers/<diff id>.tar: the assembled layers, for the incremental .sqsh
 
 
 def profile_script() -> str:
@@ -69,6 +69,7 @@ class Builder:
     def __init__(self, client: docker.DockerClient, settings: Settings, rep: Reporter):
         self.client, self.settings, self.rep = client, settings, rep
         self.stage_repo = f"{settings.image.repository}-stages"
+        self.layer_store = settings.build_dir / LAYER_STORE
         for token in (settings.image.user.name, settings.image.python):
             if not _SAFE_TOKEN.match(token):
                 raise ConfigError(f"image settings: {token!r} must contain only letters, digits, '_', '.', '/', '-'")
@@ -105,11 +106,20 @@ class Builder:
         ctx_root.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(dir=ctx_root))
 
+    def _keep_top_layer(self, ref: str, make) -> None:
+        """A reused stage's layer goes into this build's layer store too (it is made again from the
+        same files: same bytes, same diff ID), so an incremental .sqsh finds it."""
+        top = self.client.images.get(ref).attrs["RootFS"]["Layers"][-1]
+        if not (self.layer_store / f"{top[7:]}.tar").exists():
+            layer = make()
+            if layer.diff_id == top:
+                layers.keep(layer, self.layer_store)
+
     # -- stages -------------------------------------------------------------------
     def deps(self, base: BaseImage, variant: str, python_version: str, rebuilt: list):
         wh = ensure_wheelhouse(self.settings, variant, python_version, self.rep)
         user = self.settings.image.user
-        key = key_of("deps", base.key, wh.key, template_hash("deps.Dockerfile.j2"), user.model_dump(), self.settings.image.python,
+        key = key_of("deps", base.key, wh.key, template_hash("deps.Dockerfile.j2"), user.model_dump(), self.settings.image.python, APP_ROOT,
                      profile_script(), IMAGE_PATH)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
         if image_exists(self.client, ref):
@@ -121,7 +131,7 @@ class Builder:
             (ctx / PROFILE_SCRIPT).write_text(profile_script())
             (ctx / PROFILE_SCRIPT).chmod(0o644)
             text = render("deps.Dockerfile.j2", base_ref=base.ref, python=self.settings.image.python, uid=user.uid,
-                          gid=user.gid, user=user.name, stage_label=dockerfile_str(STAGE_LABEL),
+                          gid=user.gid, user=user.name, app_root=APP_ROOT, stage_label=dockerfile_str(STAGE_LABEL),
                           profile_script=PROFILE_SCRIPT, path=IMAGE_PATH)
             self._build("deps", ref, ctx, text)
             # the install stage (wheels + venv) stays behind as an untagged cache image: drop it
@@ -139,15 +149,19 @@ class Builder:
         runtime_dir = self.settings.path(self.settings.project.runtime_dir)
         key = key_of("app", deps_key, tree_hash(runtime_dir), tree_hash(app_dir), layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:app-{key[:16]}"
+
+        def make() -> layers.Layer:
+            return layers.make_layer(layers.files_under(runtime_dir, f"{APP_ROOT}/runtime")
+                                     + layers.files_under(app_dir, f"{APP_ROOT}/project"))
         if image_exists(self.client, ref):
             self.rep.step(f"app: reusing {ref}")
+            self._keep_top_layer(ref, make)
             return ref, key
         t0 = time.monotonic()
         lower = self.client.images.get(deps_ref).attrs
-        layer = layers.make_layer(layers.files_under(runtime_dir, f"{APP_ROOT}/runtime")
-                                  + layers.files_under(app_dir, f"{APP_ROOT}/project"))
+        layer = make()
         config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
-        layers.load(self.client, lower, [layer], config, ref)
+        layers.load(self.client, lower, [layer], config, ref, self.layer_store)
         self.rep.step(f"app: assembled {ref} ({human_bytes(len(layer.data))} layer, {time.monotonic() - t0:.2f}s)")
         rebuilt.append("app")
         return ref, key
@@ -169,14 +183,17 @@ class Builder:
         }
         key = key_of("spec", app_key, sha, labels, SPEC_PATH_IN_IMAGE, layers.LAYER_FORMAT)
         ref = f"{repo}:{variant}-{key[:16]}"
+        def make() -> layers.Layer:
+            return layers.make_layer([(SPEC_PATH_IN_IMAGE, spec_file.read_bytes(), False)])
         if image_exists(self.client, ref):
             self.rep.step(f"spec: reusing {ref}")
+            self._keep_top_layer(ref, make)
         else:
             lower = self.client.images.get(app_ref).attrs
-            layer = layers.make_layer([(SPEC_PATH_IN_IMAGE, spec_file.read_bytes(), False)])
+            layer = make()
             config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id],
                                          env={SPEC_ENV: SPEC_PATH_IN_IMAGE}, labels=labels)
-            layers.load(self.client, lower, [layer], config, ref)
+            layers.load(self.client, lower, [layer], config, ref, self.layer_store)
             self.rep.step(f"spec: assembled {ref}")
             rebuilt.append("spec")
         return ref, f"{repo}:{human}", sha

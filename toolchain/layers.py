@@ -78,8 +78,21 @@ def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labe
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def load(client, lower: dict, new: list[Layer], config: bytes, tag: str) -> str:
-    """Load the image (only the new layers travel) and tag it; returns its ID (sha256 of the config)."""
+def keep(layer: Layer, store: Path) -> Path:
+    """Keep the layer's tar as STORE/<sha256 hex>.tar (written whole or not at all), for consumers that
+    need a layer's files without a 7 GB `docker save`: the incremental .sqsh (deploy/enroot_incremental.py)."""
+    store.mkdir(parents=True, exist_ok=True)
+    path = store / f"{layer.diff_id[7:]}.tar"
+    if not path.exists():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        tmp.write_bytes(layer.data)
+        tmp.replace(path)
+    return path
+
+
+def load(client, lower: dict, new: list[Layer], config: bytes, tag: str, store: Path | None = None) -> str:
+    """Load the image (only the new layers travel) and tag it; returns its ID (sha256 of the config).
+    With `store`, the new layers are kept there too (`keep`)."""
     image_id = "sha256:" + hashlib.sha256(config).hexdigest()
     lower_ids = list(lower["RootFS"]["Layers"])
     out = io.BytesIO()
@@ -99,4 +112,6 @@ def load(client, lower: dict, new: list[Layer], config: bytes, tag: str) -> str:
         raise BuildError("layer", tag, f"the engine did not load the assembled image: {e}", []) from None
     if client.images.get(tag).id != image_id:
         raise BuildError("layer", tag, f"the engine gave the image another ID than {image_id}", [])
+    for layer in new if store is not None else ():
+        keep(layer, store)
     return image_id
