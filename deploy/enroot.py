@@ -44,6 +44,8 @@ class SquashResult:
     seconds: float
     export_seconds: float = 0.0
     squash_seconds: float = 0.0
+    how: str = "full"      # "full", "incremental" (deploy/enroot_incremental.py) or "cached"
+    note: str = ""         # why an incremental conversion fell back to a full one
 
 
 def sqsh_name(repo: str, digest: str) -> str:
@@ -122,15 +124,17 @@ def _write_config_file(target: Path, text: str) -> None:
         f.write(text)
 
 
-def configure(rootfs: Path, config: dict) -> None:
-    """Write the configuration files into the extracted tree; create WorkingDir as enroot does."""
+def configure(rootfs: Path, config: dict, make_workdir: bool = True) -> None:
+    """Write the configuration files into the extracted tree; create WorkingDir as enroot does (unless
+    `make_workdir` is False: the incremental path knows it exists in the part already squashed)."""
     old = os.umask(0o022)  # new files 0644 and directories 0755, whatever the caller's umask
     try:
         (rootfs / "etc").mkdir(parents=True, exist_ok=True)
         for rel, text in config_files(config).items():
             _write_config_file(rootfs / rel, text)
-        workdir = (config.get("WorkingDir") or "/").lstrip("/")
-        (rootfs / workdir).mkdir(parents=True, exist_ok=True)
+        if make_workdir:
+            workdir = (config.get("WorkingDir") or "/").lstrip("/")
+            (rootfs / workdir).mkdir(parents=True, exist_ok=True)
     finally:
         os.umask(old)
 
@@ -163,9 +167,12 @@ def fix_permissions(rootfs: Path) -> int:
 
 
 @contextmanager
-def exported(client, image_id: str) -> Iterator[Iterator[bytes]]:
-    """`docker export` chunks of a created (never started) container of the image; removed afterwards."""
-    container = client.containers.create(image_id, command=["true"], entrypoint=[])
+def exported(client, image_id: str, working_dir: Optional[str] = None) -> Iterator[Iterator[bytes]]:
+    """`docker export` chunks of a created (never started) container of the image; removed afterwards.
+    The engine creates the container's working directory in its tree (the image's WorkingDir unless
+    `working_dir` says otherwise)."""
+    kw = {"working_dir": working_dir} if working_dir else {}
+    container = client.containers.create(image_id, command=["true"], entrypoint=[], **kw)
     try:
         yield container.export(chunk_size=4 << 20)
     finally:
@@ -183,10 +190,10 @@ def _throttled(progress, every_s: float, what: str) -> Callable[[int], None]:
     return tick
 
 
-def export_rootfs(client, image_id: str, rootfs: Path, progress=None) -> int:
+def export_rootfs(client, image_id: str, rootfs: Path, progress=None, working_dir: Optional[str] = None) -> int:
     """Stream the image's export into tar -x (minus dev/* and .dockerenv); returns bytes read."""
     total, tick = 0, _throttled(progress, 5, "export")
-    with exported(client, image_id) as chunks:
+    with exported(client, image_id, working_dir) as chunks:
         tar = subprocess.Popen(["tar", "-C", str(rootfs), "--warning=no-timestamp", "--anchored", *EXCLUDES, "-px"],
                                stdin=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
@@ -224,8 +231,13 @@ def make_rootfs(client, image_id: str, config: dict, rootfs: Path, progress=None
 
 
 def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
-            options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None) -> SquashResult:
-    """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists."""
+            options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None,
+            layer_store: Optional[Path] = None) -> SquashResult:
+    """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists.
+
+    With `layer_store` (where the build keeps the layers it assembled), the layers below those are
+    squashed once and cached, and the rest is appended (deploy/enroot_incremental.py); where that
+    cannot be done honestly, a full conversion runs and `note` says why."""
     t0 = time.monotonic()
     try:
         img = client.images.get(image)
@@ -233,8 +245,18 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
         raise DeployError(f"image {image!r} is not in the local engine ({e}); run `invoke build` (or pull it) first") from None
     out = Path(out_dir) / sqsh_name(image, digest or img.id)
     if out.exists():
-        return SquashResult(out, True, time.monotonic() - t0)
+        return SquashResult(out, True, time.monotonic() - t0, how="cached")
     out.parent.mkdir(parents=True, exist_ok=True)
+    note = ""
+    if layer_store is not None:
+        from deploy import enroot_incremental as inc
+        try:
+            cache_s, append_s = inc.convert(client, img, out, Path(layer_store), options, progress)
+            return SquashResult(out, False, time.monotonic() - t0, cache_s, append_s, how="incremental")
+        except inc.Fallback as e:
+            note = f"full conversion: {e}"
+            if progress:
+                progress(note)
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         partial = work / "image.sqsh"
@@ -247,6 +269,6 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
         mksquashfs(work / "rootfs", partial, options)
         t2 = time.monotonic()
         os.replace(partial, out)  # same filesystem: the .sqsh appears whole or not at all
-        return SquashResult(out, False, time.monotonic() - t0, t1 - t0, t2 - t1)
+        return SquashResult(out, False, time.monotonic() - t0, t1 - t0, t2 - t1, note=note)
     finally:
         shutil.rmtree(work, ignore_errors=True)

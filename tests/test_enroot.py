@@ -5,7 +5,9 @@ is converted and compared with facts recorded from a real `enroot import dockerd
 image (tests/data/enroot_import_facts.json): superblock options, root mode, every entry's type,
 mode, owner and symlink target (a non-ASCII absolute link among them), the permission fix-up,
 and the four configuration files. A small image on the bootstrapped base checks /etc/rc's
-behaviour; the cpu image, converted with the same code, is booted the way enroot starts it.
+behaviour; the cpu image, converted with the same code, is booted the way enroot starts it, both
+from a full conversion and from an incremental one (deploy/enroot_incremental.py), which must list
+the same entries, modes, owners, link targets and configuration files.
 """
 import io
 import json
@@ -19,6 +21,7 @@ import pytest
 from deploy import enroot
 from helpers import enroot_fixture
 from toolchain.bootstrap import ensure_base
+from toolchain.images import LAYER_STORE
 from toolchain.progress import Reporter
 
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
@@ -121,12 +124,32 @@ def test_cpu_image_boots_like_enroot_under_a_login_shell(cpu_sqsh_tree, user, sh
 
 
 @pytest.fixture(scope="module")
-def cpu_sqsh_tree(client, built, tmp_path_factory):
-    """The cpu image converted once and unpacked from the .sqsh (what enroot mounts)."""
+def cpu_sqsh(client, built, settings, tmp_path_factory):
+    """The cpu image converted twice: in full, and incrementally (the lower layers squashed into a
+    cache, the app and spec layers from the build's layer store appended)."""
     work = tmp_path_factory.mktemp("cpu-sqsh")
-    res = enroot.convert(client, built["cpu"]["local_ref"], work, progress=print)
-    tree = work / "tree"
-    subprocess.run(["unsquashfs", "-q", "-d", str(tree), str(res.path)], check=True, capture_output=True)
-    res.path.unlink()
+    ref = built["cpu"]["local_ref"]
+    out = {"full": enroot.convert(client, ref, work / "full", progress=print),
+           "incremental": enroot.convert(client, ref, work / "inc", progress=print,
+                                         layer_store=settings.build_dir / LAYER_STORE)}
+    yield out
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_cpu_image_incremental_sqsh_equals_the_full_conversion(cpu_sqsh):
+    full, inc = cpu_sqsh["full"], cpu_sqsh["incremental"]
+    assert (full.how, inc.how) == ("full", "incremental"), inc.note
+    want, got = enroot_fixture.facts(str(full.path)), enroot_fixture.facts(str(inc.path))
+    assert got["superblock"] == want["superblock"] and got["files"] == want["files"]
+    assert got["listing"] == want["listing"]
+    assert "/app/project/train.py" in got["listing"] and "/opt/venv/bin/python" in got["listing"]
+
+
+@pytest.fixture(scope="module", params=["full", "incremental"])
+def cpu_sqsh_tree(cpu_sqsh, request, tmp_path_factory):
+    """A .sqsh of the cpu image unpacked (what enroot mounts): the full and the incremental one."""
+    tree = tmp_path_factory.mktemp(f"cpu-tree-{request.param}") / "tree"
+    subprocess.run(["unsquashfs", "-q", "-d", str(tree), str(cpu_sqsh[request.param].path)], check=True,
+                   capture_output=True)
     yield tree
     shutil.rmtree(tree, ignore_errors=True)

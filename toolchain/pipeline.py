@@ -9,7 +9,7 @@ from toolchain.bootstrap import ensure_base
 from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
-from toolchain.images import build_all
+from toolchain.images import LAYER_STORE, build_all
 from toolchain.records import PushRecord, read_builds, read_pushes, write_push
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import push_image
@@ -157,7 +157,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         if not artifacts.files:
             summary["objects"] = artifacts.objects
         return summary
-    ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env)
+    ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env,
+                       layer_store=settings.build_dir / LAYER_STORE)
     summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))
     if summary.get("exit_code") not in (None, 0):
         raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}")

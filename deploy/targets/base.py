@@ -52,6 +52,7 @@ class ApplyContext:
     engine: Callable[[], Any]                 # docker client factory (only targets that need one call it)
     progress: Callable[[str], None]
     env: Optional[dict] = None                # environment for scheduler CLIs (sbatch, kubectl, sky)
+    layer_store: Optional[Path] = None        # the build's assembled layers (an incremental .sqsh uses them)
 
     def write(self, artifacts: Artifacts) -> list[Path]:
         written = write_all(self.out_dir, artifacts.texts(), {n: f.mode for n, f in artifacts.files.items()})

@@ -74,8 +74,9 @@ class Pyxis(Target):
         if opts.sqsh:
             local: Path = artifacts.extra["sqsh_path"]
             res = enroot.convert(ctx.engine(), job.image.docker(), local.parent, digest=job.image.digest,
-                                 progress=ctx.progress)
-            ctx.progress(f"squashfs {'reused' if res.cached else 'written'}: {res.path} ({res.seconds:.1f}s)")
+                                 progress=ctx.progress, layer_store=ctx.layer_store)
+            ctx.progress(f"squashfs {'reused' if res.cached else f'written ({res.how})'}: {res.path} "
+                         f"({res.seconds:.1f}s)")
             out["sqsh"] = str(res.path)
             if opts.sqsh_to_fileroot:
                 dest = Path(artifacts.extra["sqsh_ref"])

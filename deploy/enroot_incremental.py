@@ -1,0 +1,257 @@
+"""The .sqsh of a new app/spec layer in seconds: squash the lower layers once, append the rest.
+
+A full conversion (deploy/enroot.py) squashes the whole exported image: 7 GB, over a minute. When
+only thin layers on top changed, most of that work is the same every time. `mksquashfs` can
+append to an existing image, but only at its root: a top-level name that already exists is added
+again under another name (`etc_1`), never merged. So the split is by top-level directory:
+
+  cache (once per lower layer chain, in <out_dir>/.lower/<key>/):
+    the lower image exported and fixed up exactly as a full conversion does, then
+      hot/       its top-level entries that the upper layers touch, plus /etc (enroot's config files
+                 live there) and the WorkingDir's top directory when the lower image lacks it;
+      base.sqsh  everything else, squashed with enroot's options;
+  per image:
+    copy base.sqsh; stage = hot/ + the upper layers extracted in order; enroot's fix-up and
+    config files on the stage; `mksquashfs stage copy` appends the stage's top-level entries.
+
+The image layout keeps this cheap: the app lives in /app, away from /opt/venv (runtime/contract.py),
+so the stage holds /app and /etc (a few MB), not the venv. The upper layers' files come from the
+layer store the build writes (<build_dir>/layers/<diff id>.tar; toolchain/layers.py): a layer is
+upper when its tar is there and hashes to its diff ID.
+
+Falls back to a full conversion, with the reason, when: no top layer is in the store, a layer
+deletes lower files (a whiteout), no local image has the lower chain and no cache exists, or
+anything unexpected happens while staging (tar refuses an entry, a stray top-level name). The
+result holds the same entries, modes, owners, link targets and files as a full conversion
+(tests/test_enroot_incremental.py); only inode order and the append time differ.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Callable, Optional, Sequence
+
+from deploy import enroot
+from deploy.job import DeployError
+
+FORMAT = 1            # bump when what the cache holds changes
+KEEP_CACHES = 2       # lower caches kept per output directory (most recently used)
+ALWAYS_HOT = ("etc",)  # enroot writes /etc/{environment,fstab,rc,rc.local}
+
+
+class Fallback(Exception):
+    """Why this image gets a full conversion instead (said to the user, then a full conversion runs)."""
+
+
+@dataclass(frozen=True)
+class Split:
+    lower_chain: list[str]   # diff IDs below the upper layers
+    upper: list[Path]        # the upper layers' tars, bottom first
+    tops: set[str]           # top-level names the upper layers touch
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def _tops_of(layer: Path) -> set[str]:
+    """Top-level names a layer tar touches; a whiteout or an escaping name is a Fallback."""
+    tops = set()
+    with tarfile.open(layer) as tf:
+        for m in tf:
+            p = PurePosixPath(m.name)
+            if p.is_absolute() or ".." in p.parts:
+                raise Fallback(f"layer {layer.name} has an entry outside the root ({m.name!r})")
+            if p.name.startswith(".wh."):
+                raise Fallback(f"layer {layer.name} deletes lower files (whiteout {m.name!r})")
+            if p.parts and p.parts[0] != ".":
+                tops.add(p.parts[0])
+            elif len(p.parts) > 1:
+                tops.add(p.parts[1])
+    return tops
+
+
+def split(chain: Sequence[str], store: Path) -> Split:
+    """The image's layer chain as (lower, upper): upper is the run of top layers found in the store."""
+    upper: list[Path] = []
+    for diff_id in reversed(chain):
+        path = store / f"{diff_id.removeprefix('sha256:')}.tar"
+        if not path.is_file() or _sha256_file(path) != diff_id:
+            break
+        upper.insert(0, path)
+    if not upper:
+        raise Fallback(f"the image's top layer is not in the layer store {store} (built elsewhere?)")
+    lower = list(chain[:len(chain) - len(upper)])
+    if not lower:
+        raise Fallback("every layer of the image is in the layer store: nothing below to cache")
+    tops: set[str] = set()
+    for layer in upper:
+        tops |= _tops_of(layer)
+    return Split(lower, upper, tops)
+
+
+def cache_key(lower_chain: Sequence[str], options: Sequence[str]) -> str:
+    doc = json.dumps({"format": FORMAT, "chain": list(lower_chain), "options": list(options)}, sort_keys=True)
+    return hashlib.sha256(doc.encode()).hexdigest()[:32]
+
+
+def _find_image_with_chain(client, chain: list[str]) -> Optional[str]:
+    for img in client.images.list():
+        if (img.attrs.get("RootFS") or {}).get("Layers") == chain:
+            return img.id
+    return None
+
+
+def _needed_hot(sp: Split, config: dict, lower_dirs: set[str]) -> set[str]:
+    hot = set(sp.tops) | set(ALWAYS_HOT)
+    workdir = (config.get("WorkingDir") or "/").strip("/")
+    if workdir and workdir not in lower_dirs:
+        hot.add(workdir.split("/", 1)[0])  # enroot creates it: that top-level directory changes
+    return hot
+
+
+class LowerCache:
+    """<out_dir>/.lower/<key>/{base.sqsh, hot/, meta.json}: the lower chain, squashed once."""
+
+    def __init__(self, out_dir: Path, key: str):
+        self.root = out_dir / ".lower"
+        self.dir = self.root / key
+
+    @property
+    def meta(self) -> Optional[dict]:
+        try:
+            return json.loads((self.dir / "meta.json").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def build(self, client, lower_image: str, hot_for: Callable[[set[str]], set[str]], options: Sequence[str],
+              progress: Optional[Callable[[str], None]]) -> dict:
+        """Export the lower image, fix it up, move the hot top-level entries (`hot_for(the lower
+        image's directories)`) aside, squash the rest."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{self.dir.name}.", dir=self.root))
+        try:
+            rootfs = work / "rootfs"
+            rootfs.mkdir()
+            rootfs.chmod(0o755)
+            t0 = time.monotonic()
+            # working_dir "/": the engine adds the container's WorkingDir to the export, and the lower
+            # image's is not the final image's (enroot's configure makes the final one, in the stage)
+            enroot.export_rootfs(client, lower_image, rootfs, progress, working_dir="/")
+            enroot.fix_permissions(rootfs)
+            dirs = sorted(os.path.relpath(d, rootfs) for d, _, _ in os.walk(rootfs) if d != str(rootfs))
+            hot = hot_for(set(dirs))
+            (work / "hot").mkdir()
+            for name in sorted(hot):
+                if os.path.lexists(rootfs / name):
+                    os.rename(rootfs / name, work / "hot" / name)
+            if progress:
+                progress(f"lower layers extracted in {time.monotonic() - t0:.1f}s; squashing them once "
+                         f"(all but /{', /'.join(sorted(hot))})")
+            enroot.mksquashfs(rootfs, work / "base.sqsh", options)
+            shutil.rmtree(rootfs)
+            meta = {"hot": sorted(hot), "dirs": dirs, "options": list(options)}
+            (work / "meta.json").write_text(json.dumps(meta))
+            if self.dir.exists():
+                old = Path(tempfile.mkdtemp(prefix=".old.", dir=self.root))
+                os.rename(self.dir, old / "x")
+                shutil.rmtree(old, ignore_errors=True)
+            os.rename(work, self.dir)
+            return meta
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def touch_and_prune(self) -> None:
+        """Mark this cache used; drop all but the KEEP_CACHES most recently used (another deploy
+        may be replacing or pruning them at the same time: that is not an error)."""
+        try:
+            os.utime(self.dir)
+            caches = sorted((p for p in self.root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+                            key=lambda p: p.stat().st_mtime, reverse=True)
+        except OSError:
+            return
+        for stale in caches[KEEP_CACHES:]:
+            shutil.rmtree(stale, ignore_errors=True)
+
+
+def _stage(cache: LowerCache, sp: Split, config: dict, hot: set[str], dest: Path) -> None:
+    """hot/ + the upper layers + enroot's fix-up and config files, as the tree to append."""
+    dest.mkdir()
+    dest.chmod(0o755)
+    res = subprocess.run(["cp", "-a", f"{cache.dir / 'hot'}/.", f"{dest}/"], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise Fallback(f"copying the cached top-level directories failed: {res.stderr.strip()[-300:]}")
+    for layer in sp.upper:
+        res = subprocess.run(["tar", "-C", str(dest), "--warning=no-timestamp", "--anchored", *enroot.EXCLUDES,
+                              "-px", "-f", str(layer)], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise Fallback(f"layer {layer.name} does not apply as a plain overlay: {res.stderr.strip()[-300:]}")
+    enroot.fix_permissions(dest)
+    workdir_top = (config.get("WorkingDir") or "/").strip("/").split("/", 1)[0]
+    enroot.configure(dest, config, make_workdir=not workdir_top or workdir_top in hot)
+    stray = set(os.listdir(dest)) - hot
+    if stray:
+        raise Fallback(f"the staged tree has top-level entries outside the cached split: {sorted(stray)}")
+
+
+def _append(base: Path, stage: Path, out: Path) -> float:
+    """Copy the cached squashfs to OUT and append the stage to it; returns the copy's seconds."""
+    t0 = time.monotonic()
+    shutil.copyfile(base, out)
+    copied = time.monotonic() - t0
+    argv = ["mksquashfs", str(stage), str(out), "-all-root", "-no-recovery", "-exit-on-error", "-no-progress",
+            "-processors", str(os.cpu_count() or 1)]
+    res = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if res.returncode != 0:
+        raise DeployError(f"mksquashfs (append) failed ({res.returncode}): {res.stderr.strip()[-500:]}")
+    return copied
+
+
+def convert(client, img, out: Path, store: Path, options: Sequence[str] = enroot.ENROOT_DEFAULT_OPTIONS,
+            progress: Optional[Callable[[str], None]] = None) -> tuple[float, float]:
+    """Write OUT (the .sqsh of engine image `img`) incrementally; returns (cache seconds, append seconds).
+    Raises Fallback (nothing written) when this image needs a full conversion."""
+    config = img.attrs.get("Config") or {}
+    sp = split(img.attrs["RootFS"]["Layers"], store)
+    cache = LowerCache(out.parent, cache_key(sp.lower_chain, options))
+    t0 = time.monotonic()
+    meta = cache.meta
+    if meta is not None:
+        hot = _needed_hot(sp, config, set(meta["dirs"]))
+    if meta is None or not hot <= set(meta["hot"]):
+        lower_image = _find_image_with_chain(client, sp.lower_chain)
+        if lower_image is None:
+            raise Fallback("no local image has the layers below the app layer (and no cache of them exists)")
+        if progress:
+            progress(f"caching the squashfs of the {len(sp.lower_chain)} lower layers (once per lower chain)")
+        earlier = set((meta or {}).get("hot", []))  # keep serving the images the old cache served
+        meta = cache.build(client, lower_image, lambda dirs: _needed_hot(sp, config, dirs) | earlier, options,
+                           progress)
+    hot = set(meta["hot"])
+    t1 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _stage(cache, sp, config, hot, work / "stage")
+        t2 = time.monotonic()
+        partial = work / "image.sqsh"
+        copied = _append(cache.dir / "base.sqsh", work / "stage", partial)
+        os.replace(partial, out)
+        if progress:
+            progress(f"incremental .sqsh: staged /{', /'.join(sorted(hot))} in {t2 - t1:.2f}s, copied the cached "
+                     f"squashfs in {copied:.2f}s, appended in {time.monotonic() - t2 - copied:.2f}s")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    cache.touch_and_prune()
+    return t1 - t0, time.monotonic() - t1

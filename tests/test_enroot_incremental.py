@@ -1,0 +1,143 @@
+"""The incremental .sqsh (deploy/enroot_incremental.py) against a full conversion, on real Docker and
+squashfs-tools: same entries, modes, owners, link targets, configuration files and file contents.
+
+The lower image is the enroot fixture (tests/helpers/enroot_fixture.py: the cases enroot's import
+handles specially); the upper layers are assembled with toolchain/layers.py, as the build does, and
+kept in a layer store. The cpu image's incremental .sqsh is compared and booted in tests/test_enroot.py.
+"""
+import hashlib
+import io
+import json
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from deploy import enroot, enroot_incremental
+from helpers import enroot_fixture
+from toolchain import layers
+
+
+def tree_digest(sqsh: Path, dest: Path) -> dict[str, str]:
+    """path -> sha256 of every regular file's content, unpacked from the squashfs."""
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(dest), str(sqsh)], check=True, capture_output=True)
+    out = {}
+    for p in sorted(dest.rglob("*")):
+        if p.is_file() and not p.is_symlink():
+            out[str(p.relative_to(dest))] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def facts_without_time(path: Path) -> dict:
+    return enroot_fixture.facts(str(path))
+
+
+def stack(client, lower_tag: str, layer: layers.Layer, tag: str, store: Path, workdir: str | None = None) -> str:
+    lower = client.images.get(lower_tag).attrs
+    config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
+    if workdir:
+        doc = json.loads(config)
+        doc["config"]["WorkingDir"] = workdir
+        config = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    layers.load(client, lower, [layer], config, tag, store)
+    return tag
+
+
+def app_layer(train: bytes) -> layers.Layer:
+    return layers.make_layer([("/app/project/train.py", train, False), ("/app/runtime/__init__.py", b"", False),
+                              ("/app/project/run.sh", b"#!/bin/sh\necho run\n", True),
+                              ("/etc/raytrain/cluster-spec.json", b'{"cluster_name": "x"}\n', False)])
+
+
+@pytest.fixture(scope="module")
+def fixture_image(client):
+    tag = enroot_fixture.build(client)
+    yield tag
+    client.images.remove(tag, force=True)
+
+
+@pytest.fixture
+def store(tmp_path):
+    return tmp_path / "layers"
+
+
+@pytest.fixture
+def made(client):
+    tags = []
+    yield tags
+    for t in tags:
+        client.images.remove(t, force=True)
+
+
+@pytest.mark.parametrize("workdir,hot", [("/opt/ro", {"app", "etc"}),             # in the lower layers
+                                         (None, {"app", "etc", "srv"}),            # /srv/app: not in any layer
+                                         ("/work/dir", {"app", "etc", "work"})],   # a new top-level directory
+                         ids=["workdir-in-lower", "workdir-under-lower-dir", "workdir-new"])
+def test_incremental_equals_full_conversion(client, fixture_image, store, made, tmp_path, workdir, hot):
+    tag = stack(client, fixture_image, app_layer(b"print('v1')\n"), "raytrain-incr-test:v1", store, workdir)
+    made.append(tag)
+    full = enroot.convert(client, tag, tmp_path / "full")
+    inc = enroot.convert(client, tag, tmp_path / "inc", layer_store=store)
+    assert (full.how, inc.how) == ("full", "incremental"), inc.note
+    want, got = facts_without_time(full.path), facts_without_time(inc.path)
+    assert got["superblock"] == want["superblock"]
+    assert got["files"] == want["files"]
+    assert got["listing"] == want["listing"]                       # modes, owners, link targets, the root
+    assert "/app/project/run.sh" in got["listing"] and (workdir or "/srv/app") in got["listing"]
+    assert tree_digest(inc.path, tmp_path / "t-inc") == tree_digest(full.path, tmp_path / "t-full")
+    # the split: /etc, /app and the top of a WorkingDir the lower layers lack (enroot makes it) were
+    # re-squashed; the rest, /opt (deep, odd modes) among it, came from the cache
+    meta = enroot_incremental.LowerCache(inc.path.parent, enroot_incremental.cache_key(
+        client.images.get(fixture_image).attrs["RootFS"]["Layers"], enroot.ENROOT_DEFAULT_OPTIONS)).meta
+    assert set(meta["hot"]) == hot
+
+
+def test_a_one_line_change_reuses_the_lower_cache(client, fixture_image, store, made, tmp_path):
+    out = tmp_path / "sqsh"
+    made.append(stack(client, fixture_image, app_layer(b"print('v1')\n"), "raytrain-incr-test:a", store))
+    first = enroot.convert(client, made[-1], out, layer_store=store)
+    (cache,) = [p for p in (out / ".lower").iterdir() if not p.name.startswith(".")]
+    base_inode = (cache / "base.sqsh").stat().st_ino
+    made.append(stack(client, fixture_image, app_layer(b"print('v2')\n"), "raytrain-incr-test:b", store))
+    second = enroot.convert(client, made[-1], out, layer_store=store)
+    assert (first.how, second.how) == ("incremental", "incremental")
+    assert (cache / "base.sqsh").stat().st_ino == base_inode       # not squashed again
+    assert enroot_fixture.read_member(str(second.path), "app/project/train.py") == "print('v2')\n"
+    assert enroot_fixture.read_member(str(first.path), "app/project/train.py") == "print('v1')\n"
+    again = enroot.convert(client, made[-1], out, layer_store=store)
+    assert again.how == "cached"
+
+
+def test_a_layer_with_a_whiteout_falls_back_to_a_full_conversion(client, fixture_image, store, made, tmp_path):
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in (("opt", None), ("opt/.wh.setuid", b""), ("app", None), ("app/x", b"x\n")):
+            info = tarfile.TarInfo(name)
+            if data is None:
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
+    layer = layers.Layer(buf.getvalue())
+    made.append(stack(client, fixture_image, layer, "raytrain-incr-test:wh", store))
+    res = enroot.convert(client, made[-1], tmp_path / "wh", layer_store=store)
+    assert res.how == "full" and "whiteout" in res.note and "opt/.wh.setuid" in res.note
+    listing = enroot_fixture.listing(str(res.path))
+    assert "/opt/setuid" not in listing and "/app/x" in listing  # the deletion happened, as the engine did it
+    assert not (tmp_path / "wh" / ".lower").exists()              # nothing cached for a fallback
+
+
+def test_an_image_built_elsewhere_falls_back_with_the_reason(client, fixture_image, tmp_path):
+    res = enroot.convert(client, fixture_image, tmp_path / "x", layer_store=tmp_path / "empty-store")
+    assert res.how == "full" and "not in the layer store" in res.note
+
+
+def test_a_store_file_that_does_not_hash_to_its_name_is_not_trusted(client, fixture_image, store, made, tmp_path):
+    layer = app_layer(b"print('v1')\n")
+    made.append(stack(client, fixture_image, layer, "raytrain-incr-test:bad", store))
+    (store / f"{layer.diff_id[7:]}.tar").write_bytes(layer.data.replace(b"print('v1')", b"print('XX')"))
+    res = enroot.convert(client, made[-1], tmp_path / "bad", layer_store=store)
+    assert res.how == "full"
+    assert enroot_fixture.read_member(str(res.path), "app/project/train.py") == "print('v1')\n"
