@@ -100,7 +100,9 @@ TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
     "submit": "slurm/pyxis: sbatch the script; k8s: create the token Secret and kubectl apply; skypilot: sky launch.",
     "seeds": "k8s/skypilot: one independent run per seed, e.g. '1-4' or '1,5,9' (<name>-s<seed>; --seed is appended).",
     "slots": "k8s with --seeds: NODE[:GPU] slots the runs are pinned to round-robin, e.g. 'node1:0,node1:1,node2'.",
-    "sqsh": "pyxis: convert the image to an enroot .sqsh (cached by digest in build/sqsh) and run from that file.",
+    "sqsh": "pyxis: convert the image to an enroot .sqsh (cached by digest in build/sqsh) and run from that file. "
+            "The first conversion squashes the deps/base layers once (a minute or two); after a code change only "
+            "the app and spec layers are appended (seconds).",
     "sqsh_to_fileroot": "pyxis --sqsh: also copy the .sqsh to <fileroot>/images/ and point srun at that copy.",
     "port_stride": "slurm/pyxis: offset between the Ray ports of nodes that share a host (several slurmd per host).",
     "partition": "slurm/pyxis: Slurm partition (overrides slurm.partition; default: the cluster's default partition).",

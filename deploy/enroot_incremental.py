@@ -207,9 +207,15 @@ def _stage(cache: LowerCache, sp: Split, config: dict, hot: set[str], dest: Path
 
 
 def _append(base: Path, stage: Path, out: Path) -> float:
-    """Copy the cached squashfs to OUT and append the stage to it; returns the copy's seconds."""
+    """Copy the cached squashfs to OUT and append the stage to it; returns the copy's seconds.
+
+    The copy is the cost that is left (the whole image, 6.6 GB for the cpu one, at disk speed on
+    ext4); `cp --reflink=auto` makes it a metadata operation where the filesystem shares extents
+    (XFS with reflink, btrfs)."""
     t0 = time.monotonic()
-    shutil.copyfile(base, out)
+    res = subprocess.run(["cp", "--reflink=auto", str(base), str(out)], capture_output=True, text=True)
+    if res.returncode != 0:
+        raise DeployError(f"copying the cached squashfs failed: {res.stderr.strip()[-300:]}")
     copied = time.monotonic() - t0
     argv = ["mksquashfs", str(stage), str(out), "-all-root", "-no-recovery", "-exit-on-error", "-no-progress",
             "-processors", str(os.cpu_count() or 1)]
