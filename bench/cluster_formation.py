@@ -1,12 +1,15 @@
-"""Cluster formation and recovery on the cpu image: 3 containers (head + 2 workers), SkyPilot-style env.
+"""Cluster formation, first step and recovery on the cpu image: 3 containers (head + 2 workers).
 
 Prints: container start -> barrier passed, barrier latency (last node registered -> driver start),
-beside the fixed sleeps of the documented Slurm template (10 s + 5 s per worker); and the time
-from a worker kill to training resumed. Needs the images: `invoke build` first.
-Run: .venv/bin/python bench/cluster_formation.py
+beside the fixed sleeps of the documented Slurm template (10 s + 5 s per worker); barrier passed ->
+first training step, with where the time goes; and worker container killed -> training resumed,
+with where the time goes. Recovery is measured with spare workers (the example's default) and,
+in the same run, without (--no-spares). Needs the images: `invoke build` first.
+Run: .venv/bin/python bench/cluster_formation.py [--no-baseline]
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -22,6 +25,8 @@ sys.path.insert(0, str(ROOT))
 from test_runtime_containers import Job  # noqa: E402
 from toolchain.records import read_builds  # noqa: E402
 
+NUM = r"([\d.]+)"
+
 
 def wait_for(j, rank, pattern, timeout=300):
     deadline = time.time() + timeout
@@ -29,37 +34,103 @@ def wait_for(j, rank, pattern, timeout=300):
         m = re.search(pattern, j.logs(rank))
         if m:
             return m
-        time.sleep(0.1)
+        time.sleep(0.05)
     raise SystemExit(f"timed out waiting for {pattern!r}:\n{j.logs(rank)[-2000:]}")
 
 
-def main() -> None:
-    image = read_builds(ROOT / "build")["cpu"].local_ref
-    j = Job(image, train_args=["--steps", "60", "--step-delay", "0.3", "--ckpt-every", "5"])
+def run_job(image: str, extra: list[str]) -> dict:
+    j = Job(image, train_args=["--steps", "40", "--step-delay", "0.3", "--ckpt-every", "5", *extra])
     try:
         t0 = time.time()
         for r in (1, 2, 0):
             j.start(r)
-        m = wait_for(j, 0, r"barrier passed: 3 node\(s\) alive ([\d.]+)s after head start; driver starts (\d+) ms")
-        formed = time.time() - t0
-        head_to_barrier, latency_ms = float(m.group(1)), int(m.group(2))
+        m = wait_for(j, 0, rf"barrier passed: 3 node\(s\) alive {NUM}s after head start; driver starts (\d+) ms"
+                           rf"[^\n]*\(at {NUM}\)")
+        out = {"formed_s": time.time() - t0, "head_to_barrier_s": float(m.group(1)), "latency_ms": int(m.group(2))}
+        barrier_at = float(m.group(3))
+        s = wait_for(j, 0, rf"\[driver\] startup: process start {NUM}; imports {NUM} s; ray.init {NUM} s; "
+                           rf"placement groups {NUM} s; group {NUM} s \(hosts {NUM} s, (\d+) taken from spares, "
+                           rf"torch import {NUM} s, process group {NUM} s, worker init {NUM} s\)")
+        first = wait_for(j, 0, rf"\[driver\] step 1 loss [\d.]+ at {NUM}")
+        v = [float(x) for x in s.groups()]
+        startup_end = v[0] + v[1] + v[2] + v[3] + v[4]
+        out["first_step"] = {
+            "total": float(first.group(1)) - barrier_at,
+            "launcher -> driver process": v[0] - barrier_at,
+            "driver imports (ray, torch, runtime)": v[1],
+            "ray.init": v[2],
+            "placement groups": v[3],
+            "group: actors started (process + torch import)": v[5],
+            "group: torch import inside actors (overlapped)": v[7],
+            "group: process group (gloo) init": v[8],
+            "group: worker __init__ (model, checkpoint)": v[9],
+            "get_step + first step": float(first.group(1)) - startup_end,
+        }
         wait_for(j, 0, r"\[driver\] step 15 ")
         j.containers[2].get_wrapped_container().kill()
         t_kill = time.time()
-        wait_for(j, 0, r"resuming at step")
-        wait_for(j, 0, r"resuming at step \d+[^\n]*\n(?:[^\n]*\n)*?\[driver\] step \d+ ")  # first step after it
-        resumed = time.time() - t_kill
+        rs = wait_for(j, 0, rf"\[worker-group\] restart 1/\d+: [^\n]*failure seen at {NUM}; lost rank found {NUM} s; "
+                            rf"node checked {NUM} s; torn down {NUM} s; placement {NUM} s \((\d+) moved\); hosts {NUM} s "
+                            rf"\((\d+) spares, (\d+) new, import {NUM} s\); process group {NUM} s; worker init {NUM} s; "
+                            rf"restart total {NUM} s")
+        res = wait_for(j, 0, rf"resuming at step (\d+) at {NUM}")
+        step = int(res.group(1))
+        after = wait_for(j, 0, rf"\[driver\] step {step + 1} loss [\d.]+ at {NUM}")
+        g = [float(x) for x in rs.groups()]
+        seen = g[0]
+        out["recovery"] = {
+            "total": float(after.group(1)) - t_kill,
+            "kill -> failure seen by the driver": seen - t_kill,
+            "lost rank found (group's own probe)": g[1],
+            "its node checked": g[2],
+            "old group torn down": g[3],
+            f"placement ({int(g[5])} group moved off the lost node)": g[4],
+            f"hosts ({int(g[7])} spares, {int(g[8])} new)": g[6],
+            "process group (gloo) init": g[10],
+            "worker __init__ (checkpoint load)": g[11],
+            "get_step (driver re-sync)": float(res.group(2)) - (seen + g[1] + g[2] + g[12]),
+            "first step after resume": float(after.group(1)) - float(res.group(2)),
+        }
         code = j.wait(0, timeout=300)
-        s = json.loads(next(l for l in j.logs(0).splitlines() if l.startswith("SUMMARY "))[8:])
-        sleeps = 10 + 5 * 2
-        print("cluster formation, 3 containers (head + 2 workers)")
-        print(f"  container start -> barrier passed   {formed:6.2f} s  (head start -> barrier {head_to_barrier:.2f} s)")
-        print(f"  barrier latency                     {latency_ms / 1000:6.3f} s  (target < 1 s)")
-        print(f"  documented Slurm template sleeps    {sleeps:6.2f} s  -> ratio sleeps / ours {sleeps / formed:.1f}x")
-        print(f"worker kill -> training resumed       {resumed:6.2f} s  (target < 20 s); job exit {code}, "
-              f"steps {s['steps']}, restarts {s['restarts']}")
+        summ = json.loads(next(l for l in j.logs(0).splitlines() if l.startswith("SUMMARY "))[8:])
+        out["exit"], out["steps"], out["restarts"] = code, summ["steps"], summ["restarts"]
+        return out
     finally:
         j.close()
+
+
+def show(title: str, parts: dict, target: float) -> None:
+    total = parts.pop("total")
+    print(f"{title:44s} {total:6.2f} s  (target < {target:g} s: {'met' if total < target else 'missed'})")
+    for k, v in parts.items():
+        print(f"    {k:48s} {v:6.2f} s")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--no-baseline", action="store_true", help="Skip the run without spare workers.")
+    args = p.parse_args()
+    image = read_builds(ROOT / "build")["cpu"].local_ref
+    print(f"load before: {os.getloadavg()[0]:.2f} (1 min)")
+    r = run_job(image, [])
+    sleeps = 10 + 5 * 2
+    print("cluster formation, 3 containers (head + 2 workers), 2 cores, CPU only")
+    print(f"  container start -> barrier passed   {r['formed_s']:6.2f} s  (head start -> barrier {r['head_to_barrier_s']:.2f} s)")
+    print(f"  barrier latency                     {r['latency_ms'] / 1000:6.3f} s  (target < 1 s)")
+    print(f"  documented Slurm template sleeps    {sleeps:6.2f} s  -> ratio sleeps / ours {sleeps / r['formed_s']:.1f}x")
+    rec = r["recovery"]["total"]
+    show("barrier passed -> first training step", r["first_step"], 3)
+    show("worker container killed -> training resumed", r["recovery"], 10)
+    print(f"  job exit {r['exit']}, steps {r['steps']}, restarts {r['restarts']}")
+    if not args.no_baseline:
+        b = run_job(image, ["--no-spares"])
+        base = b["recovery"]["total"]
+        print("same, without spare workers (--no-spares):")
+        show("barrier passed -> first training step", b["first_step"], 3)
+        show("worker container killed -> training resumed", b["recovery"], 10)
+        print(f"  job exit {b['exit']}, steps {b['steps']}, restarts {b['restarts']}")
+        print(f"recovery, spares / no spares: {rec:.2f} s / {base:.2f} s = {rec / base:.2f}")
+    print(f"load after: {os.getloadavg()[0]:.2f} (1 min)")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,17 @@
-"""Worker-group training step time vs plain torchrun DDP: same model, data, world size and threads.
+"""Worker-group DDP step time against plain torchrun and Ray Train's TorchTrainer, in one run.
 
-Run: .venv/bin/python bench/step_time.py [--world 2 --steps 30 --width 1024]
-Prints ms/step for both (after warm-up) and the ratio worker-group / torchrun.
+Same model (MLP, width 1024), same world size (2 ranks x 1 thread), same shard sizes. Prints:
+- per-call overhead of run_all_workers_single_data against bare Ray actor calls (the floor);
+- ms/step at the small step (batch 256, ~35 ms on 2 cores) and at a realistic one (batch 2560,
+  ~200 ms): torchrun, the worker group with workers making their own shard (ShardLoader), the worker
+  group with the driver sharding each batch and sending it (object store, zero-copy), and Ray
+  Train's TorchTrainer if `ray[train]`'s extras are installed (else it says so).
+Every variant's step includes making its rank's data. torchrun and TorchTrainer time the step
+inside the rank (compute + all-reduce + a barrier); the worker group times it on the driver, so its
+figure also holds the dispatch and the result's return. The variants run in turn, --rounds times
+(other load on the machine moves the figures): ratios are taken within a round, and the round with
+the lowest load before it is reported beside the others.
+Run: .venv/bin/python bench/step_time.py [--rounds 2 --steps 25]
 """
 from __future__ import annotations
 
@@ -16,24 +26,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+WIDTH = 1024
+CONFIGS = {"small": 256, "realistic": 2560}  # global batch: ~35 ms and ~200 ms torchrun steps here
+
 TORCHRUN_SCRIPT = r'''
-import os, sys, time, torch, torch.distributed as dist
+import sys, time, torch, torch.distributed as dist
 sys.path.insert(0, {root!r})
-from bench.step_time import make_model, make_batch
+from bench.step_time import make_model, make_shard, timed_step
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 model = torch.nn.parallel.DistributedDataParallel(make_model({width}))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-times = []
-for step in range({steps}):
-    b = make_batch(step, {batch}, {width}).shard_by_batch_size(world)[rank]
-    t0 = time.perf_counter()
-    loss = torch.nn.functional.mse_loss(model(b["x"]), b["y"]); opt.zero_grad(); loss.backward(); opt.step()
-    dist.barrier()
-    times.append(time.perf_counter() - t0)
-if rank == 0:
-    print("MS", 1000 * sum(times[{warmup}:]) / len(times[{warmup}:]))
+for name, batch in {configs!r}.items():
+    times = [timed_step(model, opt, step, rank, world, batch, {width}) for step in range({steps})]
+    if rank == 0:
+        print("MS", name, 1000 * sum(times[{warmup}:]) / len(times[{warmup}:]), flush=True)
 '''
 
 
@@ -44,12 +52,44 @@ def make_model(width: int):
                                torch.nn.ReLU(), torch.nn.Linear(width, 1))
 
 
+def make_shard(step: int, rank: int, world: int, batch: int, width: int):
+    """One rank's part of a step's batch, made where it is used."""
+    import torch
+    from runtime.batched import BatchedDataDict
+    g = torch.Generator().manual_seed(step * 1000 + rank)
+    x = torch.randn(batch // world, width, generator=g)
+    return BatchedDataDict({"x": x, "y": x.sum(1, keepdim=True)})
+
+
+def shard_loader(rank: int, world: int, step: int, batch: int, width: int):
+    return make_shard(step, rank, world, batch, width)
+
+
 def make_batch(step: int, batch: int, width: int):
+    """The whole batch, made on the driver (the driver-sharded variant)."""
     import torch
     from runtime.batched import BatchedDataDict
     g = torch.Generator().manual_seed(step)
     x = torch.randn(batch, width, generator=g)
     return BatchedDataDict({"x": x, "y": x.sum(1, keepdim=True)})
+
+
+def train_step(model, opt, b) -> float:
+    import torch
+    loss = torch.nn.functional.mse_loss(model(b["x"]), b["y"])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def timed_step(model, opt, step, rank, world, batch, width) -> float:
+    """Inside a rank (torchrun, TorchTrainer): make the shard, step, barrier."""
+    import torch.distributed as dist
+    t0 = time.perf_counter()
+    train_step(model, opt, make_shard(step, rank, world, batch, width))
+    dist.barrier()
+    return time.perf_counter() - t0
 
 
 class StepWorker:
@@ -60,60 +100,161 @@ class StepWorker:
         self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
 
     def step(self, b):
-        import torch
-        loss = torch.nn.functional.mse_loss(self.model(b["x"]), b["y"])
-        self.opt.zero_grad()
-        loss.backward()
-        self.opt.step()
-        return loss.item()
+        return train_step(self.model, self.opt, b)
+
+    def noop(self):
+        return None
 
 
-def worker_group_ms(args) -> float:
-    import ray
-    from runtime.virtual_cluster import RayVirtualCluster
-    from runtime.worker_group import RayWorkerGroup
-    ray.init(num_cpus=args.world, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT)}}, logging_level="ERROR")
-    vc = RayVirtualCluster([args.world])
-    g = RayWorkerGroup(vc, StepWorker, init_kwargs={"width": args.width})
-    times = []
-    for step in range(args.steps):
-        b = make_batch(step, args.batch, args.width)
-        t0 = time.perf_counter()
-        g.run_all_workers_sharded_batch("step", b)
-        times.append(time.perf_counter() - t0)
-    g.shutdown()
-    vc.shutdown()
-    ray.shutdown()
-    return 1000 * sum(times[args.warmup:]) / len(times[args.warmup:])
+def mean_ms(times: list, warmup: int) -> float:
+    return 1000 * sum(times[warmup:]) / len(times[warmup:])
 
 
-def torchrun_ms(args) -> float:
+def torchrun_ms(args) -> dict:
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(TORCHRUN_SCRIPT.format(root=str(ROOT), width=args.width, steps=args.steps, batch=args.batch,
-                                       warmup=args.warmup))
+        f.write(TORCHRUN_SCRIPT.format(root=str(ROOT), width=WIDTH, steps=args.steps, warmup=args.warmup,
+                                       configs=CONFIGS))
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={args.world}",
                           "--master-port=29533", f.name], capture_output=True, text=True,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     os.unlink(f.name)
-    line = next((l for l in out.stdout.splitlines() if l.startswith("MS ")), None)
-    if line is None:
+    ms = {l.split()[1]: float(l.split()[2]) for l in out.stdout.splitlines() if l.startswith("MS ")}
+    if len(ms) != len(CONFIGS):
         raise SystemExit(f"torchrun failed:\n{out.stderr[-2000:]}")
-    return float(line.split()[1])
+    return ms
+
+
+class GroupBench:
+    """One Ray session and worker group, measured once per round."""
+
+    def __init__(self, args):
+        import ray
+        from runtime.virtual_cluster import RayVirtualCluster
+        from runtime.worker_group import RayWorkerGroup
+        self.args = args
+        # logical CPUs: the group's bundles, TorchTrainer's workers and its controller (all share 2 real cores)
+        ray.init(num_cpus=2 * args.world + 1, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}},
+                 logging_level="ERROR", log_to_driver=False)
+
+        @ray.remote(num_cpus=0)
+        class Bare:
+            def noop(self):
+                return None
+        self.bare = [Bare.remote() for _ in range(args.world)]
+        self.vc = RayVirtualCluster([args.world])
+        self.g = RayWorkerGroup(self.vc, StepWorker, init_kwargs={"width": WIDTH})
+        ray.get([b.__ray_ready__.remote() for b in self.bare])
+
+    def measure(self) -> dict:
+        import ray
+        from runtime.transfer import ShardLoader
+        args, g, out = self.args, self.g, {}
+        for name, call in (("bare", lambda: ray.get([b.noop.remote() for b in self.bare])),
+                           ("group", lambda: g.run_all_workers_single_data("noop"))):
+            for _ in range(20):
+                call()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                call()
+            out[f"call_{name}"] = 1000 * (time.perf_counter() - t0) / args.calls
+        for name, batch in CONFIGS.items():
+            own, sent = [], []
+            for step in range(args.steps):
+                t0 = time.perf_counter()
+                g.run_all_workers_own_shard("step", ShardLoader(shard_loader, step, batch, WIDTH))
+                own.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                g.run_all_workers_sharded_batch("step", make_batch(step, batch, WIDTH))
+                sent.append(time.perf_counter() - t0)
+            out[f"own_{name}"], out[f"sent_{name}"] = mean_ms(own, args.warmup), mean_ms(sent, args.warmup)
+        return out
+
+    def close(self) -> None:
+        import ray
+        self.g.shutdown()
+        self.vc.shutdown()
+        ray.shutdown()
+
+
+def torch_trainer(args) -> dict:
+    """Ray Train's TorchTrainer on the same model and shards, in the bench's Ray session."""
+    import json
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    def loop(config):
+        import torch
+        import ray.train
+        import ray.train.torch
+        sys.path.insert(0, config["root"])
+        from bench.step_time import make_model, timed_step
+        torch.set_num_threads(1)
+        ctx = ray.train.get_context()
+        rank, world = ctx.get_world_rank(), ctx.get_world_size()
+        model = ray.train.torch.prepare_model(make_model(config["width"]))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        ms = {}
+        for name, batch in config["configs"].items():
+            times = [timed_step(model, opt, s, rank, world, batch, config["width"]) for s in range(config["steps"])]
+            ms[name] = 1000 * sum(times[config["warmup"]:]) / len(times[config["warmup"]:])
+        if rank == 0:  # written to a file: Ray Train V2 keeps reported metrics only with checkpoints
+            with open(config["out"], "w") as f:
+                json.dump(ms, f)
+
+    with tempfile.TemporaryDirectory() as storage:
+        out = os.path.join(storage, "ms.json")
+        trainer = TorchTrainer(loop, train_loop_config={"root": str(ROOT), "width": WIDTH, "configs": CONFIGS,
+                                                        "steps": args.steps, "warmup": args.warmup, "out": out},
+                               scaling_config=ScalingConfig(num_workers=args.world, use_gpu=False,
+                                                            resources_per_worker={"CPU": 1}),
+                               run_config=RunConfig(storage_path=storage, name="step_time"))
+        trainer.fit()
+        with open(out) as f:
+            return json.load(f)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--world", type=int, default=2)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=25)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--batch", type=int, default=256)
-    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--calls", type=int, default=300)
+    p.add_argument("--no-ray-train", action="store_true")
     args = p.parse_args()
-    tr = torchrun_ms(args)
-    wg = worker_group_ms(args)
-    print(f"model MLP width {args.width}, batch {args.batch}, world {args.world}, 1 thread per rank")
-    print(f"  torchrun DDP      {tr:8.1f} ms/step")
-    print(f"  worker group DDP  {wg:8.1f} ms/step   ratio {wg / tr:.3f} (target <= 1.05)")
+    if not args.no_ray_train:
+        try:
+            import ray.train.torch  # noqa: F401
+        except ImportError as e:
+            args.no_ray_train = f"not run: ray[train]'s extras are not installed ({e})"
+    bench = GroupBench(args)
+    rounds = []
+    try:
+        for _ in range(args.rounds):
+            r = {"load": os.getloadavg()[0], "torchrun": torchrun_ms(args), **bench.measure()}
+            r["trainer"] = None if args.no_ray_train else torch_trainer(args)
+            rounds.append(r)
+    finally:
+        bench.close()
+    print(f"MLP width {WIDTH}, {args.world} ranks x 1 thread, {args.steps} steps ({args.warmup} warm-up), "
+          f"{args.rounds} rounds; 2-core machine, CPU only")
+    best = min(range(len(rounds)), key=lambda i: rounds[i]["load"])
+    for i, r in enumerate(rounds):
+        print(f"round {i + 1} (load {r['load']:.2f} before it){'  <- lowest load' if i == best else ''}")
+        print(f"  per call, no-op on {args.world} workers: bare Ray actor calls {r['call_bare']:.3f} ms, "
+              f"run_all_workers_single_data {r['call_group']:.3f} ms (overhead {r['call_group'] - r['call_bare']:+.3f} ms)")
+        for name, batch in CONFIGS.items():
+            base = r["torchrun"][name]
+            line = (f"  {name:9s} step (batch {batch:4d}): torchrun {base:6.1f} ms | worker group: workers load their "
+                    f"shard {r[f'own_{name}']:6.1f} ms ({r[f'own_{name}'] / base:.3f}x), driver sends shards "
+                    f"{r[f'sent_{name}']:6.1f} ms ({r[f'sent_{name}'] / base:.3f}x)")
+            if r["trainer"]:
+                line += f" | TorchTrainer {r['trainer'][name]:6.1f} ms ({r['trainer'][name] / base:.3f}x)"
+            print(line)
+    if args.no_ray_train:
+        print(f"Ray Train TorchTrainer: {args.no_ray_train if isinstance(args.no_ray_train, str) else 'not run (--no-ray-train)'}"
+              "; install with `.venv/bin/pip install \"ray[train]==<ray version>\"`")
+    print(f"load after: {os.getloadavg()[0]:.2f}. target: worker group <= 1.05x torchrun at the realistic step")
 
 
 if __name__ == "__main__":

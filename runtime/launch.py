@@ -222,7 +222,8 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
         ray.init(address=address, log_to_driver=False, logging_level="ERROR")
         last = barrier(ident, address, opts.barrier_timeout_s)
         log(ident, f"barrier passed: {ident.num_nodes} node(s) alive {time.monotonic() - t0:.2f}s after head start; "
-                   f"driver starts {1000 * (time.monotonic() - last):.0f} ms after the last node registered")
+                   f"driver starts {1000 * (time.monotonic() - last):.0f} ms after the last node registered "
+                   f"(at {time.time():.3f})")
         proc = subprocess.Popen(cmd, env={**env, "RAY_ADDRESS": address})
         forward = lambda sig, _f: proc.send_signal(sig)  # noqa: E731
         signal.signal(signal.SIGTERM, forward)

@@ -43,6 +43,7 @@ class BundleSlot:
     node_ip: str
     local_world_size: int
     gpu_id: Optional[int] = None  # pinned device (gpu_ids), None = whatever Ray assigns
+    node_id: str = ""             # Ray's node ID of the bundle's node
 
 
 def gpu_assignment(bundle_ct_per_node_list: list[int], gpu_ids) -> list[list[Optional[int]]]:
@@ -112,7 +113,9 @@ class RayVirtualCluster:
         placed.sort(key=lambda t: (t[0], t[1]))
         self._pgs = [pg for _, _, pg, _ in placed]
         self._ips = [ip for ip, _, _, _ in placed]
+        self._node_ids = [node_id for _, node_id, _, _ in placed]
         self._slot_gpus = [gpus for _, _, _, gpus in placed]
+        self._bundle, self._name, self._ready_timeout_s = bundle, name, ready_timeout_s
 
     def get_placement_groups(self) -> list:
         return list(self._pgs)
@@ -121,8 +124,44 @@ class RayVirtualCluster:
         out = []
         for node_rank, (pg, ip, gpus) in enumerate(zip(self._pgs, self._ips, self._slot_gpus)):
             n = pg.bundle_count
-            out.extend(BundleSlot(pg, i, node_rank, i, ip, n, gpus[i]) for i in range(n))
+            node_id = self._node_ids[node_rank]
+            out.extend(BundleSlot(pg, i, node_rank, i, ip, n, gpus[i], node_id) for i in range(n))
         return out
+
+    def move_off(self, lost_node_id: str, prefer_node_id: str = "", timeout_s: float = 5) -> int:
+        """Re-place the placement groups of a lost node now, without waiting for Ray to declare the
+        node dead (its health checks take seconds) and reschedule them: each goes to `prefer_node_id`
+        if it fits there within timeout_s, else to any other node (Ray's choice, within the cluster's
+        ready timeout). Returns how many groups moved. Bundles pinned to GPU ids are not moved (the
+        ids belong to the lost node); they wait for Ray's own rescheduling."""
+        moved = 0
+        for i, node_id in enumerate(self._node_ids):
+            if node_id != lost_node_id or any(g is not None for g in self._slot_gpus[i]):
+                continue
+            old = self._pgs[i]
+            remove_placement_group(old)
+            n = old.bundle_count
+            tries = [({"ray.io/node-id": prefer_node_id}, timeout_s)] if prefer_node_id not in ("", lost_node_id) else []
+            tries.append(({"ray.io/node-id": f"!{lost_node_id}"}, self._ready_timeout_s))
+            pg = None
+            for label, wait_s in tries:
+                pg = placement_group([dict(self._bundle) for _ in range(n)], strategy="STRICT_PACK",
+                                     name=f"{self._name}-node{i}-moved", bundle_label_selector=[label] * n)
+                try:
+                    ray.get(pg.ready(), timeout=wait_s)
+                    break
+                except ray.exceptions.GetTimeoutError:
+                    remove_placement_group(pg)
+                    pg = None
+            if pg is None:
+                raise RuntimeError(f"the placement group of lost node {lost_node_id[:12]} ({self._ips[i]}) could not "
+                                   f"be placed on another node within {self._ready_timeout_s:.0f}s; the cluster has "
+                                   f"{ray.available_resources()} available")
+            new_id = placement_group_table(pg)["bundles_to_node_id"][0]
+            ips = {x["NodeID"]: x["NodeManagerAddress"] for x in ray.nodes()}
+            self._pgs[i], self._node_ids[i], self._ips[i] = pg, new_id, ips.get(new_id, "")
+            moved += 1
+        return moved
 
     def world_size(self) -> int:
         """Bundles in the cluster (a method, as in NeMo RL)."""

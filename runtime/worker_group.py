@@ -6,6 +6,13 @@ reloads its last checkpoint in __init__. After a restart the call raises WorkerG
 the driver can re-sync its step; past max_restarts it raises WorkerFailureError naming the worker
 and the cause. Groups without collectives (backend=None) restart only their dead workers.
 
+A failed collective is traced to the lost rank by the group itself (every worker and a spare per
+node are asked; the one still silent LOST_GRACE_S after the others answered is lost), and a lost
+node's placement group is moved at once, without waiting for Ray's health checks. With
+spare_workers=True the new ranks are taken from spare hosts (started, torch imported: see
+runtime.spares). Call data goes through runtime.transfer: put once, passed by reference, CPU
+tensors zero-copy; or made on the workers with run_all_workers_own_shard and a ShardLoader.
+
 The seed's (NeMo RL's) group options, each with a meaning here:
     memory_limit                Ray `memory` per actor, drawn from the cluster's memory_per_bundle
     async_communication         run_all_workers_* return a WorkerGroupFuture (await it, .result(),
@@ -15,12 +22,11 @@ The seed's (NeMo RL's) group options, each with a meaning here:
                                 worker is free first)
     enable_gradient_compression "fp16", "bf16" or "powersgd" (True = fp16): runtime.comm_hooks.compress_gradients(model)
                                 in the worker registers torch's DDP communication hook
+    spare_workers               keep spare hosts for fast restarts (runtime.spares); not with memory_limit
 """
 from __future__ import annotations
 
-import os
 import time
-from datetime import timedelta
 from typing import Callable, Optional
 
 import ray
@@ -28,91 +34,20 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from runtime.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
 from runtime.contract import RESTARTS
-from runtime.usage import process_usage, reset_cuda_peak
+from runtime import transfer
 from runtime.batched import BatchedDataDict
+from runtime.transfer import ShardLoader
+from runtime.failures import FailureHandling, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
+from runtime.spares import SparePool
 from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
-
-# how long a failed collective waits for Ray to say which worker is gone (health checks take ~5 s)
-PEER_CHECK_S = 20.0
-
+from runtime.worker_host import WorkerHost as _WorkerHostActor, _WorkerHost, read_worker_log  # noqa: F401
 
 LB_STRATEGIES = ("round_robin", "least_loaded")
 
 
-class WorkerFailureError(RuntimeError):
-    def __init__(self, message: str, rank: Optional[int] = None, node: Optional[str] = None):
-        super().__init__(message)
-        self.rank, self.node = rank, node
-
-
-class WorkerGroupRestarted(WorkerFailureError):
-    """The group was restarted after a failure; worker state is back at the last checkpoint."""
-
-
-@ray.remote(num_cpus=0)
-def _read_worker_log(pid: int, lines: int) -> str:
-    """The tail of a worker process's Ray log files on this node."""
-    import glob
-    out = []
-    try:  # this node's own session (the launcher may have given Ray a --temp-dir)
-        logs = ray._private.worker._global_node.get_logs_dir_path()
-    except AttributeError:
-        logs = "/tmp/ray/session_latest/logs"
-    for path in sorted(glob.glob(f"{logs}/worker-*-{pid}.*")):
-        if path.endswith((".out", ".err")):
-            with open(path, errors="replace") as f:
-                out.extend(f.read().splitlines()[-lines:])
-    return "\n".join(out[-lines:])
-
-
-class _WorkerHost:
-    """Hosts one user worker: sets rank variables, joins torch.distributed, runs methods."""
-
-    def __init__(self, worker_cls, env: dict, init_args: tuple, init_kwargs: dict, backend: Optional[str], timeout_s: float,
-                 monitor_memory: bool = False):
-        os.environ.update(env)
-        self.rank = int(env["RANK"])
-        self.node = env["NODE_IP"]
-        self.busy: Optional[str] = None
-        self.busy_since = 0.0
-        self.started = time.time()
-        self.monitor_memory = monitor_memory
-        self._cpu = (time.monotonic(), time.process_time())
-        if backend:
-            import torch.distributed as dist
-            dist.init_process_group(backend, init_method=f"tcp://{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
-                                    rank=self.rank, world_size=int(env["WORLD_SIZE"]), timeout=timedelta(seconds=timeout_s))
-        self.worker = worker_cls(*init_args, **init_kwargs)
-
-    def execute(self, method: str, *args, **kwargs):
-        self.busy, self.busy_since = method, time.monotonic()
-        if self.monitor_memory:
-            reset_cuda_peak()
-        try:
-            return getattr(self.worker, method)(*args, **kwargs)
-        finally:
-            self.busy = None
-
-    def status(self) -> dict:
-        return {"rank": self.rank, "node": self.node, "pid": os.getpid(), "busy": self.busy,
-                "busy_for_s": round(time.monotonic() - self.busy_since, 2) if self.busy else 0.0,
-                "node_id": ray.get_runtime_context().get_node_id(), "uptime_s": round(time.time() - self.started, 1)}
-
-    def usage(self) -> dict:
-        """RSS now and at its peak, CPU use since the last call, and CUDA memory where present."""
-        sample, self._cpu = process_usage(self._cpu)
-        return {"rank": self.rank, "node": self.node, **sample}
-
-    def shutdown(self) -> None:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-
-    def __repr__(self) -> str:  # Ray prefixes the actor's log lines with this
-        return f"rank{self.rank}@{self.node}"
-
-
-WorkerHost = ray.remote(max_concurrency=2)(_WorkerHost)
+# the host actor lives in runtime.worker_host; these names stay importable from here
+_read_worker_log = read_worker_log
+WorkerHost = _WorkerHostActor
 
 
 class WorkerGroupFuture:
@@ -136,13 +71,14 @@ def gather_futures(*futures: WorkerGroupFuture) -> list[list]:
     return [f.result() for f in futures]
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(FailureHandling):
     def __init__(self, virtual_cluster: RayVirtualCluster, worker_class, *, init_args: tuple = (),
                  init_kwargs: Optional[dict] = None, backend: Optional[str] = "auto", restart_on_failure: bool = False,
                  max_restarts: int = 0, call_timeout_s: Optional[float] = None, init_timeout_s: float = 120,
                  env: Optional[dict] = None, colocated_share: Optional[float] = None,
                  memory_limit=None, async_communication: bool = False, enable_load_balancing: bool = False,
-                 load_balancing_strategy: Optional[str] = None, enable_gradient_compression=False):
+                 load_balancing_strategy: Optional[str] = None, enable_gradient_compression=False,
+                 spare_workers: bool = False):
         self.cluster = virtual_cluster
         self.worker_class = worker_class
         self.init_args, self.init_kwargs = init_args, dict(init_kwargs or {})
@@ -160,6 +96,9 @@ class RayWorkerGroup:
         self.compression = compression
         from runtime.virtual_cluster import parse_bytes
         self.memory_limit = parse_bytes(memory_limit, "memory_limit")
+        if spare_workers and self.memory_limit:
+            raise ValueError("spare_workers and memory_limit: a rank taken by a spare does not hold a Ray memory "
+                             "resource, so the limit could not be kept; use one or the other")
         if self.memory_limit:
             reserved = virtual_cluster.memory_per_bundle
             share = reserved / virtual_cluster.max_colocated_worker_groups if reserved else 0
@@ -177,7 +116,12 @@ class RayWorkerGroup:
         self.restarts = 0
         self.slots: list[BundleSlot] = virtual_cluster.slots()
         self.workers: list = []
+        self.spares = SparePool(virtual_cluster.monitor_memory) if spare_workers else None
+        self.last_start: dict = {}
+        self.last_restart: dict = {}
         self._start()
+        if self.spares:
+            self.spares.fill([sl.node_id for sl in self.slots])
 
     # -- lifecycle --------------------------------------------------------------
     @property
@@ -192,14 +136,30 @@ class RayWorkerGroup:
         return PlacementGroupSchedulingStrategy(placement_group=slot.placement_group,
                                                 placement_group_bundle_index=slot.bundle_index)
 
-    def _start(self) -> None:
-        master_addr, master_port = self.cluster.get_master_address_and_port()  # in rank 0's bundle
-        self.master = (master_addr, master_port)
-        self.workers = []
+    def _start(self, lost_node: str = "") -> None:
+        """Every rank gets a host (a spare on its node if there is one, else a new actor in its bundle),
+        rank 0's host names the master port, then all join the process group and build the worker.
+        Phase times land in self.last_start."""
+        t0 = time.monotonic()
+        hosts, reused = [], 0
         for rank, slot in enumerate(self.slots):
-            self.workers.append(self._spawn(rank, slot, master_addr, master_port))
+            spare = self.spares.take(slot.node_id) if self.spares and slot.node_id != lost_node else None
+            reused += spare is not None
+            hosts.append(spare or self._spawn(rank, slot))
+        self.workers = hosts
+        addr, port = self._guard(lambda: [hosts[0].free_port.remote()], timeout=self.init_timeout_s, restartable=False)[0]
+        self.master = (addr, port)
+        t1 = time.monotonic()
+        timings = self._guard(lambda: [h.setup.remote(self.worker_class, self._env(r, sl, addr, port), self.init_args,
+                                                      self.init_kwargs, self.backend, self.init_timeout_s)
+                                       for r, (h, sl) in enumerate(zip(hosts, self.slots))],
+                              timeout=self.init_timeout_s, restartable=False)
         self._info = self._guard(lambda: [w.status.remote() for w in self.workers], timeout=self.init_timeout_s,
                                  restartable=False)
+        self.last_start = {"hosts_s": t1 - t0, "spares_used": reused, "new_hosts": len(hosts) - reused,
+                           "import_s": max(t["import_s"] for t in timings),
+                           "dist_init_s": max(t["dist_init_s"] for t in timings),
+                           "worker_init_s": max(t["worker_init_s"] for t in timings), "total_s": time.monotonic() - t0}
 
     def _env(self, rank: int, slot: BundleSlot, master_addr: str, master_port: int) -> dict:
         env = {**self.extra_env, "RANK": str(rank), "LOCAL_RANK": str(slot.local_rank),
@@ -212,13 +172,11 @@ class RayWorkerGroup:
             env[COMPRESSION_ENV] = self.compression
         return env
 
-    def _spawn(self, rank: int, slot: BundleSlot, master_addr: str, master_port: int):
+    def _spawn(self, rank: int, slot: BundleSlot):
         opts = dict(scheduling_strategy=self._strategy(slot), num_cpus=self._cpus, num_gpus=self._gpus)
         if self.memory_limit:
             opts["memory"] = self.memory_limit
-        return WorkerHost.options(**opts).remote(self.worker_class, self._env(rank, slot, master_addr, master_port),
-                                                 self.init_args, self.init_kwargs, self.backend, self.init_timeout_s,
-                                                 self.cluster.monitor_memory)
+        return WorkerHost.options(**opts).remote(f"rank{rank}", self.cluster.monitor_memory, bool(self.backend))
 
     def shutdown(self) -> None:
         for w in self.workers:
@@ -228,95 +186,45 @@ class RayWorkerGroup:
                 pass
             ray.kill(w)
         self.workers = []
+        if self.spares:
+            self.spares.shutdown()
 
-    def _restart(self, attempts: int = 6, pause_s: float = 3.0) -> None:
-        """Replace every worker. A node that just died may still look alive to Ray for a few seconds
-        (until its health checks fail and its placement group is rescheduled): a worker placed there
-        fails at start-up, so start-up is retried within this one restart."""
+    def _restart(self, rank: Optional[int] = None, node_lost: bool = False, attempts: int = 6,
+                 pause_s: float = 0.5) -> dict:
+        """Replace every worker (new processes: spares where there are some). When the failed rank's node
+        is lost, its placement group is moved to another node at once instead of waiting for Ray's
+        health checks. A node that just died may still look alive to Ray: a worker placed there fails
+        at start-up, so start-up is retried within this one restart. Returns the phase times."""
         self.restarts += 1
+        t0 = time.monotonic()
+        lost_node = self.slots[rank].node_id if rank is not None and node_lost else ""
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        if lost_node and self.spares:
+            self.spares.drop_node(lost_node)
+        t1 = time.monotonic()
+        moved = self.cluster.move_off(lost_node, self.spares.reserve_for(lost_node) if self.spares else "") if lost_node else 0
+        self.slots = self.cluster.slots()
+        t2 = time.monotonic()
         for attempt in range(1, attempts + 1):
-            for w in self.workers:
-                ray.kill(w, no_restart=True)
             try:
                 ray.get([pg.ready() for pg in self.cluster.get_placement_groups()], timeout=self.init_timeout_s)
-                self._start()
-                return
+                self._start(lost_node)
+                break
             except (WorkerFailureError, ray.exceptions.GetTimeoutError) as e:
+                for w in self.workers:
+                    ray.kill(w, no_restart=True)
                 if attempt == attempts:
                     raise WorkerFailureError(f"restart {self.restarts} could not bring the group back after "
                                              f"{attempts} start-up attempts: {e}") from None
                 time.sleep(pause_s)
+                self.slots = self.cluster.slots()
+        if self.spares:
+            self.spares.fill([sl.node_id for sl in self.slots])
+        return {"teardown_s": t1 - t0, "placement_s": t2 - t1, "moved_groups": moved, "start_attempts": attempt,
+                **self.last_start}
 
     # -- calls ------------------------------------------------------------------
-    def _guard(self, make_refs: Callable[[], list], timeout: Optional[float], restartable: bool = True) -> list:
-        refs = make_refs()
-        try:
-            return ray.get(refs, timeout=timeout)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.WorkerCrashedError) as e:
-            rank, cause = self._find_failure(refs, e)
-        except ray.exceptions.RayTaskError as e:
-            # A collective (all-reduce) fails on the survivors, "connection reset by peer", before Ray
-            # reports the lost worker: that is a worker failure, not an error in the user's code.
-            rank = self._lost_worker(PEER_CHECK_S)
-            if rank is None:
-                raise
-            cause = f"lost while the others were in a collective ({str(e).splitlines()[0][:160]})"
-        self._fail(rank, cause, restartable)
-
-    def _fail(self, rank: Optional[int], cause: str, restartable: bool) -> None:
-        node = self.slots[rank].node_ip if rank is not None else None
-        cause += self._log_tail(rank)
-        where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
-        if restartable and self.restart_on_failure and self.restarts < self.max_restarts:
-            self._restart()
-            raise WorkerGroupRestarted(f"{where} failed ({cause}); restarted the group "
-                                       f"({self.restarts}/{self.max_restarts})", rank, node) from None
-        limit = f" after {self.restarts} restarts (max_restarts={self.max_restarts})" if self.restart_on_failure else ""
-        raise WorkerFailureError(f"{where} failed{limit}: {cause}", rank, node) from None
-
-    def _lost_worker(self, within_s: float) -> Optional[int]:
-        """The rank of a worker Ray reports dead, asking each one; None if none is within the window
-        (then the error is the user's). A call to an actor on a lost node fails once Ray declares
-        the node dead (a few seconds); a worker that is merely busy is not counted as lost."""
-        refs = [w.__ray_ready__.remote() for w in self.workers]
-        pending, deadline = list(refs), time.monotonic() + within_s
-        while pending and time.monotonic() < deadline:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            for ref in ready:
-                try:
-                    ray.get(ref, timeout=0)
-                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
-                    return refs.index(ref)
-        return None
-
-    def _log_tail(self, rank: Optional[int], lines: int = 20) -> str:
-        """The failing worker's last log lines, read on its node (if that node is still up)."""
-        info = getattr(self, "_info", None)
-        if rank is None or not info:
-            return ""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        try:
-            text = ray.get(_read_worker_log.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                info[rank]["node_id"], soft=False)).remote(info[rank]["pid"], lines), timeout=10)
-        except Exception:
-            return f"\n  (no log tail: node {info[rank]['node']} is gone)"
-        return f"\n  last log lines of rank {rank}:\n    " + "\n    ".join(text.splitlines()) if text else ""
-
-    def _find_failure(self, refs: list, err: Exception) -> tuple[Optional[int], str]:
-        ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
-        for i, ref in enumerate(refs):
-            if ref in ready:
-                try:
-                    ray.get(ref, timeout=0)
-                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
-                    return i, f"actor died: {str(e).splitlines()[0]}"
-                except Exception:
-                    continue
-        if isinstance(err, ray.exceptions.GetTimeoutError) and not_ready:
-            i = refs.index(not_ready[0])
-            return i, f"no answer within {self.call_timeout_s}s (stuck)"
-        return None, str(err).splitlines()[0]
-
     def _collect(self, refs: list, timeout: Optional[float]) -> list:
         return self._guard(lambda: refs, timeout)
 
@@ -327,19 +235,34 @@ class RayWorkerGroup:
 
     def run_all_workers_single_data(self, method_name: str, *args, **kwargs):
         """The method on every worker with the same arguments; results in rank order (a future when
-        async_communication)."""
+        async_communication). Data arguments (tensors, arrays, batches) are put in the object store
+        once and every worker gets the same reference (runtime.transfer)."""
+        args = tuple(transfer.put(a) for a in args)
+        kwargs = {k: transfer.put(v) for k, v in kwargs.items()}
         return self._call(lambda: [w.execute.remote(method_name, *args, **kwargs) for w in self.workers])
 
     def run_all_workers_multiple_data(self, method_name: str, data_list: list, **kwargs):
-        """Worker i gets data_list[i]; results in rank order (a future when async_communication)."""
+        """Worker i gets data_list[i] (each item put in the object store once, CPU tensors zero-copy;
+        ObjectRefs are passed through and resolved on the worker); results in rank order (a future
+        when async_communication)."""
         if len(data_list) != self.world_size:
             raise ValueError(f"data_list has {len(data_list)} items for {self.world_size} workers")
-        return self._call(lambda: [w.execute.remote(method_name, d, **kwargs) for w, d in zip(self.workers, data_list)])
+        refs = transfer.put_each(list(data_list))
+        kwargs = {k: transfer.put(v) for k, v in kwargs.items()}
+        return self._call(lambda: [w.execute.remote(method_name, d, **kwargs) for w, d in zip(self.workers, refs)])
 
     def run_all_workers_sharded_batch(self, method_name: str, data: BatchedDataDict, batch_size: Optional[int] = None,
                                       **kwargs):
-        """Split one BatchedDataDict over the data-parallel ranks (shard_by_batch_size) and run."""
+        """Split one BatchedDataDict over the data-parallel ranks (shard_by_batch_size), put each shard
+        in the object store once, and run."""
         return self.run_all_workers_multiple_data(method_name, data.shard_by_batch_size(self.dp_size, batch_size), **kwargs)
+
+    def run_all_workers_own_shard(self, method_name: str, loader: ShardLoader, **kwargs):
+        """Each worker makes or reads its own shard, `loader(rank, world_size)`, and runs
+        `method(shard, **kwargs)`: no data leaves the driver (the loader travels, a few bytes)."""
+        if not isinstance(loader, ShardLoader):
+            raise TypeError(f"run_all_workers_own_shard needs a runtime.transfer.ShardLoader(fn, *args), got {loader!r}")
+        return self._call(lambda: [w.execute_own_shard.remote(method_name, loader, **kwargs) for w in self.workers])
 
     def run_all_workers_sharded_data(self, *args, **kwargs):
         raise TypeError("run_all_workers_sharded_data: NeMo RL's takes data already sharded along named axes "
@@ -410,13 +333,15 @@ class RayWorkerGroup:
         if not dead:
             return []
         if self.backend:
-            self._restart()
+            self._restart(dead[0], node_lost=not self._node_alive(dead[0]))
             return dead
         self.restarts += 1
         for rank in dead:
             ray.kill(self.workers[rank], no_restart=True)
-            self.workers[rank] = self._spawn(rank, self.slots[rank], *self.master)
-        ray.get([self.workers[r].__ray_ready__.remote() for r in dead], timeout=self.init_timeout_s)
+            self.workers[rank] = self._spawn(rank, self.slots[rank])
+        env = [self._env(r, self.slots[r], *self.master) for r in dead]
+        ray.get([self.workers[r].setup.remote(self.worker_class, e, self.init_args, self.init_kwargs, None,
+                                              self.init_timeout_s) for r, e in zip(dead, env)], timeout=self.init_timeout_s)
         return dead
 
     def get_worker_status(self, timeout_s: float = 5) -> list[dict]:

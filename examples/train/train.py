@@ -6,17 +6,21 @@ and every rank reloads the last checkpoint when the group is (re)started.
 """
 from __future__ import annotations
 
+import time
+
+STARTED_AT = time.time()  # before the imports: the startup breakdown counts them
+
 import argparse
 import json
 import os
 import sys
-import time
 
 import ray
 import torch
 
 from runtime.batched import BatchedDataDict
 from runtime.spec import load_spec
+from runtime.transfer import ShardLoader
 from runtime.virtual_cluster import RayVirtualCluster
 from runtime.worker_group import RayWorkerGroup, WorkerFailureError, WorkerGroupRestarted
 
@@ -73,6 +77,12 @@ def batch_for(step: int, batch_size: int, seed: int) -> BatchedDataDict:
     return BatchedDataDict({"x": x, "y": x @ true_w + 0.01 * torch.randn(batch_size, 1, generator=g)})
 
 
+def shard_for(rank: int, world_size: int, step: int, batch_size: int, seed: int) -> BatchedDataDict:
+    """This rank's part of step `step`'s batch, made on the worker (the same samples the driver
+    would have sent it)."""
+    return batch_for(step, batch_size, seed).shard_by_batch_size(world_size)[rank]
+
+
 def default_fileroot() -> str:
     path = os.environ.get("CLUSTER_SPEC_PATH")
     return load_spec(path).fileroot if path else "/tmp/raytrain"
@@ -93,33 +103,51 @@ def main(argv=None) -> int:
     p.add_argument("--step-delay", type=float, default=0.0, help="Sleep per step (to make failures easy to inject).")
     p.add_argument("--fileroot", default=None, help="Default: the spec's fileroot.")
     p.add_argument("--job-name", default=os.environ.get("RAYTRAIN_JOB_NAME", "example"))
+    p.add_argument("--data", choices=("worker", "driver"), default="worker",
+                   help="worker: each worker makes its own shard; driver: the driver shards each batch and sends it.")
+    p.add_argument("--no-spares", dest="spares", action="store_false",
+                   help="Do not keep spare workers (started, torch imported) for fast restarts.")
     args = p.parse_args(argv)
 
+    imported = time.time()
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
+    connected = time.time()
     nodes = args.nodes or len([n for n in ray.nodes() if n["Alive"]])
     ckpt_dir = os.path.join(args.fileroot or default_fileroot(), "checkpoints", args.job_name)
     t0 = time.monotonic()
     cluster = RayVirtualCluster([args.workers_per_node] * nodes, num_cpus_per_bundle=args.cpus_per_worker)
+    placed = time.time()
     group = RayWorkerGroup(cluster, Trainer, init_kwargs=dict(ckpt_dir=ckpt_dir, lr=args.lr, seed=args.seed,
                                                               step_delay_s=args.step_delay),
-                           restart_on_failure=True, max_restarts=args.max_restarts, call_timeout_s=args.call_timeout)
+                           restart_on_failure=True, max_restarts=args.max_restarts, call_timeout_s=args.call_timeout,
+                           spare_workers=args.spares)
+    st = group.last_start
     print(f"[driver] world size {group.world_size} on {nodes} nodes, checkpoints in {ckpt_dir}", flush=True)
+    print(f"[driver] startup: process start {STARTED_AT:.3f}; imports {imported - STARTED_AT:.2f} s; "
+          f"ray.init {connected - imported:.2f} s; placement groups {placed - connected:.2f} s; "
+          f"group {time.time() - placed:.2f} s (hosts {st['hosts_s']:.2f} s, {st['spares_used']} taken from spares, "
+          f"torch import {st['import_s']:.2f} s, process group {st['dist_init_s']:.2f} s, "
+          f"worker init {st['worker_init_s']:.2f} s)", flush=True)
     step = group.run_all_workers_single_data("get_step")[0]
     first_loss = last_loss = None
     ranks = set()
     try:
         while step < args.steps:
             try:
-                res = group.run_all_workers_sharded_batch("train_step", batch_for(step, args.batch_size, args.seed))
+                if args.data == "worker":
+                    res = group.run_all_workers_own_shard("train_step", ShardLoader(shard_for, step, args.batch_size,
+                                                                                    args.seed))
+                else:
+                    res = group.run_all_workers_sharded_batch("train_step", batch_for(step, args.batch_size, args.seed))
             except WorkerGroupRestarted as e:
                 step = group.run_all_workers_single_data("get_step")[0]
-                print(f"[driver] {e}; resuming at step {step}", flush=True)
+                print(f"[driver] {e}; resuming at step {step} at {time.time():.3f}", flush=True)
                 continue
             step = res[0]["step"]
             last_loss = sum(r["loss"] for r in res) / len(res)
             first_loss = last_loss if first_loss is None else first_loss
             ranks.update(r["rank"] for r in res)
-            print(f"[driver] step {step} loss {last_loss:.5f}", flush=True)
+            print(f"[driver] step {step} loss {last_loss:.5f} at {time.time():.3f}", flush=True)
             if step % args.ckpt_every == 0 or step == args.steps:
                 group.run_all_workers_single_data("save")
     except WorkerFailureError as e:

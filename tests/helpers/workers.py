@@ -90,3 +90,32 @@ class DDPWorker:
         loss.backward()
         self.opt.step()
         return {"kind": self.kind, "loss": loss.item(), "w0": self.model.module.weight[0, 0].item()}
+
+
+def mapping_of(ptr: int) -> str:
+    """The /proc/self/maps name of the mapping that holds address ptr ('[heap]', a file, ...)."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            parts = line.split(maxsplit=5)
+            lo, hi = (int(x, 16) for x in parts[0].split("-"))
+            if lo <= ptr < hi:
+                return parts[5].strip() if len(parts) > 5 else "(anonymous)"
+    return "?"
+
+
+class DataProbe:
+    """Reports where the data it was handed lives and what it holds."""
+
+    def tensor(self, t, scale=1.0):
+        return {"mapping": mapping_of(t.data_ptr()), "sum": float(t.float().sum()) * scale, "dtype": str(t.dtype),
+                "shape": list(t.shape), "requires_grad": t.requires_grad, "pid": os.getpid()}
+
+    def batch(self, b):
+        return {"mapping": mapping_of(b["x"].data_ptr()), "ids": list(b["id"]), "x": b["x"].tolist()}
+
+
+def own_shard(rank, world_size, n, offset=0):
+    """A shard made on the worker itself: ids rank, rank + world_size, ... below n."""
+    from runtime.batched import BatchedDataDict
+    ids = list(range(rank, n, world_size))
+    return BatchedDataDict({"x": torch.tensor([float(i + offset) for i in ids]), "id": ids})

@@ -1,0 +1,184 @@
+"""How a RayWorkerGroup notices a failure, finds the worker and node behind it, and reacts.
+
+A call that fails with a dead actor, a timeout, or a task error while the workers were in a
+collective (a peer's connection reset: Ray has not said yet which worker is gone) is traced to a
+rank here. The lost rank is found by the group itself: every worker and one spare per node are asked
+at once; one still silent LOST_GRACE_S after the others answered is lost, and its node is lost when
+nothing there answers. Then the group restarts (RayWorkerGroup._restart) or raises.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from typing import Callable, Optional
+
+import ray
+
+from runtime.worker_host import read_worker_log
+
+# how long a failed collective waits for Ray to say which worker is gone (health checks take ~5 s)
+PEER_CHECK_S = 20.0
+# once the other workers have answered, how long a silent one gets before it counts as lost
+LOST_GRACE_S = 1.0
+# how long a probe of a suspect node may take before the node counts as lost (a task there may
+# first need a worker process started)
+NODE_PING_S = 3.0
+
+
+class WorkerFailureError(RuntimeError):
+    def __init__(self, message: str, rank: Optional[int] = None, node: Optional[str] = None):
+        super().__init__(message)
+        self.rank, self.node = rank, node
+
+
+class WorkerGroupRestarted(WorkerFailureError):
+    """The group was restarted after a failure; worker state is back at the last checkpoint."""
+
+
+def format_phases(p: dict) -> str:
+    """One line of a restart's phases, for logs and benchmarks."""
+    return (f"failure seen at {p['failure_seen_at']:.3f}; lost rank found {p['lost_rank_found_s']:.2f} s; "
+            f"node checked {p['node_check_s']:.2f} s; "
+            f"torn down {p['teardown_s']:.2f} s; placement {p['placement_s']:.2f} s ({p['moved_groups']} moved); "
+            f"hosts {p['hosts_s']:.2f} s ({p['spares_used']} spares, {p['new_hosts']} new, import {p['import_s']:.2f} s); "
+            f"process group {p['dist_init_s']:.2f} s; worker init {p['worker_init_s']:.2f} s; "
+            f"restart total {p['restart_s']:.2f} s")
+
+
+class FailureHandling:
+    """Mixin of RayWorkerGroup: the failure path of its calls (uses its workers, slots, spares, _restart)."""
+
+    def _guard(self, make_refs: Callable[[], list], timeout: Optional[float], restartable: bool = True) -> list:
+        refs = make_refs()
+        try:
+            return ray.get(refs, timeout=timeout)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.WorkerCrashedError) as e:
+            seen = time.time()
+            rank, cause = self._find_failure(refs, e)
+            answered = None  # Ray named the dead worker; _node_alive asks its node
+        except ray.exceptions.RayTaskError as e:
+            # A collective (all-reduce) fails on the survivors, "connection reset by peer", before Ray
+            # reports the lost worker: that is a worker failure, not an error in the user's code.
+            seen = time.time()
+            rank, silent, answered = self._lost_worker(PEER_CHECK_S)
+            if rank is None:
+                raise
+            how = "stopped answering" if silent else "died"
+            cause = f"{how} while the others were in a collective ({str(e).splitlines()[0][:160]})"
+        found = time.time()
+        node_lost = rank is not None and not self._node_alive(rank, answered)
+        detect = {"failure_seen_at": seen, "lost_rank_found_s": found - seen, "node_check_s": time.time() - found}
+        self._fail(rank, cause, restartable, node_lost, detect)
+
+    def _fail(self, rank: Optional[int], cause: str, restartable: bool, node_lost: bool = False,
+              detect: Optional[dict] = None) -> None:
+        t0 = time.time()
+        detect = detect or {"failure_seen_at": t0, "lost_rank_found_s": 0.0, "node_check_s": 0.0}
+        node = self.slots[rank].node_ip if rank is not None else None
+        cause += "; its node is lost" if node_lost else self._log_tail(rank)
+        where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
+        if restartable and self.restart_on_failure and self.restarts < self.max_restarts:
+            phases = self._restart(rank, node_lost)
+            self.last_restart = {**detect, **phases, "restart_s": time.time() - t0}
+            print(f"[worker-group] restart {self.restarts}/{self.max_restarts}: {where} "
+                  f"{'(node lost) ' if node_lost else ''}{format_phases(self.last_restart)}", file=sys.stderr, flush=True)
+            raise WorkerGroupRestarted(f"{where} failed ({cause}); restarted the group "
+                                       f"({self.restarts}/{self.max_restarts})", rank, node) from None
+        limit = f" after {self.restarts} restarts (max_restarts={self.max_restarts})" if self.restart_on_failure else ""
+        raise WorkerFailureError(f"{where} failed{limit}: {cause}", rank, node) from None
+
+    def _lost_worker(self, within_s: float) -> tuple[Optional[int], bool, set]:
+        """Which worker is gone, asking each one: (rank, silent, nodes that answered). A worker Ray
+        reports dead is gone (silent=False). A worker on a lost node cannot answer, and Ray reports it
+        only when its health checks declare the node dead (seconds): once the others have answered,
+        one that stays silent LOST_GRACE_S longer is taken as lost (silent=True). (None, False, ...)
+        when every worker answers: the error was the user's. Calls run beside a busy method
+        (max_concurrency=2), so a busy worker still answers. One spare per node is asked too, so
+        the same window tells which nodes still work."""
+        refs = [w.__ray_ready__.remote() for w in self.workers]
+        nodes = {ref: sl.node_id for ref, sl in zip(refs, self.slots)}
+        if self.spares:
+            nodes.update({hosts[0].__ray_ready__.remote(): node for node, hosts in self.spares.by_node.items() if hosts})
+        pending, answered, alive_nodes = list(nodes), set(), set()
+        deadline, last = time.monotonic() + within_s, None
+        while pending:
+            limit = deadline if last is None else min(deadline, last + LOST_GRACE_S)
+            if time.monotonic() >= limit:
+                break
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, limit - time.monotonic()))
+            for ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+                    if ref in refs:
+                        return refs.index(ref), False, alive_nodes
+                    continue
+                alive_nodes.add(nodes[ref])
+                if ref in refs:
+                    answered.add(refs.index(ref))
+                    last = time.monotonic()
+        silent = [refs.index(r) for r in pending if r in refs]
+        if silent and answered:
+            return silent[0], True, alive_nodes
+        return None, False, alive_nodes
+
+    def _node_alive(self, rank: int, alive_nodes: Optional[set] = None) -> bool:
+        """Whether the node of `rank` still works: Ray has not declared it dead, and something there
+        answers: another rank or a spare (asked by _lost_worker, or here within LOST_GRACE_S), or
+        else a small task within NODE_PING_S (it may need a worker process started)."""
+        node_id = self.slots[rank].node_id
+        if alive_nodes and node_id in alive_nodes:
+            return True
+        if any(n["NodeID"] == node_id and not n["Alive"] for n in ray.nodes()):
+            return False
+        if alive_nodes is not None and self.spares and self.spares.count(node_id):
+            return False  # its spare was asked with the others and stayed silent
+        hosts = [w for r, w in enumerate(self.workers) if r != rank and self.slots[r].node_id == node_id]
+        hosts += self.spares.by_node.get(node_id, [])[:1] if self.spares else []
+        if hosts:
+            pending = [h.__ray_ready__.remote() for h in hosts]
+            deadline = time.monotonic() + LOST_GRACE_S
+            while pending and time.monotonic() < deadline:
+                ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+                try:
+                    ray.get(ready, timeout=0)
+                    if ready:
+                        return True
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+                    continue
+            return False
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        ping = read_worker_log.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(-1, 0)
+        try:
+            ray.get(ping, timeout=NODE_PING_S)
+            return True
+        except Exception:
+            return False
+
+    def _log_tail(self, rank: Optional[int], lines: int = 20) -> str:
+        """The failing worker's last log lines, read on its node (if that node is still up)."""
+        info = getattr(self, "_info", None)
+        if rank is None or not info:
+            return ""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+        try:
+            text = ray.get(read_worker_log.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
+                info[rank]["node_id"], soft=False)).remote(info[rank]["pid"], lines), timeout=10)
+        except Exception:
+            return f"\n  (no log tail: node {info[rank]['node']} is gone)"
+        return f"\n  last log lines of rank {rank}:\n    " + "\n    ".join(text.splitlines()) if text else ""
+
+    def _find_failure(self, refs: list, err: Exception) -> tuple[Optional[int], str]:
+        ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
+        for i, ref in enumerate(refs):
+            if ref in ready:
+                try:
+                    ray.get(ref, timeout=0)
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+                    return i, f"actor died: {str(e).splitlines()[0]}"
+                except Exception:
+                    continue
+        if isinstance(err, ray.exceptions.GetTimeoutError) and not_ready:
+            i = refs.index(not_ready[0])
+            return i, f"no answer within {self.call_timeout_s}s (stuck)"
+        return None, str(err).splitlines()[0]
