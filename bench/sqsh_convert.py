@@ -60,15 +60,25 @@ def incremental(client, work: Path, full_seconds: float) -> None:
     first = enroot.convert(client, ref, out, layer_store=store)
     print(f"(5) incremental, first image (lower layers squashed into the cache): {first.seconds:.1f} s "
           f"= cache {first.export_seconds:.1f} s + stage/append {first.squash_seconds:.1f} s [{first.how}]")
-    (app / "train.py").write_text((app / "train.py").read_text() + f"# one-line change {time.time_ns()}\n")
     t0 = time.monotonic()
-    ref2 = pipeline.build(s, str(SPEC), "cpu", rep)["images"]["cpu"]["local_ref"]
-    build_s = time.monotonic() - t0
-    phases: list[str] = []
-    second = enroot.convert(client, ref2, out, layer_store=store, progress=phases.append)
+    while not list(out.glob(".lower/*/spare-*.sqsh")) and time.monotonic() - t0 < 600:
+        time.sleep(0.5)  # the developer edits code meanwhile
+    print(f"    the spare copy for the next change was ready {time.monotonic() - t0:.1f} s later (in the background)")
+
+    def change() -> tuple[float, enroot.SquashResult, list[str]]:
+        (app / "train.py").write_text((app / "train.py").read_text() + f"# one-line change {time.time_ns()}\n")
+        t0 = time.monotonic()
+        ref2 = pipeline.build(s, str(SPEC), "cpu", rep)["images"]["cpu"]["local_ref"]
+        build_s = time.monotonic() - t0
+        phases: list[str] = []
+        return build_s, enroot.convert(client, ref2, out, layer_store=store, progress=phases.append), phases
+    build_s, second, phases = change()
     print(f"    after a one-line change: rebuild {build_s:.2f} s, .sqsh {second.seconds:.2f} s [{second.how}] "
           f"(target < 10 s); ratio (1)/(5): {full_seconds / second.seconds:.1f}x faster")
-    print(f"    {phases[-1] if phases else ''}")
+    print(f"    {next((p for p in phases if p.startswith('incremental')), '')}")
+    _, third, phases = change()
+    print(f"    another change at once (the spare not ready yet): .sqsh {third.seconds:.2f} s [{third.how}]")
+    print(f"    {next((p for p in phases if p.startswith('incremental')), '')}")
     size, diff = second.path.stat().st_size, differing_bytes(first.path, second.path)
     print(f"(6) new .sqsh {size / 2**30:.2f} GiB; 1 MiB blocks that differ from the previous one: "
           f"{diff / 2**20:.0f} MiB")

@@ -232,12 +232,13 @@ def make_rootfs(client, image_id: str, config: dict, rootfs: Path, progress=None
 
 def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
             options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None,
-            layer_store: Optional[Path] = None) -> SquashResult:
+            layer_store: Optional[Path] = None, spare: bool = True) -> SquashResult:
     """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists.
 
     With `layer_store` (where the build keeps the layers it assembled), the layers below those are
     squashed once and cached, and the rest is appended (deploy/enroot_incremental.py); where that
-    cannot be done honestly, a full conversion runs and `note` says why."""
+    cannot be done honestly, a full conversion runs and `note` says why. `spare`: after an incremental
+    conversion, copy the cached part for the next one in the background (enroot_incremental.prepare_spare)."""
     t0 = time.monotonic()
     try:
         img = client.images.get(image)
@@ -251,7 +252,7 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
     if layer_store is not None:
         from deploy import enroot_incremental as inc
         try:
-            cache_s, append_s = inc.convert(client, img, out, Path(layer_store), options, progress)
+            cache_s, append_s = inc.convert(client, img, out, Path(layer_store), options, progress, spare)
             return SquashResult(out, False, time.monotonic() - t0, cache_s, append_s, how="incremental")
         except inc.Fallback as e:
             note = f"full conversion: {e}"

@@ -11,8 +11,10 @@ again under another name (`etc_1`), never merged. So the split is by top-level d
                  live there) and the WorkingDir's top directory when the lower image lacks it;
       base.sqsh  everything else, squashed with enroot's options;
   per image:
-    copy base.sqsh; stage = hot/ + the upper layers extracted in order; enroot's fix-up and
+    a copy of base.sqsh; stage = hot/ + the upper layers extracted in order; enroot's fix-up and
     config files on the stage; `mksquashfs stage copy` appends the stage's top-level entries.
+    The copy is made ahead, in the background after each conversion (spare.sqsh), so the next code
+    change only renames it: on ext4 copying 6.6 GB is most of what is left.
 
 The image layout keeps this cheap: the app lives in /app, away from /opt/venv (runtime/contract.py),
 so the stage holds /app and /etc (a few MB), not the venv. The upper layers' files come from the
@@ -42,7 +44,7 @@ from typing import Callable, Optional, Sequence
 from deploy import enroot
 from deploy.job import DeployError
 
-FORMAT = 1            # bump when what the cache holds changes
+FORMAT = 2            # bump when what the cache holds changes
 KEEP_CACHES = 2       # lower caches kept per output directory (most recently used)
 ALWAYS_HOT = ("etc",)  # enroot writes /etc/{environment,fstab,rc,rc.local}
 
@@ -162,7 +164,7 @@ class LowerCache:
                          f"(all but /{', /'.join(sorted(hot))})")
             enroot.mksquashfs(rootfs, work / "base.sqsh", options)
             shutil.rmtree(rootfs)
-            meta = {"hot": sorted(hot), "dirs": dirs, "options": list(options)}
+            meta = {"hot": sorted(hot), "dirs": dirs, "options": list(options), "build_id": os.urandom(8).hex()}
             (work / "meta.json").write_text(json.dumps(meta))
             if self.dir.exists():
                 old = Path(tempfile.mkdtemp(prefix=".old.", dir=self.root))
@@ -206,28 +208,56 @@ def _stage(cache: LowerCache, sp: Split, config: dict, hot: set[str], dest: Path
         raise Fallback(f"the staged tree has top-level entries outside the cached split: {sorted(stray)}")
 
 
-def _append(base: Path, stage: Path, out: Path) -> float:
-    """Copy the cached squashfs to OUT and append the stage to it; returns the copy's seconds.
+def _spare(cache: LowerCache, meta: dict) -> Path:
+    """The ready copy of this build of base.sqsh (named by the build's id: a copy of a base that was
+    since rebuilt under the same key is never taken)."""
+    return cache.dir / f"spare-{meta['build_id']}.sqsh"
 
-    The copy is the cost that is left (the whole image, 6.6 GB for the cpu one, at disk speed on
-    ext4); `cp --reflink=auto` makes it a metadata operation where the filesystem shares extents
-    (XFS with reflink, btrfs)."""
-    t0 = time.monotonic()
-    res = subprocess.run(["cp", "--reflink=auto", str(base), str(out)], capture_output=True, text=True)
+
+def _take_base_copy(cache: LowerCache, meta: dict, out: Path) -> str:
+    """Put a copy of the cached squashfs at OUT: the spare copy when one is ready (a rename), else a
+    copy now. Returns how ("spare" or "copied"). The copy is the cost left on filesystems that do
+    not share extents (ext4: the whole image, 6.6 GB for the cpu one, at disk speed); `cp
+    --reflink=auto` makes it a metadata operation on XFS with reflink or btrfs."""
+    try:
+        os.rename(_spare(cache, meta), out)  # atomic: of two concurrent conversions, one gets it
+        return "spare"
+    except FileNotFoundError:
+        pass
+    res = subprocess.run(["cp", "--reflink=auto", str(cache.dir / "base.sqsh"), str(out)], capture_output=True,
+                         text=True)
     if res.returncode != 0:
         raise DeployError(f"copying the cached squashfs failed: {res.stderr.strip()[-300:]}")
-    copied = time.monotonic() - t0
+    return "copied"
+
+
+def prepare_spare(cache: LowerCache, meta: dict) -> Optional[int]:
+    """Copy base.sqsh to the spare in a detached process (it outlives this command), so the next code
+    change skips the copy. Written under a temporary name and renamed: a spare is whole or absent.
+    Returns the copying process' pid, or None when a spare is ready already."""
+    spare = _spare(cache, meta)
+    if spare.exists():
+        return None
+    tmp = spare.with_name(f".{spare.name}.{os.getpid()}.partial")
+    script = 'cp --reflink=auto -- "$1" "$2" && mv -f -- "$2" "$3" || rm -f -- "$2"'
+    proc = subprocess.Popen(["sh", "-c", script, "spare", str(cache.dir / "base.sqsh"), str(tmp), str(spare)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    return proc.pid
+
+
+def _append(stage: Path, out: Path) -> None:
     argv = ["mksquashfs", str(stage), str(out), "-all-root", "-no-recovery", "-exit-on-error", "-no-progress",
             "-processors", str(os.cpu_count() or 1)]
     res = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if res.returncode != 0:
         raise DeployError(f"mksquashfs (append) failed ({res.returncode}): {res.stderr.strip()[-500:]}")
-    return copied
 
 
 def convert(client, img, out: Path, store: Path, options: Sequence[str] = enroot.ENROOT_DEFAULT_OPTIONS,
-            progress: Optional[Callable[[str], None]] = None) -> tuple[float, float]:
+            progress: Optional[Callable[[str], None]] = None, spare: bool = True) -> tuple[float, float]:
     """Write OUT (the .sqsh of engine image `img`) incrementally; returns (cache seconds, append seconds).
+    With `spare`, the copy the next conversion needs is made in the background afterwards.
     Raises Fallback (nothing written) when this image needs a full conversion."""
     config = img.attrs.get("Config") or {}
     sp = split(img.attrs["RootFS"]["Layers"], store)
@@ -252,12 +282,18 @@ def convert(client, img, out: Path, store: Path, options: Sequence[str] = enroot
         _stage(cache, sp, config, hot, work / "stage")
         t2 = time.monotonic()
         partial = work / "image.sqsh"
-        copied = _append(cache.dir / "base.sqsh", work / "stage", partial)
+        how = _take_base_copy(cache, meta, partial)
+        t3 = time.monotonic()
+        _append(work / "stage", partial)
         os.replace(partial, out)
         if progress:
-            progress(f"incremental .sqsh: staged /{', /'.join(sorted(hot))} in {t2 - t1:.2f}s, copied the cached "
-                     f"squashfs in {copied:.2f}s, appended in {time.monotonic() - t2 - copied:.2f}s")
+            progress(f"incremental .sqsh: staged /{', /'.join(sorted(hot))} in {t2 - t1:.2f}s, "
+                     f"{'took the spare copy' if how == 'spare' else 'copied'} of the cached squashfs in "
+                     f"{t3 - t2:.2f}s, appended in {time.monotonic() - t3:.2f}s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     cache.touch_and_prune()
+    pid = prepare_spare(cache, meta) if spare else None
+    if pid and progress:
+        progress(f"copying the cached squashfs for the next change in the background (pid {pid})")
     return t1 - t0, time.monotonic() - t1

@@ -131,7 +131,7 @@ def cpu_sqsh(client, built, settings, tmp_path_factory):
     ref = built["cpu"]["local_ref"]
     out = {"full": enroot.convert(client, ref, work / "full", progress=print),
            "incremental": enroot.convert(client, ref, work / "inc", progress=print,
-                                         layer_store=settings.build_dir / LAYER_STORE)}
+                                         layer_store=settings.build_dir / LAYER_STORE, spare=False)}
     yield out
     shutil.rmtree(work, ignore_errors=True)
 

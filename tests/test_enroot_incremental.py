@@ -16,6 +16,7 @@ import pytest
 
 from deploy import enroot, enroot_incremental
 from helpers import enroot_fixture
+from runtime.wait import wait_until
 from toolchain import layers
 
 
@@ -99,10 +100,14 @@ def test_a_one_line_change_reuses_the_lower_cache(client, fixture_image, store, 
     first = enroot.convert(client, made[-1], out, layer_store=store)
     (cache,) = [p for p in (out / ".lower").iterdir() if not p.name.startswith(".")]
     base_inode = (cache / "base.sqsh").stat().st_ino
+    wait_until(lambda: list(cache.glob("spare-*.sqsh")), timeout_s=60, what="the spare copy made in the background")
     made.append(stack(client, fixture_image, app_layer(b"print('v2')\n"), "raytrain-incr-test:b", store))
-    second = enroot.convert(client, made[-1], out, layer_store=store)
+    said: list[str] = []
+    second = enroot.convert(client, made[-1], out, layer_store=store, progress=said.append)
     assert (first.how, second.how) == ("incremental", "incremental")
     assert (cache / "base.sqsh").stat().st_ino == base_inode       # not squashed again
+    assert any("took the spare copy" in s for s in said), said    # and not copied again either
+    assert enroot_fixture.facts(str(second.path))["listing"] == enroot_fixture.facts(str(first.path))["listing"]
     assert enroot_fixture.read_member(str(second.path), "app/project/train.py") == "print('v2')\n"
     assert enroot_fixture.read_member(str(first.path), "app/project/train.py") == "print('v1')\n"
     again = enroot.convert(client, made[-1], out, layer_store=store)
