@@ -49,7 +49,8 @@ def run_job(image: str, extra: list[str]) -> dict:
         out = {"formed_s": time.time() - t0, "head_to_barrier_s": float(m.group(1)), "latency_ms": int(m.group(2))}
         barrier_at = float(m.group(3))
         s = wait_for(j, 0, rf"\[driver\] startup: process start {NUM}; imports {NUM} s; ray.init {NUM} s; "
-                           rf"placement groups {NUM} s; group {NUM} s \(hosts {NUM} s, (\d+) taken from spares, "
+                           rf"placement groups {NUM} s; group {NUM} s \(warm hosts adopted after {NUM} s, "
+                           rf"hosts {NUM} s, (\d+) taken from spares, "
                            rf"torch import {NUM} s, process group {NUM} s, worker init {NUM} s\)")
         first = wait_for(j, 0, rf"\[driver\] step 1 loss [\d.]+ at {NUM}")
         v = [float(x) for x in s.groups()]
@@ -60,15 +61,16 @@ def run_job(image: str, extra: list[str]) -> dict:
             "driver imports (ray, torch, runtime)": v[1],
             "ray.init": v[2],
             "placement groups": v[3],
-            "group: actors started (process + torch import)": v[5],
-            "group: torch import inside actors (overlapped)": v[7],
-            "group: process group (gloo) init": v[8],
-            "group: worker __init__ (model, checkpoint)": v[9],
+            f"group: waiting for the {int(v[7])} hosts warmed up during the barrier": v[5],
+            "group: hosts ready (new ones: process start + torch import)": v[6],
+            "group: torch import inside the hosts (overlapped)": v[8],
+            "group: process group (gloo) init": v[9],
+            "group: worker __init__ (model, checkpoint)": v[10],
             "get_step + first step": float(first.group(1)) - startup_end,
         }
         wait_for(j, 0, r"\[driver\] step 15 ")
-        j.containers[2].get_wrapped_container().kill()
         t_kill = time.time()
+        j.containers[2].get_wrapped_container().kill()
         rs = wait_for(j, 0, rf"\[worker-group\] restart 1/\d+: [^\n]*failure seen at {NUM}; lost rank found {NUM} s; "
                             rf"node checked {NUM} s; torn down {NUM} s; placement {NUM} s \((\d+) moved\); hosts {NUM} s "
                             rf"\((\d+) spares, (\d+) new, import {NUM} s\); process group {NUM} s; worker init {NUM} s; "

@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--num-cpus", type=int, default=None, help="CPUs this node offers Ray (default: detected).")
     la.add_argument("--num-gpus", type=int, default=None, help="GPUs this node offers Ray (default: from the scheduler).")
     la.add_argument("--node-ip", default=None, help="Address other nodes reach this one at (default: detected).")
+    la.add_argument("--warm-hosts", type=int, default=None,
+                    help="Worker hosts started per node while the barrier waits, for the driver's first worker "
+                         "group (default: the node's GPUs, or 1; 0: none).")
     la.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command, run on the head only.")
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
@@ -33,7 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     opts = LaunchOptions(port_base=args.port_base, port_stride=args.port_stride, barrier_timeout_s=args.barrier_timeout,
                          join_timeout_s=args.join_timeout, auth="disabled" if args.no_auth else "token",
-                         num_cpus=args.num_cpus, num_gpus=args.num_gpus, node_ip=args.node_ip)
+                         num_cpus=args.num_cpus, num_gpus=args.num_gpus, node_ip=args.node_ip,
+                         warm_hosts=args.warm_hosts)
     try:
         return launch(cmd, opts)
     except (RaytrainError, ValueError) as e:

@@ -20,8 +20,10 @@ from runtime.worker_host import read_worker_log
 PEER_CHECK_S = 20.0
 # once the other workers have answered, how long a silent one gets before it counts as lost
 LOST_GRACE_S = 1.0
-# how long a probe of a suspect node may take before the node counts as lost (a task there may
-# first need a worker process started)
+# how long a probe of a suspect node may take before the node counts as lost: a host there (a
+# spare or another rank) is a running process and answers at once; a task may first need a worker
+# process started
+NODE_PROBE_S = 0.5
 NODE_PING_S = 3.0
 
 
@@ -97,8 +99,7 @@ class FailureHandling:
         the same window tells which nodes still work."""
         refs = [w.__ray_ready__.remote() for w in self.workers]
         nodes = {ref: sl.node_id for ref, sl in zip(refs, self.slots)}
-        if self.spares:
-            nodes.update({hosts[0].__ray_ready__.remote(): node for node, hosts in self.spares.by_node.items() if hosts})
+        nodes.update({hosts[0].__ray_ready__.remote(): node for node, hosts in self.spares.by_node.items() if hosts})
         pending, answered, alive_nodes = list(nodes), set(), set()
         deadline, last = time.monotonic() + within_s, None
         while pending:
@@ -124,20 +125,20 @@ class FailureHandling:
 
     def _node_alive(self, rank: int, alive_nodes: Optional[set] = None) -> bool:
         """Whether the node of `rank` still works: Ray has not declared it dead, and something there
-        answers: another rank or a spare (asked by _lost_worker, or here within LOST_GRACE_S), or
+        answers: another rank or a spare (asked by _lost_worker, or here within NODE_PROBE_S), or
         else a small task within NODE_PING_S (it may need a worker process started)."""
         node_id = self.slots[rank].node_id
         if alive_nodes and node_id in alive_nodes:
             return True
         if any(n["NodeID"] == node_id and not n["Alive"] for n in ray.nodes()):
             return False
-        if alive_nodes is not None and self.spares and self.spares.count(node_id):
+        if alive_nodes is not None and self.spares.count(node_id):
             return False  # its spare was asked with the others and stayed silent
         hosts = [w for r, w in enumerate(self.workers) if r != rank and self.slots[r].node_id == node_id]
-        hosts += self.spares.by_node.get(node_id, [])[:1] if self.spares else []
+        hosts += self.spares.by_node.get(node_id, [])[:1]
         if hosts:
             pending = [h.__ray_ready__.remote() for h in hosts]
-            deadline = time.monotonic() + LOST_GRACE_S
+            deadline = time.monotonic() + NODE_PROBE_S
             while pending and time.monotonic() < deadline:
                 ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
                 try:

@@ -18,7 +18,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from runtime import contract as C
 from runtime.contract import DEFAULT_PORT_BASE
@@ -51,6 +51,7 @@ class LaunchOptions:
     num_cpus: Optional[int] = None
     num_gpus: Optional[int] = None
     node_ip: Optional[str] = None
+    warm_hosts: Optional[int] = None  # worker hosts started per node while the barrier waits (None: 1, or the GPUs)
 
 
 def routable_ip(ident: NodeIdentity, override: Optional[str] = None) -> str:
@@ -116,14 +117,18 @@ def _start_args(opts: LaunchOptions, ident: NodeIdentity, ip: str) -> list[str]:
     return args
 
 
-def barrier(ident: NodeIdentity, address: str, timeout_s: float) -> float:
-    """Block until every expected node is alive; return the time the last one registered."""
+def barrier(ident: NodeIdentity, address: str, timeout_s: float,
+            on_alive: Optional[Callable[[list], None]] = None) -> float:
+    """Block until every expected node is alive; return the time the last one registered.
+    on_alive(nodes) is called with the alive nodes at every poll."""
     import ray
     alive: list = []
 
     def all_alive() -> Optional[float]:
         nodes = ray.nodes()
         alive[:] = [n for n in nodes if n["Alive"]]
+        if on_alive:
+            on_alive(alive)
         dead = [n for n in nodes if not n["Alive"]]
         if dead:
             names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeManagerHostname']})" for n in dead)
@@ -138,6 +143,24 @@ def barrier(ident: NodeIdentity, address: str, timeout_s: float) -> float:
                            f"(joined: {', '.join(joined)}; {detail}); check the workers' logs and that they reach "
                            f"{address}")
     return wait_until(all_alive, timeout_s=timeout_s, interval_s=0.1, what="every node", on_timeout=too_late)
+
+
+def warmer(ident: NodeIdentity, per_node: int) -> Callable[[list], None]:
+    """Starts `per_node` worker hosts on each node as it joins (a Ray worker process that imports
+    torch), so the driver's first worker group finds them ready (runtime.spares.warm_up)."""
+    started: set = set()
+    hosts: list = []  # held for the whole job: a host lives while its creator holds its handle
+
+    def on_alive(nodes: list) -> None:
+        for n in nodes:
+            if per_node > 0 and n["NodeID"] not in started:
+                started.add(n["NodeID"])
+                try:
+                    from runtime.spares import warm_up
+                    hosts.extend(warm_up(n["NodeID"], per_node))
+                except Exception as e:  # an optimisation only: the group starts its own hosts
+                    log(ident, f"could not warm up worker hosts on {n['NodeManagerAddress']}: {e}")
+    return on_alive
 
 
 def ports_for(ident: NodeIdentity, opts: LaunchOptions) -> RayPorts:
@@ -219,8 +242,12 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
     try:
         _wait_started(node, ip, ports.gcs, 120, "ray start --head")
         import ray
-        ray.init(address=address, log_to_driver=False, logging_level="ERROR")
-        last = barrier(ident, address, opts.barrier_timeout_s)
+        # log_to_driver: the warm hosts belong to this process's job, and their output (once a group
+        # adopts them, the ranks') is printed here, on the head's output, as the driver's own workers' is
+        ray.init(address=address, log_to_driver=True, logging_level="ERROR")
+        per_node = opts.warm_hosts if opts.warm_hosts is not None else (ident.gpus_per_node or 1)
+        warm = warmer(ident, per_node)  # held until the driver exits: it holds the warm hosts' handles
+        last = barrier(ident, address, opts.barrier_timeout_s, warm)
         log(ident, f"barrier passed: {ident.num_nodes} node(s) alive {time.monotonic() - t0:.2f}s after head start; "
                    f"driver starts {1000 * (time.monotonic() - last):.0f} ms after the last node registered "
                    f"(at {time.time():.3f})")

@@ -10,11 +10,24 @@ each of two more nodes (reserve nodes), so the loss of any one node is covered.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Iterable
 
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from runtime.worker_host import WorkerHost
+
+# warm hosts the launcher starts while its barrier waits, for the driver's first group to adopt
+WARM_NAMESPACE = "raytrain-warm"
+
+
+def warm_up(node_id: str, count: int) -> list:
+    """Start `count` named hosts on a node (process start and torch import happen now, in the
+    background); RayWorkerGroup adopts them when it starts its ranks there. Keep the handles
+    returned: a host lives while its creator holds one (or until its creator's job ends)."""
+    return [WorkerHost.options(name=f"{node_id}-{i}", namespace=WARM_NAMESPACE, get_if_exists=True, num_cpus=0,
+                           scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+                           ).remote("warm", False, True, True) for i in range(count)]
 
 
 class SparePool:
@@ -46,9 +59,35 @@ class SparePool:
             have = self.by_node.setdefault(node, [])
             for _ in range(n - len(have)):
                 have.append(WorkerHost.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    node, soft=False)).remote("spare", self.monitor_memory))
+                    node, soft=False)).remote("spare", self.monitor_memory, True, True))
                 started += 1
         return started
+
+    def adopt(self, nodes: Iterable[str], timeout_s: float = 30) -> int:
+        """Claim the launcher's warm hosts on `nodes` (each goes to one group only); returns how many.
+        A host still importing is waited for up to timeout_s; one that does not answer is left."""
+        nodes = set(nodes)
+        names = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                 if a.get("namespace") == WARM_NAMESPACE and a["name"].rsplit("-", 1)[0] in nodes]
+        hosts = {}
+        for name in names:
+            try:
+                h = ray.get_actor(name, namespace=WARM_NAMESPACE)
+            except ValueError:  # gone since it was listed
+                continue
+            hosts[h.claim.remote()] = (name.rsplit("-", 1)[0], h)
+        ready, _ = ray.wait(list(hosts), num_returns=len(hosts), timeout=timeout_s) if hosts else ([], [])
+        adopted = 0
+        for ref in ready:
+            try:
+                mine = ray.get(ref, timeout=0)
+            except ray.exceptions.RayError:
+                continue
+            if mine:
+                node, h = hosts[ref]
+                self.by_node.setdefault(node, []).append(h)
+                adopted += 1
+        return adopted
 
     def take(self, node: str):
         """A spare on `node`, or None."""

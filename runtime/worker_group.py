@@ -116,11 +116,17 @@ class RayWorkerGroup(FailureHandling):
         self.restarts = 0
         self.slots: list[BundleSlot] = virtual_cluster.slots()
         self.workers: list = []
-        self.spares = SparePool(virtual_cluster.monitor_memory) if spare_workers else None
+        self.spares = SparePool(virtual_cluster.monitor_memory)
+        self.keep_spares = spare_workers
         self.last_start: dict = {}
         self.last_restart: dict = {}
+        t0 = time.monotonic()
+        if not self.memory_limit:  # hosts the launcher warmed up while its barrier waited (none outside it)
+            self.spares.adopt({sl.node_id for sl in self.slots}, timeout_s=init_timeout_s)
+        adopt_s = time.monotonic() - t0
         self._start()
-        if self.spares:
+        self.last_start["adopt_s"] = adopt_s  # waiting for warm hosts still importing
+        if self.keep_spares:
             self.spares.fill([sl.node_id for sl in self.slots])
 
     # -- lifecycle --------------------------------------------------------------
@@ -143,7 +149,7 @@ class RayWorkerGroup(FailureHandling):
         t0 = time.monotonic()
         hosts, reused = [], 0
         for rank, slot in enumerate(self.slots):
-            spare = self.spares.take(slot.node_id) if self.spares and slot.node_id != lost_node else None
+            spare = self.spares.take(slot.node_id) if slot.node_id != lost_node else None
             reused += spare is not None
             hosts.append(spare or self._spawn(rank, slot))
         self.workers = hosts
@@ -186,8 +192,7 @@ class RayWorkerGroup(FailureHandling):
                 pass
             ray.kill(w)
         self.workers = []
-        if self.spares:
-            self.spares.shutdown()
+        self.spares.shutdown()
 
     def _restart(self, rank: Optional[int] = None, node_lost: bool = False, attempts: int = 6,
                  pause_s: float = 0.5) -> dict:
@@ -200,10 +205,10 @@ class RayWorkerGroup(FailureHandling):
         lost_node = self.slots[rank].node_id if rank is not None and node_lost else ""
         for w in self.workers:
             ray.kill(w, no_restart=True)
-        if lost_node and self.spares:
+        if lost_node:
             self.spares.drop_node(lost_node)
         t1 = time.monotonic()
-        moved = self.cluster.move_off(lost_node, self.spares.reserve_for(lost_node) if self.spares else "") if lost_node else 0
+        moved = self.cluster.move_off(lost_node, self.spares.reserve_for(lost_node)) if lost_node else 0
         self.slots = self.cluster.slots()
         t2 = time.monotonic()
         for attempt in range(1, attempts + 1):
@@ -219,7 +224,7 @@ class RayWorkerGroup(FailureHandling):
                                              f"{attempts} start-up attempts: {e}") from None
                 time.sleep(pause_s)
                 self.slots = self.cluster.slots()
-        if self.spares:
+        if self.keep_spares:
             self.spares.fill([sl.node_id for sl in self.slots])
         return {"teardown_s": t1 - t0, "placement_s": t2 - t1, "moved_groups": moved, "start_attempts": attempt,
                 **self.last_start}

@@ -36,7 +36,8 @@ def read_worker_log(pid: int, lines: int) -> str:
 class _WorkerHost:
     """Hosts one user worker: rank variables, torch.distributed, the user's methods."""
 
-    def __init__(self, label: str = "spare", monitor_memory: bool = False, preload_torch: bool = True):
+    def __init__(self, label: str = "spare", monitor_memory: bool = False, preload_torch: bool = True,
+                 preload_ddp: bool = False):
         t0 = time.monotonic()
         self.label = label
         self.rank: Optional[int] = None
@@ -51,7 +52,14 @@ class _WorkerHost:
             import torch.distributed  # noqa: F401
             import torch.nn.parallel  # noqa: F401
             import torch.optim  # noqa: F401
+        if preload_ddp:  # building a DDP model imports torch._dynamo (sympy and more): ~1 s a spare does early
+            import torch._dynamo  # noqa: F401
         self.import_s = time.monotonic() - t0
+
+    def claim(self) -> bool:
+        """True for the first caller only: a warm host started by the launcher goes to one group."""
+        first, self._claimed = not getattr(self, "_claimed", False), True
+        return first
 
     def free_port(self) -> tuple[str, int]:
         """An address and a free port on this host's node (rank 0 gives the group its master port)."""

@@ -125,7 +125,8 @@ def main(argv=None) -> int:
     print(f"[driver] world size {group.world_size} on {nodes} nodes, checkpoints in {ckpt_dir}", flush=True)
     print(f"[driver] startup: process start {STARTED_AT:.3f}; imports {imported - STARTED_AT:.2f} s; "
           f"ray.init {connected - imported:.2f} s; placement groups {placed - connected:.2f} s; "
-          f"group {time.time() - placed:.2f} s (hosts {st['hosts_s']:.2f} s, {st['spares_used']} taken from spares, "
+          f"group {time.time() - placed:.2f} s (warm hosts adopted after {st['adopt_s']:.2f} s, "
+          f"hosts {st['hosts_s']:.2f} s, {st['spares_used']} taken from spares, "
           f"torch import {st['import_s']:.2f} s, process group {st['dist_init_s']:.2f} s, "
           f"worker init {st['worker_init_s']:.2f} s)", flush=True)
     step = group.run_all_workers_single_data("get_step")[0]
