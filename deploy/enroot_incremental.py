@@ -288,7 +288,7 @@ def convert(client, img, out: Path, store: Path, options: Sequence[str] = enroot
         os.replace(partial, out)
         if progress:
             progress(f"incremental .sqsh: staged /{', /'.join(sorted(hot))} in {t2 - t1:.2f}s, "
-                     f"{'took the spare copy' if how == 'spare' else 'copied'} of the cached squashfs in "
+                     f"{'took the spare copy of' if how == 'spare' else 'copied'} the cached squashfs in "
                      f"{t3 - t2:.2f}s, appended in {time.monotonic() - t3:.2f}s")
     finally:
         shutil.rmtree(work, ignore_errors=True)
