@@ -55,7 +55,7 @@ def _reduce_tensor(t: torch.Tensor):
 
 @contextmanager
 def zero_copy_tensors():
-    """While inside, Ray serialises plain CPU tensors as out-of-band numpy buffers (no pickled copy).
+    """While inside, Ray serialises plain CPU tensors as out-of-band pickle-5 buffers (no pickled copy).
     Only this process's serialisation is affected, and a reducer the user registered is kept."""
     from ray.cloudpickle import CloudPickler
     with _lock:
