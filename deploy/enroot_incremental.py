@@ -264,9 +264,7 @@ def convert(client, img, out: Path, store: Path, options: Sequence[str] = enroot
     cache = LowerCache(out.parent, cache_key(sp.lower_chain, options))
     t0 = time.monotonic()
     meta = cache.meta
-    if meta is not None:
-        hot = _needed_hot(sp, config, set(meta["dirs"]))
-    if meta is None or not hot <= set(meta["hot"]):
+    if meta is None or not _needed_hot(sp, config, set(meta["dirs"])) <= set(meta["hot"]):
         lower_image = _find_image_with_chain(client, sp.lower_chain)
         if lower_image is None:
             raise Fallback("no local image has the layers below the app layer (and no cache of them exists)")

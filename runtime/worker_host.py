@@ -47,6 +47,7 @@ class _WorkerHost:
         self.busy_since = 0.0
         self.started = time.time()
         self.monitor_memory = monitor_memory
+        self._claimed = False
         self._cpu = (time.monotonic(), time.process_time())
         if preload_torch:  # the slow imports, done before a rank is assigned (DDP and optim pull in most of torch)
             import torch.distributed  # noqa: F401
@@ -58,7 +59,7 @@ class _WorkerHost:
 
     def claim(self) -> bool:
         """True for the first caller only: a warm host started by the launcher goes to one group."""
-        first, self._claimed = not getattr(self, "_claimed", False), True
+        first, self._claimed = not self._claimed, True
         return first
 
     def free_port(self) -> tuple[str, int]:
