@@ -90,10 +90,12 @@ def rc_script(config: dict) -> str:
               "    . /etc/rc.local",
               "fi",
               "",
+              # enroot's template is `exec ${entrypoint@Q} "$@"` / `exec ${entrypoint@Q} ${cmd@Q}`: an
+              # empty part still leaves its space (checked against a real enroot 4.1.2 import)
               "if [ $# -gt 0 ]; then",
-              f"    exec {q(entry) + ' ' if entry else ''}\"$@\"",
+              f"    exec {q(entry)} \"$@\"",
               "else",
-              f"    exec {q(entry + cmd)}",
+              f"    exec {q(entry)} {q(cmd)}",
               "fi", ""]
     return "\n".join(lines)
 

@@ -153,3 +153,11 @@ def cpu_sqsh_tree(cpu_sqsh, request, tmp_path_factory):
                    capture_output=True)
     yield tree
     shutil.rmtree(tree, ignore_errors=True)
+
+
+def test_rc_script_without_an_entrypoint_is_enroots_byte_for_byte():
+    """Seen on a real enroot 4.1.2 import of the cpu image (no Entrypoint, Cmd python -m runtime
+    selfcheck): the empty entrypoint still leaves its space after `exec`."""
+    rc = enroot.rc_script({"WorkingDir": "/app/project", "Cmd": ["python", "-m", "runtime", "selfcheck"]})
+    assert '    exec  "$@"\n' in rc
+    assert "    exec  'python' '-m' 'runtime' 'selfcheck'\n" in rc
