@@ -83,7 +83,7 @@ def test_rc_script_behaviour(client, small_image, tmp_path):
 
     # the rc script does what enroot start would: default command, then a given one
     tree = tmp_path / "tree"
-    subprocess.run(["unsquashfs", "-q", "-d", str(tree), str(res.path)], check=True, capture_output=True)
+    enroot_fixture.unsquash(res.path, tree)
     out = subprocess.run([CHROOT, str(tree), "/bin/sh", "/etc/rc"], capture_output=True, text=True, env={}).stdout
     assert out == "it's a $HOME\n"
     out = subprocess.run([CHROOT, str(tree), "/bin/sh", "/etc/rc", "pwd:", "$(x)"], capture_output=True, text=True).stdout
@@ -107,52 +107,58 @@ def enroot_start(tree: Path, user: str, shell: str, *argv: str) -> subprocess.Co
     return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def cpu_facts() -> dict:
+    """how -> (SquashResult, facts) of each conversion of the cpu image, as they are made."""
+    return {}
+
+
+@pytest.fixture(scope="module", params=["full", "incremental"])
+def cpu_tree(request, client, built, settings, tmp_path_factory, cpu_facts):
+    """The cpu image converted in full, then incrementally (the lower layers squashed into a cache,
+    the app and spec layers from the build's layer store appended), and unpacked: what enroot
+    mounts. One at a time: a .sqsh is GBs and its tree 7 GB, so each .sqsh is gone once unpacked
+    (pytest finishes the tests of one parameter, and its teardown, before the next)."""
+    how = request.param
+    work = tmp_path_factory.mktemp(f"cpu-{how}")
+    extra = dict(layer_store=settings.build_dir / LAYER_STORE, spare=False) if how == "incremental" else {}
+    res = enroot.convert(client, built["cpu"]["local_ref"], work / "out", progress=print, **extra)
+    shutil.rmtree(work / "out" / ".lower", ignore_errors=True)  # the lower chain's cache: only a next conversion needs it
+    cpu_facts[how] = (res, enroot_fixture.facts(str(res.path)))
+    enroot_fixture.unsquash(res.path, work / "tree")
+    res.path.unlink()
+    yield work / "tree"
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def test_cpu_image_incremental_sqsh_equals_the_full_conversion(cpu_tree, cpu_facts, request):
+    """[full]: the full conversion holds the app and the venv; [incremental]: the incremental one
+    lists the same entries, modes, owners and link targets, with the same superblock and config files."""
+    if request.node.callspec.params["cpu_tree"] == "full":
+        full, want = cpu_facts["full"]
+        assert full.how == "full"
+        assert "/app/project/train.py" in want["listing"] and "/opt/venv/bin/python" in want["listing"]
+        return
+    (_, want), (inc, got) = cpu_facts["full"], cpu_facts["incremental"]
+    assert inc.how == "incremental", inc.note
+    assert got["superblock"] == want["superblock"] and got["files"] == want["files"]
+    assert got["listing"] == want["listing"]
+
+
 @pytest.mark.parametrize("user,shell", [("0:0", "/bin/sh"), ("1000:1000", "/bin/bash"), ("4242:4242", "/bin/sh")],
                          ids=["root", "image-user-bash", "unknown-uid"])
-def test_cpu_image_boots_like_enroot_under_a_login_shell(cpu_sqsh_tree, user, shell):
-    proc = enroot_start(cpu_sqsh_tree, user, shell, "python", "-m", "runtime", "selfcheck")
+def test_cpu_image_boots_like_enroot_under_a_login_shell(cpu_tree, user, shell):
+    proc = enroot_start(cpu_tree, user, shell, "python", "-m", "runtime", "selfcheck")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["cluster_spec_path"] and report["cluster_name"]
     assert report["torch"].startswith("2.9.1") and report["ray"] == "2.60.0"
     assert report["uid"] == int(user.split(":")[0])
-    proc = enroot_start(cpu_sqsh_tree, user, shell, "ray", "--version")
+    proc = enroot_start(cpu_tree, user, shell, "ray", "--version")
     assert proc.returncode == 0 and "2.60.0" in proc.stdout, proc.stderr[-2000:]
     # the login shell did reset PATH, and the image put its venv back first
-    proc = enroot_start(cpu_sqsh_tree, user, shell, "/bin/sh", "-c", "command -v python; command -v ray")
+    proc = enroot_start(cpu_tree, user, shell, "/bin/sh", "-c", "command -v python; command -v ray")
     assert proc.stdout.split() == ["/opt/venv/bin/python", "/opt/venv/bin/ray"], proc.stdout + proc.stderr
-
-
-@pytest.fixture(scope="module")
-def cpu_sqsh(client, built, settings, tmp_path_factory):
-    """The cpu image converted twice: in full, and incrementally (the lower layers squashed into a
-    cache, the app and spec layers from the build's layer store appended)."""
-    work = tmp_path_factory.mktemp("cpu-sqsh")
-    ref = built["cpu"]["local_ref"]
-    out = {"full": enroot.convert(client, ref, work / "full", progress=print),
-           "incremental": enroot.convert(client, ref, work / "inc", progress=print,
-                                         layer_store=settings.build_dir / LAYER_STORE, spare=False)}
-    yield out
-    shutil.rmtree(work, ignore_errors=True)
-
-
-def test_cpu_image_incremental_sqsh_equals_the_full_conversion(cpu_sqsh):
-    full, inc = cpu_sqsh["full"], cpu_sqsh["incremental"]
-    assert (full.how, inc.how) == ("full", "incremental"), inc.note
-    want, got = enroot_fixture.facts(str(full.path)), enroot_fixture.facts(str(inc.path))
-    assert got["superblock"] == want["superblock"] and got["files"] == want["files"]
-    assert got["listing"] == want["listing"]
-    assert "/app/project/train.py" in got["listing"] and "/opt/venv/bin/python" in got["listing"]
-
-
-@pytest.fixture(scope="module", params=["full", "incremental"])
-def cpu_sqsh_tree(cpu_sqsh, request, tmp_path_factory):
-    """A .sqsh of the cpu image unpacked (what enroot mounts): the full and the incremental one."""
-    tree = tmp_path_factory.mktemp(f"cpu-tree-{request.param}") / "tree"
-    subprocess.run(["unsquashfs", "-q", "-d", str(tree), str(cpu_sqsh[request.param].path)], check=True,
-                   capture_output=True)
-    yield tree
-    shutil.rmtree(tree, ignore_errors=True)
 
 
 def test_rc_script_without_an_entrypoint_is_enroots_byte_for_byte():

@@ -8,7 +8,6 @@ kept in a layer store. The cpu image's incremental .sqsh is compared and booted 
 import hashlib
 import io
 import json
-import subprocess
 import tarfile
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from toolchain import layers
 
 def tree_digest(sqsh: Path, dest: Path) -> dict[str, str]:
     """path -> sha256 of every regular file's content, unpacked from the squashfs."""
-    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(dest), str(sqsh)], check=True, capture_output=True)
+    enroot_fixture.unsquash(sqsh, dest, "-n")
     out = {}
     for p in sorted(dest.rglob("*")):
         if p.is_file() and not p.is_symlink():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -114,6 +115,17 @@ def listing(path: str) -> dict[str, list[str]]:
         name, _, target = (parts[5] if len(parts) == 6 else "").partition(" -> ")
         entries[name or "/"] = [parts[0], parts[1], target]
     return entries
+
+
+def unsquash(sqsh, dest, *flags: str) -> None:
+    """unsquashfs SQSH into DEST (which must not exist); a failure carries unsquashfs' own words and
+    the free space where it wrote (a 7 GB image tree needs room)."""
+    proc = subprocess.run(["unsquashfs", "-q", *flags, "-d", str(dest), str(sqsh)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        import shutil
+        free = shutil.disk_usage(os.path.dirname(os.path.abspath(str(dest)))).free
+        raise AssertionError(f"unsquashfs {sqsh} -> {dest} exited with {proc.returncode} "
+                             f"({free / 2**30:.1f} GiB free there):\n{(proc.stdout + proc.stderr)[-3000:]}")
 
 
 def read_member(path: str, member: str) -> str:
