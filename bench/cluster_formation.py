@@ -45,7 +45,7 @@ def run_job(image: str, extra: list[str]) -> dict:
         for r in (1, 2, 0):
             j.start(r)
         m = wait_for(j, 0, rf"barrier passed: 3 node\(s\) alive {NUM}s after head start; driver starts (\d+) ms"
-                           rf"[^\n]*\(at {NUM}\)")
+                           rf"[^\n]*\(at {NUM}")
         out = {"formed_s": time.time() - t0, "head_to_barrier_s": float(m.group(1)), "latency_ms": int(m.group(2))}
         barrier_at = float(m.group(3))
         s = wait_for(j, 0, rf"\[driver\] startup: process start {NUM}; imports {NUM} s; ray.init {NUM} s; "

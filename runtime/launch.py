@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from runtime import contract as C
+from runtime import preload
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import RaytrainError
 from runtime.identity import NodeIdentity, detect
@@ -52,6 +53,7 @@ class LaunchOptions:
     num_gpus: Optional[int] = None
     node_ip: Optional[str] = None
     warm_hosts: Optional[int] = None  # worker hosts started per node while the barrier waits (None: 1, or the GPUs)
+    preload_driver: bool = True   # start a Python driver during the barrier with its imports done (runtime.preload)
 
 
 def routable_ip(ident: NodeIdentity, override: Optional[str] = None) -> str:
@@ -241,17 +243,27 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
                         *_start_args(opts, ident, ip)], env)
     try:
         _wait_started(node, ip, ports.gcs, 120, "ray start --head")
+        driver_env = {**env, "RAY_ADDRESS": address}
+        target = preload.target_of(cmd) if opts.preload_driver else None
+        early = (subprocess.Popen(preload.preload_argv(target), env=driver_env, stdin=subprocess.PIPE)
+                 if target else None)
         import ray
-        # log_to_driver: the warm hosts belong to this process's job, and their output (once a group
-        # adopts them, the ranks') is printed here, on the head's output, as the driver's own workers' is
-        ray.init(address=address, log_to_driver=True, logging_level="ERROR")
-        per_node = opts.warm_hosts if opts.warm_hosts is not None else (ident.gpus_per_node or 1)
-        warm = warmer(ident, per_node)  # held until the driver exits: it holds the warm hosts' handles
-        last = barrier(ident, address, opts.barrier_timeout_s, warm)
+        try:
+            # log_to_driver: the warm hosts belong to this process's job, and their output (once a group
+            # adopts them, the ranks') is printed here, on the head's output, as the driver's own workers' is
+            ray.init(address=address, log_to_driver=True, logging_level="ERROR")
+            per_node = opts.warm_hosts if opts.warm_hosts is not None else (ident.gpus_per_node or 1)
+            warm = warmer(ident, per_node)  # held until the driver exits: it holds the warm hosts' handles
+            last = barrier(ident, address, opts.barrier_timeout_s, warm)
+        except BaseException:
+            if early:
+                early.kill()
+                early.wait()
+            raise
         log(ident, f"barrier passed: {ident.num_nodes} node(s) alive {time.monotonic() - t0:.2f}s after head start; "
                    f"driver starts {1000 * (time.monotonic() - last):.0f} ms after the last node registered "
-                   f"(at {time.time():.3f})")
-        proc = subprocess.Popen(cmd, env={**env, "RAY_ADDRESS": address})
+                   f"(at {time.time():.3f}{', imports preloaded' if early else ''})")
+        proc = go(early) if early else subprocess.Popen(cmd, env=driver_env)
         forward = lambda sig, _f: proc.send_signal(sig)  # noqa: E731
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
@@ -264,6 +276,16 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
     finally:
         _disconnect()
         _stop_node(node)
+
+
+def go(early: subprocess.Popen) -> subprocess.Popen:
+    """Let the preloaded driver run the script (if it died while importing, its exit code stands)."""
+    try:
+        early.stdin.write(preload.GO)
+        early.stdin.close()
+    except BrokenPipeError:
+        pass
+    return early
 
 
 def _disconnect() -> None:

@@ -5,6 +5,7 @@ import secrets
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 
@@ -67,12 +68,43 @@ def test_driver_exit_code_reaches_every_node():
     assert codes == [7, 7]
 
 
-def test_barrier_deadline_names_missing_node():
+DRIVER = """
+import json, sys, time
+started, preloaded = time.time(), "torch" in sys.modules
+import ray
+ray.init()
+print("DRIVER " + json.dumps({"started": started, "preloaded": preloaded, "argv": sys.argv[1:],
+                              "nodes": len([n for n in ray.nodes() if n["Alive"]])}), flush=True)
+sys.exit(3)
+"""
+
+
+def test_preloaded_driver_starts_its_script_after_the_barrier(tmp_path):
+    """The driver process starts while the head waits for a late worker; the script's first line
+    runs only once both nodes are up, with torch already imported; its exit code is everyone's."""
+    (tmp_path / "drv.py").write_text(DRIVER)
     token = secrets.token_hex(32)
-    head = launch(0, 2, token, cmd=["true"], args=["--barrier-timeout", "3"])
+    head = launch(0, 2, token, cmd=[sys.executable, str(tmp_path / "drv.py"), "--flag", "a b"])
+    time.sleep(8)  # the head is up and waiting; the preloaded driver has imported torch by now
+    joined_after = time.time()
+    worker = launch(1, 2, token)
+    (hc, hout), (wc, wout) = finish([head, worker])
+    assert (hc, wc) == (3, 3), hout[-3000:] + wout[-1500:]
+    seen = json.loads(next(l for l in hout.splitlines() if l.startswith("DRIVER "))[7:])
+    assert seen["preloaded"] is True and seen["argv"] == ["--flag", "a b"] and seen["nodes"] == 2
+    assert seen["started"] > joined_after
+    assert "imports preloaded" in hout
+
+
+def test_barrier_deadline_names_missing_node(tmp_path):
+    """...and the preloaded driver, started during the barrier, never runs its script."""
+    (tmp_path / "drv.py").write_text(f"open({str(tmp_path / 'ran')!r}, 'w').close()\n")
+    token = secrets.token_hex(32)
+    head = launch(0, 2, token, cmd=[sys.executable, str(tmp_path / "drv.py")], args=["--barrier-timeout", "3"])
     (code, out), = finish([head])
     assert code == 2
     assert "only 1/2 nodes joined within 3s" in out
+    assert not (tmp_path / "ran").exists()
 
 
 def test_contradicting_scheduler_variables():
