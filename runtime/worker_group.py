@@ -126,8 +126,7 @@ class RayWorkerGroup(FailureHandling):
         adopt_s = time.monotonic() - t0
         self._start()
         self.last_start["adopt_s"] = adopt_s  # waiting for warm hosts still importing
-        if self.keep_spares:
-            self.spares.fill([sl.node_id for sl in self.slots])
+        self._spares_due = self.keep_spares
 
     # -- lifecycle --------------------------------------------------------------
     @property
@@ -224,19 +223,27 @@ class RayWorkerGroup(FailureHandling):
                                              f"{attempts} start-up attempts: {e}") from None
                 time.sleep(pause_s)
                 self.slots = self.cluster.slots()
-        if self.keep_spares:
-            self.spares.fill([sl.node_id for sl in self.slots])
+        self._spares_due = self.keep_spares
         return {"teardown_s": t1 - t0, "placement_s": t2 - t1, "moved_groups": moved, "start_attempts": attempt,
                 **self.last_start}
 
     # -- calls ------------------------------------------------------------------
+    def _fill_spares(self) -> None:
+        """Start the missing spares once a call on the (re)started group has returned, not with the
+        group: their torch imports would compete with the first step for the nodes' CPUs."""
+        if self._spares_due:
+            self._spares_due = False
+            self.spares.fill([sl.node_id for sl in self.slots])
+
     def _collect(self, refs: list, timeout: Optional[float]) -> list:
-        return self._guard(lambda: refs, timeout)
+        out = self._guard(lambda: refs, timeout)
+        self._fill_spares()
+        return out
 
     def _call(self, make_refs: Callable[[], list]):
         if self.async_communication:
             return WorkerGroupFuture(self, make_refs(), self.call_timeout_s)
-        return self._guard(make_refs, self.call_timeout_s)
+        return self._collect(make_refs(), self.call_timeout_s)
 
     def run_all_workers_single_data(self, method_name: str, *args, **kwargs):
         """The method on every worker with the same arguments; results in rank order (a future when
@@ -307,6 +314,7 @@ class RayWorkerGroup(FailureHandling):
             w, i = running.pop(ref)
             results[i] = self._guard(lambda: [ref], None)[0]
             submit(w)
+        self._fill_spares()
         return results
 
     def get_resource_usage(self, timeout_s: float = 5) -> list[dict]:

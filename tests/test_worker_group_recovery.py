@@ -43,7 +43,9 @@ def test_node_lost_group_moves_and_resumes_from_spares(three_nodes, tmp_path):
     g = RayWorkerGroup(vc, Checkpointed, init_args=(str(tmp_path / "step"),), restart_on_failure=True,
                        max_restarts=1, spare_workers=True)
     try:
+        assert g.spares.count() == 0  # spares start after the first call, not beside the first step
         assert g.run_all_workers_single_data("train_step") == [1, 1]
+        assert g.spares.count() > 0
         assert g.run_all_workers_single_data("train_step") == [2, 2]
         head = ray.get_runtime_context().get_node_id()
         victim = next(r for r, s in enumerate(g.slots) if s.node_id != head)
