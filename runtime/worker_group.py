@@ -118,6 +118,7 @@ class RayWorkerGroup(FailureHandling):
         self.workers: list = []
         self.spares = SparePool(virtual_cluster.monitor_memory)
         self.keep_spares = spare_workers
+        self._spares_due = False  # set once the group has (re)started: see _fill_spares
         self.last_start: dict = {}
         self.last_restart: dict = {}
         t0 = time.monotonic()
