@@ -21,13 +21,19 @@ from runtime.worker_host import WorkerHost
 WARM_NAMESPACE = "raytrain-warm"
 
 
+def _host_on(node_id: str, label: str, monitor_memory: bool = False, **options):
+    """A host pinned to a node, holding no Ray resources, that imports torch (and DDP's imports) as
+    it starts."""
+    return WorkerHost.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+                              **options).remote(label, monitor_memory, True, True)
+
+
 def warm_up(node_id: str, count: int) -> list:
     """Start `count` named hosts on a node (process start and torch import happen now, in the
     background); RayWorkerGroup adopts them when it starts its ranks there. Keep the handles
     returned: a host lives while its creator holds one (or until its creator's job ends)."""
-    return [WorkerHost.options(name=f"{node_id}-{i}", namespace=WARM_NAMESPACE, get_if_exists=True, num_cpus=0,
-                           scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
-                           ).remote("warm", False, True, True) for i in range(count)]
+    return [_host_on(node_id, "warm", name=f"{node_id}-{i}", namespace=WARM_NAMESPACE, get_if_exists=True)
+            for i in range(count)]
 
 
 class SparePool:
@@ -58,8 +64,7 @@ class SparePool:
         for node, n in self.plan(slot_nodes).items():
             have = self.by_node.setdefault(node, [])
             for _ in range(n - len(have)):
-                have.append(WorkerHost.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
-                    node, soft=False)).remote("spare", self.monitor_memory, True, True))
+                have.append(_host_on(node, "spare", self.monitor_memory))
                 started += 1
         return started
 
