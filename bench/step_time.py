@@ -34,16 +34,16 @@ SMALL_BATCH = 256  # global batch of the small step (~25-35 ms on 2 cores); the 
 TORCHRUN_SCRIPT = r'''
 import sys, time, torch, torch.distributed as dist
 sys.path.insert(0, {root!r})
-from bench.step_time import make_model, make_shard, timed_step
+from bench.step_time import make_model, median_ms, timed_step
 torch.set_num_threads(1)
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
 model = torch.nn.parallel.DistributedDataParallel(make_model({width}))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for name, batch in {configs!r}.items():
-    times = sorted(timed_step(model, opt, step, rank, world, batch, {width}) for step in range({steps}))[{warmup}:]
+    times = [timed_step(model, opt, step, rank, world, batch, {width}) for step in range({steps})]
     if rank == 0:
-        print("MS", name, 1000 * times[len(times) // 2], flush=True)
+        print("MS", name, median_ms(times, {warmup}), flush=True)
 '''
 
 
