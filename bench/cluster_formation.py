@@ -3,8 +3,9 @@
 Prints: container start -> barrier passed, barrier latency (last node registered -> driver start),
 beside the fixed sleeps of the documented Slurm template (10 s + 5 s per worker); barrier passed ->
 first training step, with where the time goes; and worker container killed -> training resumed,
-with where the time goes. Recovery is measured with spare workers (the example's default) and,
-in the same run, without (--no-spares). Needs the images: `invoke build` first.
+with where the time goes. Measured with spare workers (the example's default) and, in the same run,
+without (--no-spares), and with workers started plainly instead of forked from the node's zygote
+(launch --no-zygote). Needs the images: `invoke build` first.
 Run: .venv/bin/python bench/cluster_formation.py [--no-baseline]
 """
 from __future__ import annotations
@@ -38,8 +39,9 @@ def wait_for(j, rank, pattern, timeout=300):
     raise SystemExit(f"timed out waiting for {pattern!r}:\n{j.logs(rank)[-2000:]}")
 
 
-def run_job(image: str, extra: list[str]) -> dict:
-    j = Job(image, train_args=["--steps", "40", "--step-delay", "0.3", "--ckpt-every", "5", *extra])
+def run_job(image: str, extra: list[str], launch_args: tuple[str, ...] = ()) -> dict:
+    j = Job(image, train_args=["--steps", "40", "--step-delay", "0.3", "--ckpt-every", "5", *extra],
+            launch_args=launch_args)
     try:
         t0 = time.time()
         for r in (1, 2, 0):
@@ -54,6 +56,7 @@ def run_job(image: str, extra: list[str]) -> dict:
                            rf"torch import {NUM} s, process group {NUM} s, worker init {NUM} s\)")
         first = wait_for(j, 0, rf"\[driver\] step 1 loss [\d.]+ at {NUM}")
         v = [float(x) for x in s.groups()]
+        out["start_to_first_step_s"] = float(first.group(1)) - t0
         startup_end = v[0] + v[1] + v[2] + v[3] + v[4]
         out["first_step"] = {
             "total": float(first.group(1)) - barrier_at,
@@ -102,10 +105,20 @@ def run_job(image: str, extra: list[str]) -> dict:
 
 
 def show(title: str, parts: dict, target: float) -> None:
-    total = parts.pop("total")
+    total = parts["total"]
     print(f"{title:44s} {total:6.2f} s  (target < {target:g} s: {'met' if total < target else 'missed'})")
     for k, v in parts.items():
+        if k == "total":
+            continue
         print(f"    {k:48s} {v:6.2f} s")
+
+
+def report(r: dict) -> None:
+    print(f"  container start -> barrier passed   {r['formed_s']:6.2f} s; container start -> first step "
+          f"{r['start_to_first_step_s']:.2f} s")
+    show("barrier passed -> first training step", r["first_step"], 3)
+    show("worker container killed -> training resumed", r["recovery"], 10)
+    print(f"  job exit {r['exit']}, steps {r['steps']}, restarts {r['restarts']}")
 
 
 def main() -> None:
@@ -120,18 +133,20 @@ def main() -> None:
     print(f"  container start -> barrier passed   {r['formed_s']:6.2f} s  (head start -> barrier {r['head_to_barrier_s']:.2f} s)")
     print(f"  barrier latency                     {r['latency_ms'] / 1000:6.3f} s  (target < 1 s)")
     print(f"  documented Slurm template sleeps    {sleeps:6.2f} s  -> ratio sleeps / ours {sleeps / r['formed_s']:.1f}x")
-    rec = r["recovery"]["total"]
-    show("barrier passed -> first training step", r["first_step"], 3)
-    show("worker container killed -> training resumed", r["recovery"], 10)
-    print(f"  job exit {r['exit']}, steps {r['steps']}, restarts {r['restarts']}")
+    rec, first = r["recovery"]["total"], r["first_step"]["total"]
+    report(r)
     if not args.no_baseline:
         b = run_job(image, ["--no-spares"])
-        base = b["recovery"]["total"]
         print("same, without spare workers (--no-spares):")
-        show("barrier passed -> first training step", b["first_step"], 3)
-        show("worker container killed -> training resumed", b["recovery"], 10)
-        print(f"  job exit {b['exit']}, steps {b['steps']}, restarts {b['restarts']}")
-        print(f"recovery, spares / no spares: {rec:.2f} s / {base:.2f} s = {rec / base:.2f}")
+        report(b)
+        z = run_job(image, [], ("--no-zygote",))
+        print("same, spares, workers not forked from a zygote (launch --no-zygote):")
+        report(z)
+        print(f"recovery, spares / no spares: {rec:.2f} s / {b['recovery']['total']:.2f} s = "
+              f"{rec / b['recovery']['total']:.2f}")
+        print(f"barrier -> first step, zygote / no zygote: {first:.2f} s / {z['first_step']['total']:.2f} s = "
+              f"{first / z['first_step']['total']:.2f}; container start -> first step: "
+              f"{r['start_to_first_step_s']:.2f} s / {z['start_to_first_step_s']:.2f} s")
     print(f"load after: {os.getloadavg()[0]:.2f} (1 min)")
 
 

@@ -31,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="Start the driver after the barrier, imports and all. By default a `python script.py` or "
                          "`python -m module` driver starts while the barrier waits, imports ray and torch, and runs "
                          "the script once every node is up (runtime/preload.py).")
+    la.add_argument("--no-zygote", dest="zygote", action="store_false",
+                    help="Start each Ray worker as a fresh interpreter that imports torch itself. By default "
+                         "every node imports torch once, while it waits, in a zygote that the raylet's Python "
+                         "workers are forked from (runtime/zygote.py).")
     la.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command, run on the head only.")
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
@@ -41,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     opts = LaunchOptions(port_base=args.port_base, port_stride=args.port_stride, barrier_timeout_s=args.barrier_timeout,
                          join_timeout_s=args.join_timeout, auth="disabled" if args.no_auth else "token",
                          num_cpus=args.num_cpus, num_gpus=args.num_gpus, node_ip=args.node_ip,
-                         warm_hosts=args.warm_hosts, preload_driver=args.preload)
+                         warm_hosts=args.warm_hosts, preload_driver=args.preload, zygote=args.zygote)
     try:
         return launch(cmd, opts)
     except (RaytrainError, ValueError) as e:

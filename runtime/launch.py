@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from runtime import contract as C
-from runtime import preload
+from runtime import preload, zygote
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import RaytrainError
 from runtime.identity import NodeIdentity, detect
@@ -54,6 +54,7 @@ class LaunchOptions:
     node_ip: Optional[str] = None
     warm_hosts: Optional[int] = None  # worker hosts started per node while the barrier waits (None: 1, or the GPUs)
     preload_driver: bool = True   # start a Python driver during the barrier with its imports done (runtime.preload)
+    zygote: bool = True           # fork the raylet's Python workers from a process with torch imported (runtime.zygote)
 
 
 def routable_ip(ident: NodeIdentity, override: Optional[str] = None) -> str:
@@ -192,12 +193,13 @@ def ray_cli() -> str:
     return found
 
 
-def _start_node(args: list[str], env: dict) -> subprocess.Popen:
+def _start_node(ray_cmd: list[str], args: list[str], env: dict) -> subprocess.Popen:
     """`ray start --block` as our child: stopping it stops exactly this node's Ray processes,
     so several nodes can share one host (no `ray stop`, which would kill them all).
+    `ray_cmd` is `[ray]`, or the zygote's stand-in for it (runtime.zygote).
     Its output goes to a file (a pipe nobody reads would block it); _tail() reads it back."""
     out = tempfile.NamedTemporaryFile(prefix="ray-start-", suffix=".log", delete=False)
-    proc = subprocess.Popen([ray_cli(), "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen([*ray_cmd, "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     proc.log_path = out.name  # type: ignore[attr-defined]
     out.close()
@@ -235,11 +237,11 @@ def _wait_started(proc: subprocess.Popen, host: str, port: int, timeout_s: float
                hint="the node's Ray did not come up", logs=lambda: _tail(proc))
 
 
-def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict, ip: str) -> int:
+def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict, ip: str, ray_cmd: list[str]) -> int:
     ports = ports_for(ident, opts)
     address = f"{ip}:{ports.gcs}"
     t0 = time.monotonic()
-    node = _start_node(["--head", "--include-dashboard=false", *ports.head_args(), *temp_dir_args(ports, opts),
+    node = _start_node(ray_cmd, ["--head", "--include-dashboard=false", *ports.head_args(), *temp_dir_args(ports, opts),
                         *_start_args(opts, ident, ip)], env)
     try:
         _wait_started(node, ip, ports.gcs, 120, "ray start --head")
@@ -306,13 +308,13 @@ def _wait_workers_left(ident: NodeIdentity, deadline: float) -> None:
         pass  # they are stopped with the head
 
 
-def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str) -> int:
+def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray_cmd: list[str]) -> int:
     ports = ports_for(ident, opts)
     head = ident.head_address
     log(ident, f"waiting for the head at {head}:{ports.gcs}")
     wait_until(lambda: port_open(head, ports.gcs), timeout_s=opts.join_timeout_s, what=f"the head {head}:{ports.gcs}",
                hint="check that the head started and that this node reaches it (address, firewall)")
-    node = _start_node([f"--address={head}:{ports.gcs}", *ports.node_args(), *temp_dir_args(ports, opts),
+    node = _start_node(ray_cmd, [f"--address={head}:{ports.gcs}", *ports.node_args(), *temp_dir_args(ports, opts),
                         *_start_args(opts, ident, ip)], env)
     try:
         log(ident, "joining the cluster")
@@ -367,9 +369,18 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
     log(ident, f"identity from {ident.source}: node {ident.node_rank} of {ident.num_nodes}, head {ident.head_address}, "
                f"ip {ip}, gpus {ident.gpus_per_node}, node type {ident.node_type}")
     check_shm(ident)
-    ray_cli()  # fail before anything starts
-    if ident.is_head:
-        if not cmd:
-            raise LaunchError("no driver command given: python -m runtime launch -- python train.py ...")
-        return run_head(ident, opts, cmd, env, ip)
-    return run_worker(ident, opts, env, ip)
+    ray_cmd = [ray_cli()]  # fail before anything starts
+    if ident.is_head and not cmd:
+        raise LaunchError("no driver command given: python -m runtime launch -- python train.py ...")
+    # the zygote imports torch while this node waits for the head and the barrier; the raylet forks
+    # its Python workers from it (runtime/zygote.py)
+    zyg = zygote.NodeZygote(env) if opts.zygote else None
+    try:
+        if zyg:
+            ray_cmd = zyg.ray_argv()
+        if ident.is_head:
+            return run_head(ident, opts, cmd, env, ip, ray_cmd)
+        return run_worker(ident, opts, env, ip, ray_cmd)
+    finally:
+        if zyg:
+            zyg.stop()

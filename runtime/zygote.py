@@ -1,0 +1,451 @@
+"""Ray worker processes forked from a node-local process that has already imported torch.
+
+A Ray worker starts as a fresh interpreter running `default_worker.py`, and a rank then imports
+torch: about 2.5 s of CPU per worker (this build of torch, with its CUDA libraries), paid on a node
+that has just joined, after the barrier. Here the launcher starts, on every node and as soon as the
+container is up, a *zygote*: one process that imports torch (PRELOAD), then waits on a Unix socket. The node's raylet is told to start its Python
+workers through a *trampoline* (`python_for_raylet`): a tiny stdlib-only script that hands its
+argv, environment, cwd and stdio to the zygote, which forks; the child runs `default_worker.py`
+exactly as `setup_worker.py` would have exec'd it. The trampoline stays as the raylet's child and
+exits with the worker's status; a signal it gets is passed on, and if it dies the zygote kills
+the worker. The raylet knows the worker by the pid it registers with (the forked child), as it
+does for workers in containers.
+
+Anything the trampoline cannot hand over as-is runs exactly as before (it execs the real
+interpreter with the same arguments): a runtime environment with a command prefix, another
+py_executable or entrypoint, interpreter flags, a non-Python worker, the raylet's agents, no
+zygote listening, or one not ready within WAIT_FOR_ZYGOTE_S (it listens from the start, so a worker
+that starts while it imports waits for those imports rather than competing with them).
+
+A fork shares the zygote's imported modules (and, copy-on-write, their memory); nothing else is
+shared: no thread runs in the zygote (it checks before each fork; numpy's OpenBLAS is loaded with
+one thread for that, so numpy's BLAS is single-threaded in forked workers, torch's own intra-op
+threads are not affected), CUDA is never initialised there, and each child gets the environment the
+raylet gave the trampoline.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+# What a forked worker finds imported; one that fails to import is skipped (the worker imports it
+# itself). Not ray: a worker forked after `import ray` fails Ray's own start-up check of RAY_JOB_ID
+# (ray 2.60, core_worker.cc), so each worker imports ray itself (~0.4 s), as before.
+PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
+# thread settings a fresh process reads when its libraries load; the zygote loads them without these,
+# and each child applies its own (_apply_thread_env)
+_THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+_MAX_REQUEST = 16 * 2**20
+WAIT_FOR_ZYGOTE_S = 30  # a worker waits this long for a zygote still importing, then starts plainly (Ray allows 60 s)
+
+
+# ---------------------------------------------------------------- trampoline (the raylet's "python")
+
+def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[list[str], dict] | None:
+    """(default_worker argv, env vars to add) when `argv` (the trampoline's, after its own name) is a
+    plain Python worker start that a fork can serve; None when it must run as the raylet asked.
+
+    The raylet starts a worker without a runtime environment as `python default_worker.py ARGS`,
+    and one with a runtime environment as `python setup_worker.py [-S] default_worker.py ARGS
+    --serialized-runtime-env-context=... --language=PYTHON` (setup_worker applies the context, then
+    execs `py_executable default_worker.py ARGS`)."""
+    worker = os.path.join("workers", "default_worker.py")
+    if argv and argv[0].endswith(worker):
+        return argv, {}
+    if len(argv) < 2 or not argv[0].endswith(os.path.join("workers", "setup_worker.py")):
+        return None
+    if not argv[1].endswith(worker):
+        return None  # interpreter flags (-S, -s) between the two, or another entrypoint
+    import argparse
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--serialized-runtime-env-context", default=None)
+    parser.add_argument("--language", default=None)
+    known, rest = parser.parse_known_args(argv[1:])
+    if known.language != "PYTHON":
+        return None
+    try:
+        ctx = json.loads(known.serialized_runtime_env_context or "{}")
+    except ValueError:
+        return None
+    if ctx.get("command_prefix") or ctx.get("override_worker_entrypoint") or ctx.get("java_jars"):
+        return None
+    if ctx.get("py_executable") not in (None, real_python, trampoline, sys.executable):
+        return None
+    env_vars = ctx.get("env_vars") or {}
+    if not isinstance(env_vars, dict):
+        return None
+    return rest, {str(k): str(v) for k, v in env_vars.items()}
+
+
+def trampoline_main(real_python: str, socket_path: str) -> None:
+    """The raylet's worker command runs this; see the module docstring."""
+    me, argv = sys.argv[0], sys.argv[1:]
+    plan = _zygote_argv(argv, real_python, me)
+    conn = None
+    if plan is not None:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(socket_path)
+        except OSError:
+            conn.close()
+            conn = None
+    if conn is None:
+        os.execv(real_python, [real_python, *argv])
+    worker_argv, env_vars = plan
+    env = dict(os.environ)
+    env.update(env_vars)  # what setup_worker.py's RuntimeEnvContext.exec_worker does before its exec
+    request = json.dumps({"argv": worker_argv, "env": env, "cwd": os.getcwd()}).encode()
+    socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], [0, 1, 2])
+    conn.settimeout(WAIT_FOR_ZYGOTE_S)  # it may still be importing
+    reader = conn.makefile("rb")
+    try:
+        line = reader.readline()
+    except OSError:
+        line = b""
+    if not line.startswith(b"pid "):  # refused (it found a thread), gone, or not ready in time: start plainly
+        conn.close()  # first, so that the zygote sees the hang-up before it would fork for this request
+        os.execv(real_python, [real_python, *argv])
+    conn.settimeout(None)
+    pid = int(line.split()[1])
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    while True:
+        try:
+            line = reader.readline()
+            break
+        except InterruptedError:
+            continue
+    status = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
+    if status < 0:  # killed by a signal: die the same way, as the worker would have
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(status & 0xFF)
+
+
+def python_for_raylet(directory: str, socket_path: str, real_python: str = sys.executable) -> str:
+    """Write the trampoline into `directory` (an executable named `python`) and return its path."""
+    runtime_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(directory, "python")
+    text = (f"#!{real_python} -IS\n"
+            "# written by runtime.zygote: the raylet starts Python workers through this\n"
+            "import sys\n"
+            f"sys.path.insert(0, {runtime_parent!r})\n"
+            "from runtime.zygote import trampoline_main\n"
+            f"trampoline_main({real_python!r}, {socket_path!r})\n")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+    return path
+
+
+# ---------------------------------------------------------------- `ray start` with the trampoline
+
+def ray_main(trampoline: str, args: list[str]) -> int:
+    """`ray ARGS`, except that the raylet it starts runs Python workers through `trampoline`.
+
+    Ray builds the raylet's worker command from sys.executable inside `services.start_raylet`; only
+    that call sees the trampoline (the GCS, dashboard and log monitor are started as usual, and the
+    raylet's agents go through the trampoline's plain exec)."""
+    from ray._private import services
+    original = services.start_raylet
+
+    def start_raylet(*a, **kw):
+        real, sys.executable = sys.executable, trampoline
+        try:
+            return original(*a, **kw)
+        finally:
+            sys.executable = real
+    services.start_raylet = start_raylet
+    from ray.scripts.scripts import main
+    sys.argv = ["ray", *args]
+    return main()
+
+
+# ---------------------------------------------------------------- the zygote
+
+def _preload(log) -> list[str]:
+    import importlib
+    done = []
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+            done.append(name)
+        except Exception as e:  # the worker imports it itself, and reports it there
+            log(f"zygote: not preloaded: {name} ({type(e).__name__}: {e})")
+    return done
+
+
+def _threads() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        import threading
+        return threading.active_count()
+
+
+def _apply_thread_env() -> None:
+    """What OMP_NUM_THREADS would have done at load in a fresh process: now, and again when Ray sets
+    it for the worker's first task (ray._private.utils.set_omp_num_threads_if_unset: the actor's
+    CPUs, or 1), which in a fresh worker comes before the user's code imports torch."""
+    def apply() -> None:
+        value = os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
+        if "torch" in sys.modules and value and value.isdigit() and int(value) > 0:
+            sys.modules["torch"].set_num_threads(int(value))
+    apply()
+    import ray._private.utils as ray_utils
+    original = ray_utils.set_omp_num_threads_if_unset
+
+    def set_omp_num_threads_if_unset() -> bool:
+        changed = original()
+        apply()
+        return changed
+    ray_utils.set_omp_num_threads_if_unset = set_omp_num_threads_if_unset
+
+
+def _child(req: dict, fds: list[int]) -> None:
+    """In the forked child: become the worker the raylet asked for. Never returns."""
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        os.setpgid(0, 0)  # a process group of its own, as the raylet gives each worker: Ray kills the worker's group
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for target, fd in enumerate(fds):
+            os.dup2(fd, target)
+            os.close(fd)
+        sys.stdin = open(0, closefd=False)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        os.environ.clear()
+        os.environ.update(req["env"])
+        _apply_thread_env()
+        os.chdir(req["cwd"])
+        sys.argv = list(req["argv"])
+        sys.path[0] = os.path.dirname(os.path.realpath(sys.argv[0]))
+        import runpy
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+            code = 0
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, (int, type(None))):
+                print(e.code, file=sys.stderr)
+        import atexit
+        atexit._run_exitfuncs()
+    except BaseException:
+        import traceback
+        traceback.print_exc()
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
+    """Import PRELOAD, then fork a worker for each trampoline that connects, until SIGTERM."""
+    import gc
+    import selectors
+    import time
+    t0 = time.monotonic()
+    # bound before the imports: a worker that starts meanwhile waits in the backlog for them (they are
+    # under way, and a second torch import beside them would only compete for the same cores)
+    try:
+        os.unlink(socket_path)
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    os.chmod(socket_path, 0o600)  # only this user's raylet starts workers here
+    listener.listen(64)
+    # numpy's OpenBLAS (torch imports numpy) starts a thread server at load unless told to use one
+    # thread; the children get their own environment back, but keep that one-thread BLAS
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    for key in _THREAD_ENV:
+        os.environ.pop(key, None)
+    done = _preload(log)
+    gc.collect()
+    gc.freeze()  # what the imports made stays out of the children's collections: fewer copied pages
+    if _threads() != 1:
+        log(f"zygote: {_threads()} threads after the imports; forking would not be safe, so workers start as usual")
+        listener.close()
+        os.unlink(socket_path)
+        return 0
+    log(f"zygote: ready at {socket_path} after {time.monotonic() - t0:.2f}s ({', '.join(done)})")
+
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    os.set_blocking(wake_r, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    sel = selectors.DefaultSelector()
+    sel.register(listener, selectors.EVENT_READ, "accept")
+    sel.register(wake_r, selectors.EVENT_READ, "signal")
+    children: dict[int, socket.socket | None] = {}
+
+    def reap() -> None:
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            conn = children.pop(pid, None)
+            if conn is not None:  # None: its trampoline had hung up already
+                code = os.waitstatus_to_exitcode(status)
+                try:
+                    conn.sendall(f"exit {code}\n".encode())
+                except OSError:
+                    pass
+                sel.unregister(conn)
+                conn.close()
+
+    try:
+        while not stop:
+            for key, _ in sel.select(timeout=1.0):
+                if key.data == "signal":
+                    try:
+                        os.read(wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                    reap()
+                elif key.data == "accept":
+                    conn, _ = listener.accept()
+                    _serve_one(conn, sel, children, log, inherited=(listener, wake_r, wake_w))
+                else:  # a trampoline hung up (killed): its worker goes with it
+                    pid = key.data
+                    try:
+                        os.kill(pid, signal.SIGKILL)  # not reaped yet, so the pid is still this child's
+                    except ProcessLookupError:
+                        pass
+                    sel.unregister(key.fileobj)
+                    key.fileobj.close()
+                    children[pid] = None
+            reap()
+    finally:
+        for pid in list(children):
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        try:
+            os.unlink(socket_path)
+        except OSError:
+            pass
+    return 0
+
+
+def _hung_up(conn: socket.socket) -> bool:
+    import select
+    readable, _, _ = select.select([conn], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _serve_one(conn: socket.socket, sel, children: dict, log, inherited: tuple) -> None:
+    import selectors
+    try:
+        conn.settimeout(10)
+        data, fds, _flags, _addr = socket.recv_fds(conn, 8 + _MAX_REQUEST, 3)
+        if len(data) < 8:
+            raise ValueError("short request")
+        size = int.from_bytes(data[:8], "big")
+        body = bytearray(data[8:])
+        while len(body) < size:
+            more = conn.recv(size - len(body))
+            if not more:
+                raise ValueError("truncated request")
+            body += more
+        req = json.loads(body)
+        if len(fds) != 3:
+            raise ValueError(f"expected 3 descriptors, got {len(fds)}")
+    except (OSError, ValueError) as e:
+        log(f"zygote: bad request ({e}); the trampoline starts the worker plainly")
+        conn.close()
+        return
+    if _hung_up(conn):  # the trampoline gave up waiting and started the worker itself
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+        return
+    if _threads() != 1:
+        conn.sendall(b"refused threads\n")
+        conn.close()
+        for fd in fds:
+            os.close(fd)
+        return
+    pid = os.fork()
+    if pid == 0:  # the child keeps none of the zygote's own descriptors
+        sel.close()
+        for f in (conn, *(c for c in children.values() if c is not None), *inherited):
+            f.close() if hasattr(f, "close") else os.close(f)
+        _child(req, fds)
+    for fd in fds:
+        os.close(fd)
+    children[pid] = conn
+    conn.settimeout(None)
+    conn.sendall(f"pid {pid}\n".encode())
+    sel.register(conn, selectors.EVENT_READ, pid)
+
+
+class NodeZygote:
+    """The zygote of one node, as the launcher holds it: started before Ray, stopped after it."""
+
+    def __init__(self, env: dict):
+        import subprocess
+        import tempfile
+        self.dir = tempfile.mkdtemp(prefix="raytrain-zygote-")  # 0700: only this user's raylet reaches it
+        self.socket = os.path.join(self.dir, "zygote.sock")
+        self.trampoline = python_for_raylet(self.dir, self.socket)
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.zygote", "serve", "--socket", self.socket],
+                                     env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def ray_argv(self) -> list[str]:
+        """The command that stands for `ray` so that this node's raylet forks its workers here."""
+        return [sys.executable, "-m", "runtime.zygote", "ray", self.trampoline, "--"]
+
+    def stop(self) -> None:
+        import shutil
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+    parser = argparse.ArgumentParser(prog="python -m runtime.zygote", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sv = sub.add_parser("serve", help="Import ray and torch, then fork Ray workers for the trampoline.")
+    sv.add_argument("--socket", required=True, help="Unix socket path to listen on (bound once the imports are done).")
+    ry = sub.add_parser("ray", help="Run the `ray` CLI with the raylet's workers started through TRAMPOLINE.")
+    ry.add_argument("trampoline")
+    ry.add_argument("args", nargs=argparse.REMAINDER)
+    args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(args.socket)
+    return ray_main(args.trampoline, args.args[1:] if args.args[:1] == ["--"] else args.args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
