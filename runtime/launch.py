@@ -374,7 +374,7 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
         raise LaunchError("no driver command given: python -m runtime launch -- python train.py ...")
     # the zygote imports torch while this node waits for the head and the barrier; the raylet forks
     # its Python workers from it (runtime/zygote.py)
-    zyg = zygote.NodeZygote(env) if opts.zygote else None
+    zyg = zygote.start(env, lambda msg: log(ident, msg)) if opts.zygote else None
     try:
         if zyg:
             ray_cmd = zyg.ray_argv()

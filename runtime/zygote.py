@@ -407,10 +407,9 @@ def _serve_one(conn: socket.socket, sel, children: dict, log, inherited: tuple) 
 class NodeZygote:
     """The zygote of one node, as the launcher holds it: started before Ray, stopped after it."""
 
-    def __init__(self, env: dict):
+    def __init__(self, directory: str, env: dict):
         import subprocess
-        import tempfile
-        self.dir = tempfile.mkdtemp(prefix="raytrain-zygote-")  # 0700: only this user's raylet reaches it
+        self.dir = directory
         self.socket = os.path.join(self.dir, "zygote.sock")
         self.trampoline = python_for_raylet(self.dir, self.socket)
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.zygote", "serve", "--socket", self.socket],
@@ -430,6 +429,24 @@ class NodeZygote:
                 self.proc.kill()
                 self.proc.wait()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def start(env: dict, log) -> NodeZygote | None:
+    """This node's zygote, or None (said through `log`) where the trampoline cannot run: a temp dir
+    mounted noexec, as some sites mount /tmp (set TMPDIR to an executable place to have it)."""
+    import shutil
+    import subprocess
+    import tempfile
+    directory = tempfile.mkdtemp(prefix="raytrain-zygote-")  # 0700: only this user's raylet reaches it
+    probe = python_for_raylet(directory, os.path.join(directory, "zygote.sock"))
+    try:
+        subprocess.run([probe, "-c", "pass"], check=True, timeout=60, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as e:
+        shutil.rmtree(directory, ignore_errors=True)
+        log(f"workers start without a zygote: cannot run {probe} ({e}); is {tempfile.gettempdir()} mounted "
+            "noexec? Set TMPDIR to a directory where programs can run, or pass --no-zygote to silence this")
+        return None
+    return NodeZygote(directory, env)
 
 
 def main(argv: list[str] | None = None) -> int:

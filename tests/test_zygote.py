@@ -205,3 +205,26 @@ def test_ray_workers_forked_from_the_zygote_behave_like_plain_ones(tmp_path):
     assert forked["killed_gone"] and forked["died"] == "RayActorError" and forked["after"] == 3.0
     assert {k: plain[k] for k in ("killed_gone", "died", "after")} == \
         {k: forked[k] for k in ("killed_gone", "died", "after")}
+
+
+def test_a_noexec_temp_dir_means_no_zygote_with_the_reason(tmp_path):
+    mnt = tmp_path / "noexec"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "noexec,size=8m", "none", str(mnt)]).returncode != 0:
+        pytest.skip("cannot mount a noexec tmpfs here (needs root)")
+    try:
+        said = []
+        env = {**os.environ, "TMPDIR": str(mnt)}
+        old = os.environ.get("TMPDIR")
+        os.environ["TMPDIR"] = str(mnt)
+        import tempfile
+        tempfile.tempdir = None  # re-read TMPDIR
+        try:
+            assert zygote.start(env, said.append) is None
+        finally:
+            os.environ.pop("TMPDIR") if old is None else os.environ.update(TMPDIR=old)
+            tempfile.tempdir = None
+        assert "noexec" in said[0] and str(mnt) in said[0]
+        assert list(mnt.iterdir()) == []  # nothing left behind
+    finally:
+        subprocess.run(["umount", str(mnt)])
