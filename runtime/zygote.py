@@ -2,14 +2,14 @@
 
 A Ray worker starts as a fresh interpreter running `default_worker.py`, and a rank then imports
 torch: about 2.5 s of CPU per worker (this build of torch, with its CUDA libraries), paid on a node
-that has just joined, after the barrier. Here the launcher starts, on every node and as soon as the
-container is up, a *zygote*: one process that imports torch (PRELOAD), then waits on a Unix socket. The node's raylet is told to start its Python
-workers through a *trampoline* (`python_for_raylet`): a tiny stdlib-only script that hands its
-argv, environment, cwd and stdio to the zygote, which forks; the child runs `default_worker.py`
-exactly as `setup_worker.py` would have exec'd it. The trampoline stays as the raylet's child and
-exits with the worker's status; a signal it gets is passed on, and if it dies the zygote kills
-the worker. The raylet knows the worker by the pid it registers with (the forked child), as it
-does for workers in containers.
+that has just joined, after the barrier. Here the launcher starts, on every node and as soon as it
+starts, a *zygote*: one process that imports torch (PRELOAD), then waits on a Unix socket. The
+node's raylet is told to start its Python workers through a *trampoline* (`python_for_raylet`): a
+small stdlib-only script that hands its argv, environment, cwd and stdio to the zygote, which
+forks; the child runs `default_worker.py` as the raylet's command (or `setup_worker.py`'s exec)
+would have. The trampoline stays as the raylet's child and exits with the worker's status; a
+signal it gets is passed on, and if it dies the zygote kills the worker. The raylet knows the
+worker by the pid it registers with (the forked child), as it does for workers in containers.
 
 Anything the trampoline cannot hand over as-is runs exactly as before (it execs the real
 interpreter with the same arguments): a runtime environment with a command prefix, another
@@ -154,15 +154,17 @@ def ray_main(trampoline: str, args: list[str]) -> int:
     that call sees the trampoline (the GCS, dashboard and log monitor are started as usual, and the
     raylet's agents go through the trampoline's plain exec)."""
     from ray._private import services
-    original = services.start_raylet
-
-    def start_raylet(*a, **kw):
-        real, sys.executable = sys.executable, trampoline
-        try:
-            return original(*a, **kw)
-        finally:
-            sys.executable = real
-    services.start_raylet = start_raylet
+    original = getattr(services, "start_raylet", None)
+    if original is None:  # another Ray than the one this was written against (2.60): workers start plainly
+        print("zygote: this Ray has no services.start_raylet; workers start without the zygote", file=sys.stderr)
+    else:
+        def start_raylet(*a, **kw):
+            real, sys.executable = sys.executable, trampoline
+            try:
+                return original(*a, **kw)
+            finally:
+                sys.executable = real
+        services.start_raylet = start_raylet
     from ray.scripts.scripts import main
     sys.argv = ["ray", *args]
     return main()
