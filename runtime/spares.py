@@ -108,5 +108,11 @@ class SparePool:
             ray.kill(h, no_restart=True)
 
     def shutdown(self) -> None:
+        # a host killed while its worker is still starting can abort in Ray's own teardown
+        # (~CoreWorker() -> std::terminate, seen at the end of jobs whose spares had just been forked
+        # from the zygote): give them a moment to finish starting, then kill them
+        hosts = [h for hs in self.by_node.values() for h in hs]
+        if hosts:
+            ray.wait([h.__ray_ready__.remote() for h in hosts], num_returns=len(hosts), timeout=5)
         for node in list(self.by_node):
             self.drop_node(node)

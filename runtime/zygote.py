@@ -4,7 +4,7 @@ A Ray worker starts as a fresh interpreter running `default_worker.py`, and a ra
 torch: about 2.5 s of CPU per worker (this build of torch, with its CUDA libraries), paid on a node
 that has just joined, after the barrier. Here the launcher starts, on every node and as soon as it
 starts, a *zygote*: one process that imports torch (PRELOAD), then waits on a Unix socket. The
-node's raylet is told to start its Python workers through a *trampoline* (`python_for_raylet`): a
+node's raylet is told to start its Python workers through a *trampoline* (runtime/trampoline.py): a
 small stdlib-only script that hands its argv, environment, cwd and stdio to the zygote, which
 forks; the child runs `default_worker.py` as the raylet's command (or `setup_worker.py`'s exec)
 would have. The trampoline stays as the raylet's child and exits with the worker's status; a
@@ -14,7 +14,7 @@ worker by the pid it registers with (the forked child), as it does for workers i
 Anything the trampoline cannot hand over as-is runs exactly as before (it execs the real
 interpreter with the same arguments): a runtime environment with a command prefix, another
 py_executable or entrypoint, interpreter flags, a non-Python worker, the raylet's agents, no
-zygote listening, or one not ready within WAIT_FOR_ZYGOTE_S (it listens from the start, so a worker
+zygote listening, or one not ready within 30 s (it listens from the start, so a worker
 that starts while it imports waits for those imports rather than competing with them).
 
 A fork shares the zygote's imported modules (and, copy-on-write, their memory); nothing else is
@@ -31,6 +31,8 @@ import signal
 import socket
 import sys
 
+from runtime.trampoline import python_for_raylet
+
 # What a forked worker finds imported; one that fails to import is skipped (the worker imports it
 # itself). Not ray: a worker forked after `import ray` fails Ray's own start-up check of RAY_JOB_ID
 # (ray 2.60, core_worker.cc), so each worker imports ray itself (~0.4 s), as before.
@@ -39,110 +41,6 @@ PRELOAD = ("torch", "torch.distributed", "torch.nn.parallel", "torch._dynamo")
 # and each child applies its own (_apply_thread_env)
 _THREAD_ENV = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 _MAX_REQUEST = 16 * 2**20
-WAIT_FOR_ZYGOTE_S = 30  # a worker waits this long for a zygote still importing, then starts plainly (Ray allows 60 s)
-
-
-# ---------------------------------------------------------------- trampoline (the raylet's "python")
-
-def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[list[str], dict] | None:
-    """(default_worker argv, env vars to add) when `argv` (the trampoline's, after its own name) is a
-    plain Python worker start that a fork can serve; None when it must run as the raylet asked.
-
-    The raylet starts a worker without a runtime environment as `python default_worker.py ARGS`,
-    and one with a runtime environment as `python setup_worker.py [-S] default_worker.py ARGS
-    --serialized-runtime-env-context=... --language=PYTHON` (setup_worker applies the context, then
-    execs `py_executable default_worker.py ARGS`)."""
-    worker = os.path.join("workers", "default_worker.py")
-    if argv and argv[0].endswith(worker):
-        return argv, {}
-    if len(argv) < 2 or not argv[0].endswith(os.path.join("workers", "setup_worker.py")):
-        return None
-    if not argv[1].endswith(worker):
-        return None  # interpreter flags (-S, -s) between the two, or another entrypoint
-    import argparse
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    parser.add_argument("--serialized-runtime-env-context", default=None)
-    parser.add_argument("--language", default=None)
-    known, rest = parser.parse_known_args(argv[1:])
-    if known.language != "PYTHON":
-        return None
-    try:
-        ctx = json.loads(known.serialized_runtime_env_context or "{}")
-    except ValueError:
-        return None
-    if ctx.get("command_prefix") or ctx.get("override_worker_entrypoint") or ctx.get("java_jars"):
-        return None
-    if ctx.get("py_executable") not in (None, real_python, trampoline, sys.executable):
-        return None
-    env_vars = ctx.get("env_vars") or {}
-    if not isinstance(env_vars, dict):
-        return None
-    return rest, {str(k): str(v) for k, v in env_vars.items()}
-
-
-def trampoline_main(real_python: str, socket_path: str) -> None:
-    """The raylet's worker command runs this; see the module docstring."""
-    me, argv = sys.argv[0], sys.argv[1:]
-    plan = _zygote_argv(argv, real_python, me)
-    conn = None
-    if plan is not None:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(socket_path)
-        except OSError:
-            conn.close()
-            conn = None
-    if conn is None:
-        os.execv(real_python, [real_python, *argv])
-    worker_argv, env_vars = plan
-    env = dict(os.environ)
-    env.update(env_vars)  # what setup_worker.py's RuntimeEnvContext.exec_worker does before its exec
-    request = json.dumps({"argv": worker_argv, "env": env, "cwd": os.getcwd()}).encode()
-    socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], [0, 1, 2])
-    conn.settimeout(WAIT_FOR_ZYGOTE_S)  # it may still be importing
-    reader = conn.makefile("rb")
-    try:
-        line = reader.readline()
-    except OSError:
-        line = b""
-    if not line.startswith(b"pid "):  # refused (it found a thread), gone, or not ready in time: start plainly
-        conn.close()  # first, so that the zygote sees the hang-up before it would fork for this request
-        os.execv(real_python, [real_python, *argv])
-    conn.settimeout(None)
-    pid = int(line.split()[1])
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda s, _f: os.kill(pid, s))
-    while True:
-        try:
-            line = reader.readline()
-            break
-        except InterruptedError:
-            continue
-    status = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
-    if status < 0:  # killed by a signal: die the same way, as the worker would have
-        if -status not in (signal.SIGKILL, signal.SIGSTOP):
-            signal.signal(-status, signal.SIG_DFL)
-        os.kill(os.getpid(), -status)
-    os._exit(status & 0xFF)
-
-
-def python_for_raylet(directory: str, socket_path: str, real_python: str = sys.executable) -> str:
-    """Write the trampoline into `directory` (an executable named `python`) and return its path."""
-    runtime_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    path = os.path.join(directory, "python")
-    text = (f"#!{real_python} -IS\n"
-            "# written by runtime.zygote: the raylet starts Python workers through this\n"
-            "import sys\n"
-            f"sys.path.insert(0, {runtime_parent!r})\n"
-            "from runtime.zygote import trampoline_main\n"
-            f"trampoline_main({real_python!r}, {socket_path!r})\n")
-    os.makedirs(directory, mode=0o700, exist_ok=True)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o755)
-    os.replace(tmp, path)
-    return path
 
 
 # ---------------------------------------------------------------- `ray start` with the trampoline

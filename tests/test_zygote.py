@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import zygote
+from runtime import trampoline as trampoline_module, zygote
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -48,7 +48,7 @@ def served(tmp_path):
             assert proc.poll() is None, (tmp_path / "zygote.log").read_text()
             assert time.monotonic() < deadline, "zygote not ready"
             time.sleep(0.1)
-        yield proc, zygote.python_for_raylet(str(tmp_path / "bin"), sock)
+        yield proc, trampoline_module.python_for_raylet(str(tmp_path / "bin"), sock)
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -93,7 +93,7 @@ def test_runtime_env_context_is_applied_and_anything_else_starts_plainly(served,
 
 
 def test_no_zygote_listening_starts_the_worker_plainly(fake_worker, tmp_path):
-    trampoline = zygote.python_for_raylet(str(tmp_path / "bin"), str(tmp_path / "absent.sock"))
+    trampoline = trampoline_module.python_for_raylet(str(tmp_path / "bin"), str(tmp_path / "absent.sock"))
     r = run_trampoline(trampoline, [str(fake_worker), "x"], tmp_path, CODE="3")
     assert r.returncode == 3
     out = json.loads(r.stdout)
@@ -122,14 +122,14 @@ def test_trampoline_killed_takes_its_worker_with_it(served, tmp_path):
 def test_argv_plans():
     w = "/x/ray/_private/workers/default_worker.py"
     s = "/x/ray/_private/workers/setup_worker.py"
-    assert zygote._zygote_argv([w, "--a"], PY, "/t") == ([w, "--a"], {})
-    assert zygote._zygote_argv([s, "-S", w], PY, "/t") is None  # interpreter flags
-    assert zygote._zygote_argv([s, w, "--language=JAVA"], PY, "/t") is None
-    assert zygote._zygote_argv([s, w, '--serialized-runtime-env-context={"py_executable": "uv run"}',
+    assert trampoline_module._zygote_argv([w, "--a"], PY, "/t") == ([w, "--a"], {})
+    assert trampoline_module._zygote_argv([s, "-S", w], PY, "/t") is None  # interpreter flags
+    assert trampoline_module._zygote_argv([s, w, "--language=JAVA"], PY, "/t") is None
+    assert trampoline_module._zygote_argv([s, w, '--serialized-runtime-env-context={"py_executable": "uv run"}',
                                 "--language=PYTHON"], PY, "/t") is None
-    assert zygote._zygote_argv([s, w, '--serialized-runtime-env-context={"override_worker_entrypoint": "/e"}',
+    assert trampoline_module._zygote_argv([s, w, '--serialized-runtime-env-context={"override_worker_entrypoint": "/e"}',
                                 "--language=PYTHON"], PY, "/t") is None
-    assert zygote._zygote_argv(["-u", "/x/ray/dashboard/agent.py"], PY, "/t") is None
+    assert trampoline_module._zygote_argv(["-u", "/x/ray/dashboard/agent.py"], PY, "/t") is None
 
 
 # ------------------------------------------------------------------ under a real Ray node

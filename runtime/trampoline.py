@@ -1,0 +1,116 @@
+"""The raylet's "python" on a node with a zygote (runtime/zygote.py): hands a plain worker start to
+the zygote, which forks it; anything else runs as the raylet asked, by exec'ing the real interpreter.
+
+Stdlib only, and nothing else imported: it runs under `python -IS` for every Python process the
+raylet starts (workers and the raylet's agents).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+
+WAIT_FOR_ZYGOTE_S = 30  # a worker waits this long for a zygote still importing, then starts plainly (Ray allows 60 s)
+
+
+def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[list[str], dict] | None:
+    """(default_worker argv, env vars to add) when `argv` (the trampoline's, after its own name) is a
+    plain Python worker start that a fork can serve; None when it must run as the raylet asked.
+
+    The raylet starts a worker without a runtime environment as `python default_worker.py ARGS`,
+    and one with a runtime environment as `python setup_worker.py [-S] default_worker.py ARGS
+    --serialized-runtime-env-context=... --language=PYTHON` (setup_worker applies the context, then
+    execs `py_executable default_worker.py ARGS`)."""
+    worker = os.path.join("workers", "default_worker.py")
+    if argv and argv[0].endswith(worker):
+        return argv, {}
+    if len(argv) < 2 or not argv[0].endswith(os.path.join("workers", "setup_worker.py")):
+        return None
+    if not argv[1].endswith(worker):
+        return None  # interpreter flags (-S, -s) between the two, or another entrypoint
+    import argparse
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    parser.add_argument("--serialized-runtime-env-context", default=None)
+    parser.add_argument("--language", default=None)
+    known, rest = parser.parse_known_args(argv[1:])
+    if known.language != "PYTHON":
+        return None
+    try:
+        ctx = json.loads(known.serialized_runtime_env_context or "{}")
+    except ValueError:
+        return None
+    if ctx.get("command_prefix") or ctx.get("override_worker_entrypoint") or ctx.get("java_jars"):
+        return None
+    if ctx.get("py_executable") not in (None, real_python, trampoline, sys.executable):
+        return None
+    env_vars = ctx.get("env_vars") or {}
+    if not isinstance(env_vars, dict):
+        return None
+    return rest, {str(k): str(v) for k, v in env_vars.items()}
+
+
+def trampoline_main(real_python: str, socket_path: str) -> None:
+    """The raylet's worker command runs this; see runtime/zygote.py's docstring."""
+    me, argv = sys.argv[0], sys.argv[1:]
+    plan = _zygote_argv(argv, real_python, me)
+    conn = None
+    if plan is not None:
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(socket_path)
+        except OSError:
+            conn.close()
+            conn = None
+    if conn is None:
+        os.execv(real_python, [real_python, *argv])
+    worker_argv, env_vars = plan
+    env = dict(os.environ)
+    env.update(env_vars)  # what setup_worker.py's RuntimeEnvContext.exec_worker does before its exec
+    request = json.dumps({"argv": worker_argv, "env": env, "cwd": os.getcwd()}).encode()
+    socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], [0, 1, 2])
+    conn.settimeout(WAIT_FOR_ZYGOTE_S)  # it may still be importing
+    reader = conn.makefile("rb")
+    try:
+        line = reader.readline()
+    except OSError:
+        line = b""
+    if not line.startswith(b"pid "):  # refused (it found a thread), gone, or not ready in time: start plainly
+        conn.close()  # first, so that the zygote sees the hang-up before it would fork for this request
+        os.execv(real_python, [real_python, *argv])
+    conn.settimeout(None)
+    pid = int(line.split()[1])
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    while True:
+        try:
+            line = reader.readline()
+            break
+        except InterruptedError:
+            continue
+    status = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
+    if status < 0:  # killed by a signal: die the same way, as the worker would have
+        if -status not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    os._exit(status & 0xFF)
+
+
+def python_for_raylet(directory: str, socket_path: str, real_python: str = sys.executable) -> str:
+    """Write the trampoline into `directory` (an executable named `python`) and return its path."""
+    runtime_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(directory, "python")
+    text = (f"#!{real_python} -IS\n"
+            "# written by runtime.trampoline: the raylet starts Python workers through this\n"
+            "import sys\n"
+            f"sys.path.insert(0, {runtime_parent!r})\n"
+            "from runtime.trampoline import trampoline_main\n"
+            f"trampoline_main({real_python!r}, {socket_path!r})\n")
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+    return path
