@@ -242,8 +242,7 @@ def calibrate(target_ms: float, world: int, width: int) -> int:
         t0 = time.perf_counter()
         train_step(model, opt, make_shard(step, 0, 1, probe, width))
         times.append(time.perf_counter() - t0)
-    per_step = sorted(times[3:])[len(times[3:]) // 2]
-    return max(64, round(probe * world * target_ms / (1000 * per_step) / 64) * 64)
+    return max(64, round(probe * world * target_ms / median_ms(times, 3) / 64) * 64)
 
 
 def ratio(r: dict, key: str, name: str) -> str:

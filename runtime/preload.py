@@ -64,12 +64,18 @@ def parse(argv: list[str]) -> Target:
     return Target(argv[0], None, tuple(argv[1:]))
 
 
-def preload(names=PRELOAD) -> None:
+def import_all(names, on_error=None) -> list[str]:
+    """Import each of `names` and return those imported; one that fails is skipped (the code that
+    needs it imports it again and says what is wrong, where it matters) and passed to on_error."""
+    done = []
     for name in names:
         try:
             importlib.import_module(name)
-        except Exception:  # the script's own import says what is wrong, where it matters
-            pass
+            done.append(name)
+        except Exception as e:
+            if on_error:
+                on_error(name, e)
+    return done
 
 
 def run(target: Target) -> None:
@@ -85,7 +91,7 @@ def run(target: Target) -> None:
 
 def main(argv: list[str]) -> int:
     target = parse(argv)
-    preload()
+    import_all(PRELOAD)
     if sys.stdin.buffer.readline() != GO:
         return 0
     sys.stdin.close()

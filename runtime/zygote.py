@@ -31,6 +31,7 @@ import signal
 import socket
 import sys
 
+from runtime.preload import Target, import_all, run
 from runtime.trampoline import python_for_raylet
 
 # What a forked worker finds imported; one that fails to import is skipped (the worker imports it
@@ -69,18 +70,6 @@ def ray_main(trampoline: str, args: list[str]) -> int:
 
 
 # ---------------------------------------------------------------- the zygote
-
-def _preload(log) -> list[str]:
-    import importlib
-    done = []
-    for name in PRELOAD:
-        try:
-            importlib.import_module(name)
-            done.append(name)
-        except Exception as e:  # the worker imports it itself, and reports it there
-            log(f"zygote: not preloaded: {name} ({type(e).__name__}: {e})")
-    return done
-
 
 def _threads() -> int:
     try:
@@ -128,11 +117,8 @@ def _child(req: dict, fds: list[int]) -> None:
         os.environ.update(req["env"])
         _apply_thread_env()
         os.chdir(req["cwd"])
-        sys.argv = list(req["argv"])
-        sys.path[0] = os.path.dirname(os.path.realpath(sys.argv[0]))
-        import runpy
         try:
-            runpy.run_path(sys.argv[0], run_name="__main__")
+            run(Target(req["argv"][0], None, tuple(req["argv"][1:])))  # as `python default_worker.py ARGS`
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -172,7 +158,7 @@ def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True))
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     for key in _THREAD_ENV:
         os.environ.pop(key, None)
-    done = _preload(log)
+    done = import_all(PRELOAD, lambda name, e: log(f"zygote: not preloaded: {name} ({type(e).__name__}: {e})"))
     gc.collect()
     gc.freeze()  # what the imports made stays out of the children's collections: fewer copied pages
     if _threads() != 1:
@@ -307,11 +293,9 @@ def _serve_one(conn: socket.socket, sel, children: dict, log, inherited: tuple) 
 class NodeZygote:
     """The zygote of one node, as the launcher holds it: started before Ray, stopped after it."""
 
-    def __init__(self, directory: str, env: dict):
+    def __init__(self, directory: str, trampoline: str, socket_path: str, env: dict):
         import subprocess
-        self.dir = directory
-        self.socket = os.path.join(self.dir, "zygote.sock")
-        self.trampoline = python_for_raylet(self.dir, self.socket)
+        self.dir, self.trampoline, self.socket = directory, trampoline, socket_path
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.zygote", "serve", "--socket", self.socket],
                                      env=env, stdin=subprocess.DEVNULL, start_new_session=True)
 
@@ -338,15 +322,16 @@ def start(env: dict, log) -> NodeZygote | None:
     import subprocess
     import tempfile
     directory = tempfile.mkdtemp(prefix="raytrain-zygote-")  # 0700: only this user's raylet reaches it
-    probe = python_for_raylet(directory, os.path.join(directory, "zygote.sock"))
-    try:
-        subprocess.run([probe, "-c", "pass"], check=True, timeout=60, stdin=subprocess.DEVNULL)
+    socket_path = os.path.join(directory, "zygote.sock")
+    trampoline = python_for_raylet(directory, socket_path)
+    try:  # with no zygote listening yet, it just runs the interpreter: this tests only that it can run
+        subprocess.run([trampoline, "-c", "pass"], check=True, timeout=60, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as e:
         shutil.rmtree(directory, ignore_errors=True)
-        log(f"workers start without a zygote: cannot run {probe} ({e}); is {tempfile.gettempdir()} mounted "
+        log(f"workers start without a zygote: cannot run {trampoline} ({e}); is {tempfile.gettempdir()} mounted "
             "noexec? Set TMPDIR to a directory where programs can run, or pass --no-zygote to silence this")
         return None
-    return NodeZygote(directory, env)
+    return NodeZygote(directory, trampoline, socket_path, env)
 
 
 def main(argv: list[str] | None = None) -> int:
