@@ -144,7 +144,8 @@ class GroupBench:
         from runtime.worker_group import RayWorkerGroup
         self.args = args
         # logical CPUs: the group's bundles, TorchTrainer's workers and its controller (all share 2 real cores)
-        ray.init(num_cpus=2 * args.world + 1, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}},
+        # address="local": a cluster of its own, never one a test or a job left in /tmp/ray/ray_current_cluster
+        ray.init(address="local", num_cpus=2 * args.world + 1, runtime_env={"env_vars": {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}},
                  logging_level="ERROR", log_to_driver=False)
 
         @ray.remote(num_cpus=0)

@@ -125,7 +125,9 @@ def render(job: JobSpec, *, partition: Optional[str] = None, account: Optional[s
         lines += ["# workers follow the head and leave with its code; stop them if they have not within 60 s",
                   'for _ in $(seq 60); do kill -0 "$workers_pid" 2>/dev/null || break; sleep 1; done',
                   'kill "$workers_pid" 2>/dev/null || true',
-                  'wait "$workers_pid" || true']
+                  'wrc=0',
+                  'wait "$workers_pid" || wrc=$?',
+                  'echo "raytrain: workers step exited with $wrc"']
     if job.retries:
         lines += [f'if [ "$rc" -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {job.retries} ]; then',
                   '  echo "raytrain: driver exited with $rc; requeueing (restart ${SLURM_RESTART_COUNT:-0})"',

@@ -2,12 +2,24 @@
 
 Head: `ray start --head` on pinned ports, a readiness barrier until every expected node is alive
 (deadline, names the missing nodes, fails fast when a node dies), then the driver; its exit code is
-published in Ray's KV store and becomes every node's exit code. Workers: poll the head's GCS port
-until it answers (no fixed sleeps), join, and leave when the head finishes or dies (within seconds:
-the raylet's GCS reconnect timeout is lowered from Ray's 60 s).
+the head's exit code on every path, and is published in Ray's KV store for the workers. Workers:
+poll the head's GCS port until it answers (no fixed sleeps), join, and leave with the driver's code
+when the head publishes it, or with EXIT_HEAD_LOST when the head is gone first (within seconds: a
+worker's Ray has its GCS reconnect timeout lowered from Ray's 60 s).
+
+This process never loads Ray: the barrier, the warm hosts and the exit code's publication run in a
+child (runtime/ray_agent.py), since Ray ends a process whose GCS stops answering with its own code.
+Every process it starts (the node's `ray start`, the zygote, the agent) dies with it, SIGKILL
+included (runtime/lifeline.py).
+
+Exit codes: the driver's (head); the driver's as published (workers); 2 the node could not start
+or join (the message says why); 3 (EXIT_HEAD_LOST) a worker lost the head before it published the
+driver's code.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import shutil
 import signal
@@ -18,19 +30,19 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from runtime import contract as C
-from runtime import preload, zygote
+from runtime import lifeline, preload, zygote
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import RaytrainError
 from runtime.identity import NodeIdentity, detect
 from runtime.ports import RayPorts
 from runtime.spec import load_spec
-from runtime.wait import WaitTimeout, wait_until
+from runtime.wait import wait_until
 
-EXIT_KEY = b"raytrain:driver_exit"
 GCS_RECONNECT_S = 5
+EXIT_HEAD_LOST = 3  # a worker that lost the head before the driver's code was published
 
 
 class LaunchError(RaytrainError):
@@ -75,7 +87,6 @@ def routable_ip(ident: NodeIdentity, override: Optional[str] = None) -> str:
 
 def ray_env(opts: LaunchOptions) -> dict:
     env = dict(os.environ)
-    env["RAY_gcs_rpc_server_reconnect_timeout_s"] = str(GCS_RECONNECT_S)
     # declare a lost node dead after ~5 s instead of Ray's default, so its placement groups move sooner
     env.setdefault("RAY_health_check_period_ms", "1000")
     env.setdefault("RAY_health_check_failure_threshold", "5")
@@ -120,52 +131,6 @@ def _start_args(opts: LaunchOptions, ident: NodeIdentity, ip: str) -> list[str]:
     return args
 
 
-def barrier(ident: NodeIdentity, address: str, timeout_s: float,
-            on_alive: Optional[Callable[[list], None]] = None) -> float:
-    """Block until every expected node is alive; return the time the last one registered.
-    on_alive(nodes) is called with the alive nodes at every poll."""
-    import ray
-    alive: list = []
-
-    def all_alive() -> Optional[float]:
-        nodes = ray.nodes()
-        alive[:] = [n for n in nodes if n["Alive"]]
-        if on_alive:
-            on_alive(alive)
-        dead = [n for n in nodes if not n["Alive"]]
-        if dead:
-            names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeManagerHostname']})" for n in dead)
-            raise LaunchError(f"node(s) {names} joined and then died before all {ident.num_nodes} nodes were up")
-        return time.monotonic() if len(alive) >= ident.num_nodes else None
-
-    def too_late() -> LaunchError:
-        joined = sorted(n["NodeManagerAddress"] for n in alive)
-        missing = [a for a in ident.node_addresses if a not in joined] if ident.node_addresses else []
-        detail = f"missing: {', '.join(missing)}" if missing else f"{ident.num_nodes - len(alive)} node(s) missing"
-        return LaunchError(f"only {len(alive)}/{ident.num_nodes} nodes joined within {timeout_s:.0f}s "
-                           f"(joined: {', '.join(joined)}; {detail}); check the workers' logs and that they reach "
-                           f"{address}")
-    return wait_until(all_alive, timeout_s=timeout_s, interval_s=0.1, what="every node", on_timeout=too_late)
-
-
-def warmer(ident: NodeIdentity, per_node: int) -> Callable[[list], None]:
-    """Starts `per_node` worker hosts on each node as it joins (a Ray worker process that imports
-    torch), so the driver's first worker group finds them ready (runtime.spares.warm_up)."""
-    started: set = set()
-    hosts: list = []  # held for the whole job: a host lives while its creator holds its handle
-
-    def on_alive(nodes: list) -> None:
-        for n in nodes:
-            if per_node > 0 and n["NodeID"] not in started:
-                started.add(n["NodeID"])
-                try:
-                    from runtime.spares import warm_up
-                    hosts.extend(warm_up(n["NodeID"], per_node))
-                except Exception as e:  # an optimisation only: the group starts its own hosts
-                    log(ident, f"could not warm up worker hosts on {n['NodeManagerAddress']}: {e}")
-    return on_alive
-
-
 def ports_for(ident: NodeIdentity, opts: LaunchOptions) -> RayPorts:
     return RayPorts(opts.port_base, ident.node_rank * opts.port_stride)
 
@@ -200,7 +165,8 @@ def _start_node(ray_cmd: list[str], args: list[str], env: dict) -> subprocess.Po
     Its output goes to a file (a pipe nobody reads would block it); _tail() reads it back."""
     out = tempfile.NamedTemporaryFile(prefix="ray-start-", suffix=".log", delete=False)
     proc = subprocess.Popen([*ray_cmd, "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                            preexec_fn=lifeline.tied_to_me())
     proc.log_path = out.name  # type: ignore[attr-defined]
     out.close()
     return proc
@@ -215,13 +181,19 @@ def _tail(proc: subprocess.Popen, lines: int = 15) -> str:
 
 
 def _stop_node(proc: subprocess.Popen) -> None:
+    """Stop this node's Ray; then whatever of its process group is left (a raylet that ended because
+    its GCS was gone leaves its agents behind, orphaned, when `ray start` has already exited)."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
     try:
         os.unlink(proc.log_path)  # type: ignore[attr-defined]
     except OSError:
@@ -243,40 +215,44 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
     t0 = time.monotonic()
     node = _start_node(ray_cmd, ["--head", "--include-dashboard=false", *ports.head_args(), *temp_dir_args(ports, opts),
                         *_start_args(opts, ident, ip)], env)
+    agent: Optional[RayAgent] = None
     try:
         _wait_started(node, ip, ports.gcs, 120, "ray start --head")
         driver_env = {**env, "RAY_ADDRESS": address}
         target = preload.target_of(cmd) if opts.preload_driver else None
-        early = (subprocess.Popen(preload.preload_argv(target), env=driver_env, stdin=subprocess.PIPE)
-                 if target else None)
-        import ray
+        early = (subprocess.Popen(preload.preload_argv(target), env=driver_env, stdin=subprocess.PIPE,
+                                  preexec_fn=lifeline.tied_to_me()) if target else None)
+        per_node = opts.warm_hosts if opts.warm_hosts is not None else (ident.gpus_per_node or 1)
         try:
-            # log_to_driver: the warm hosts belong to this process's job, and their output (once a group
-            # adopts them, the ranks') is printed here, on the head's output, as the driver's own workers' is
-            ray.init(address=address, log_to_driver=True, logging_level="ERROR")
-            per_node = opts.warm_hosts if opts.warm_hosts is not None else (ident.gpus_per_node or 1)
-            warm = warmer(ident, per_node)  # held until the driver exits: it holds the warm hosts' handles
-            last = barrier(ident, address, opts.barrier_timeout_s, warm)
+            agent = RayAgent(address, driver_env, "head", "--identity", json.dumps(dataclasses.asdict(ident)),
+                             "--barrier-timeout", str(opts.barrier_timeout_s), "--warm-hosts", str(per_node),
+                             "--leave-timeout", str(2 * GCS_RECONNECT_S))
+            since_last = float(agent.expect("barrier", node))
         except BaseException:
             if early:
                 early.kill()
                 early.wait()
             raise
         log(ident, f"barrier passed: {ident.num_nodes} node(s) alive {time.monotonic() - t0:.2f}s after head start; "
-                   f"driver starts {1000 * (time.monotonic() - last):.0f} ms after the last node registered "
+                   f"driver starts {1000 * since_last:.0f} ms after the last node registered "
                    f"(at {time.time():.3f}{', imports preloaded' if early else ''})")
-        proc = go(early) if early else subprocess.Popen(cmd, env=driver_env)
+        proc = go(early) if early else subprocess.Popen(cmd, env=driver_env, preexec_fn=lifeline.tied_to_me())
         forward = lambda sig, _f: proc.send_signal(sig)  # noqa: E731
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         code = proc.wait()
+        if code < 0:  # killed by a signal: the code a shell would give
+            code = 128 - code
         log(ident, f"driver exited with {code}")
-        from ray.experimental import internal_kv
-        internal_kv._internal_kv_put(EXIT_KEY, str(code).encode(), overwrite=True)
-        _wait_workers_left(ident, deadline=time.monotonic() + 2 * GCS_RECONNECT_S)
+        try:
+            agent.send(f"exit {code}")
+            agent.expect("published", node, timeout_s=2 * GCS_RECONNECT_S + 30)
+        except LaunchError as e:  # the code stands; the workers leave when this node's Ray stops
+            log(ident, f"could not tell the workers the driver's exit code ({e}); they leave when the head stops")
         return code
     finally:
-        _disconnect()
+        if agent:
+            agent.stop()
         _stop_node(node)
 
 
@@ -290,22 +266,64 @@ def go(early: subprocess.Popen) -> subprocess.Popen:
     return early
 
 
-def _disconnect() -> None:
-    """Leave Ray before its GCS goes, or Ray's core worker ends this process with its own exit code."""
-    if "ray" in sys.modules:
-        import ray
-        if ray.is_initialized():
-            ray.shutdown()
+class RayAgent:
+    """`python -m runtime.ray_agent ROLE ...` (runtime/ray_agent.py): everything that talks to Ray,
+    in a child whose death this process reports instead of sharing. Lines come back on a pipe."""
 
+    def __init__(self, address: str, env: dict, role: str, *args: str):
+        r, w = os.pipe()
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.ray_agent", "--status-fd", str(w),
+                                      "--address", address, role, *args], env=env, stdin=subprocess.PIPE,
+                                     pass_fds=(w,), preexec_fn=lifeline.tied_to_me())
+        os.close(w)
+        self.status = os.fdopen(r, "r")
 
-def _wait_workers_left(ident: NodeIdentity, deadline: float) -> None:
-    """Give workers a moment to read the exit code and leave cleanly before the head goes."""
-    import ray
-    try:
-        wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) <= 1, timeout_s=max(0.0, deadline - time.monotonic()),
-                   what="the workers to leave")
-    except WaitTimeout:
-        pass  # they are stopped with the head
+    def expect(self, word: str, node: subprocess.Popen, timeout_s: Optional[float] = None) -> str:
+        """The rest of the agent's next line, which must start with `word`; LaunchError with the
+        agent's own words (`error ...`), or with what ended it."""
+        line = self._line(node, timeout_s)
+        kind, _, rest = line.partition(" ")
+        if kind == word:
+            return rest
+        if kind == "error":
+            raise LaunchError(rest)
+        if not line:
+            code = self.proc.poll()
+            if node.poll() is not None:
+                raise LaunchError(f"this node's Ray exited ({node.returncode}) while waiting for {word!r}:\n    "
+                                  f"{_tail(node, 5)}")
+            raise LaunchError(f"the Ray agent ended ({'exit ' + str(code) if code is not None else 'no answer'}) "
+                              f"before {word!r}; its output is above")
+        raise LaunchError(f"the Ray agent said {line!r}, expected {word!r}")
+
+    def _line(self, node: subprocess.Popen, timeout_s: Optional[float]) -> str:
+        import select
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            ready, _, _ = select.select([self.status], [], [], 0.5)
+            if ready:
+                return self.status.readline().strip()
+            if node.poll() is not None or (deadline is not None and time.monotonic() > deadline):
+                return ""
+
+    def send(self, line: str) -> None:
+        try:
+            self.proc.stdin.write(f"{line}\n".encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            raise LaunchError(f"the Ray agent is gone (exit {self.proc.poll()})") from None
+
+    def stop(self) -> None:
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.status.close()
 
 
 def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray_cmd: list[str]) -> int:
@@ -314,44 +332,29 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
     log(ident, f"waiting for the head at {head}:{ports.gcs}")
     wait_until(lambda: port_open(head, ports.gcs), timeout_s=opts.join_timeout_s, what=f"the head {head}:{ports.gcs}",
                hint="check that the head started and that this node reaches it (address, firewall)")
+    # a worker's Ray leaves within seconds once the head is gone (Ray's default waits 60 s); only here,
+    # where the GCS is another host's: a process that gives up on its GCS ends with code 1, skipping `finally`
     node = _start_node(ray_cmd, [f"--address={head}:{ports.gcs}", *ports.node_args(), *temp_dir_args(ports, opts),
-                        *_start_args(opts, ident, ip)], env)
+                        *_start_args(opts, ident, ip)], {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_S)})
+    agent: Optional[RayAgent] = None
     try:
         log(ident, "joining the cluster")
-        # this node's raylet must be up before this process connects to Ray (it attaches to a local raylet)
         _wait_started(node, ip, ports.node_manager, opts.join_timeout_s, "ray start (worker)")
-        return _follow_head(ident, node, f"{head}:{ports.gcs}")
+        agent = RayAgent(f"{head}:{ports.gcs}", env, "follow", "--lost-after", str(GCS_RECONNECT_S))
+        line = agent._line(node, None)
+        kind, _, rest = line.partition(" ")
+        if kind == "exit":
+            log(ident, f"driver finished with {rest}; leaving")
+            return int(rest)
+        why = rest if kind == "lost" else (f"this node's Ray exited ({node.returncode})\n    {_tail(node, 5)}"
+                                           if node.poll() is not None else f"the Ray agent ended ({agent.proc.poll()})")
+        log(ident, f"the head is gone before it published the driver's exit code: {why}; leaving with "
+                   f"{EXIT_HEAD_LOST} (the driver's code is the head's)")
+        return EXIT_HEAD_LOST
     finally:
-        _disconnect()
+        if agent:
+            agent.stop()
         _stop_node(node)
-
-
-def _follow_head(ident: NodeIdentity, node: subprocess.Popen, address: str) -> int:
-    """Stay until the head publishes the driver's exit code, or this node's Ray exits (head lost).
-
-    The exit code is read from the GCS directly, not through a Ray driver: a driver attaches to
-    "the" raylet of this node's IP, which is ambiguous when several nodes share an IP (several
-    slurmd on one host) and unreachable when their /tmp is private (containers)."""
-    from ray._raylet import GcsClient
-    gcs = GcsClient(address=address)
-    lost_since = None
-    while True:
-        if node.poll() is not None:
-            log(ident, f"this node's Ray exited ({node.returncode}): the head is gone; leaving\n    {_tail(node, 5)}")
-            return 1
-        try:
-            val = gcs.internal_kv_get(EXIT_KEY, None, timeout=2)
-            lost_since = None
-            if val is not None:
-                code = int(val)
-                log(ident, f"driver finished with {code}; leaving")
-                return code
-        except Exception:
-            lost_since = lost_since or time.monotonic()
-            if time.monotonic() - lost_since > GCS_RECONNECT_S:
-                log(ident, "lost the head; leaving")
-                return 1
-        time.sleep(0.3)
 
 
 def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -> int:
@@ -360,7 +363,7 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
     ident = detect(env_in, spec)
     env = ray_env(opts)
     # Ray reads its auth settings when it is imported: this process must see them before `import ray`
-    for key in ("RAY_AUTH_MODE", C.AUTH_TOKEN, "RAY_gcs_rpc_server_reconnect_timeout_s"):
+    for key in ("RAY_AUTH_MODE", C.AUTH_TOKEN):
         if key in env:
             os.environ[key] = env[key]
         else:

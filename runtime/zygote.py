@@ -295,9 +295,13 @@ class NodeZygote:
 
     def __init__(self, directory: str, trampoline: str, socket_path: str, env: dict):
         import subprocess
+
+        from runtime.lifeline import tied_to_me
         self.dir, self.trampoline, self.socket = directory, trampoline, socket_path
+        # its own session (a signal to the launcher's group is not a signal to it), and it dies with the launcher
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.zygote", "serve", "--socket", self.socket],
-                                     env=env, stdin=subprocess.DEVNULL, start_new_session=True)
+                                     env=env, stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=tied_to_me())
 
     def ray_argv(self) -> list[str]:
         """The command that stands for `ray` so that this node's raylet forks its workers here."""

@@ -112,3 +112,76 @@ def test_contradicting_scheduler_variables():
                   SLURM_JOB_NODELIST="n[1-2]")
     (code, out), = finish([head])
     assert code == 2 and "SLURM_NODEID='1'" in out and "SKYPILOT_NODE_RANK='0'" in out
+
+
+def processes_with(marker: str) -> dict[int, str]:
+    """Every live process whose environment carries `marker` (all a launcher starts inherit it): pid -> command."""
+    found = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if marker.encode() not in f.read():
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    continue  # a zombie has ended; only its parent's wait is missing
+        except OSError:
+            continue
+        found[int(pid)] = cmd
+    return found
+
+
+def wait_for_line(proc, text, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc.log.seek(0)
+        out = proc.log.read()
+        if text in out:
+            return out
+        assert proc.poll() is None, f"launcher ended ({proc.returncode}) before {text!r}:\n{out[-3000:]}"
+        time.sleep(0.2)
+    raise AssertionError(f"no {text!r} within {timeout}s")
+
+
+def test_launcher_killed_with_sigkill_leaves_nothing_running():
+    """The zygote, the node's Ray, the Ray agent and the driver all die with their launcher."""
+    marker = f"RAYTRAIN_TEST_MARK={secrets.token_hex(8)}"
+    head = launch(0, 1, secrets.token_hex(32), cmd=[sys.executable, "-c", "import time; time.sleep(600)"],
+                  RAYTRAIN_TEST_MARK=marker.split("=", 1)[1])
+    try:
+        wait_for_line(head, "barrier passed")
+        running = processes_with(marker)
+        assert any("runtime.zygote serve" in c for c in running.values()), running
+        assert any("gcs_server" in c for c in running.values()), running
+        head.kill()
+        head.wait()
+        deadline = time.monotonic() + 60
+        while processes_with(marker) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert processes_with(marker) == {}
+    finally:
+        for pid in processes_with(marker):
+            os.kill(pid, 9)
+
+
+def test_driver_code_survives_losing_the_gcs():
+    """The head's Ray goes while the driver runs (its GCS killed, as when `ray start --block` ends the
+    node because one of its processes died under load). Ray ends a process whose GCS is gone with its
+    own code 1, skipping `finally`: the launcher's code must still be the driver's, and the worker
+    leaves with EXIT_HEAD_LOST, saying why; nothing is left running."""
+    from runtime.launch import EXIT_HEAD_LOST
+    marker = secrets.token_hex(8)
+    token = secrets.token_hex(32)
+    worker = launch(1, 2, token, RAYTRAIN_TEST_MARK=marker)
+    head = launch(0, 2, token, cmd=[sys.executable, "-c", "import sys, time; time.sleep(15); sys.exit(7)"],
+                  RAYTRAIN_TEST_MARK=marker)
+    wait_for_line(head, "barrier passed")
+    gcs = [pid for pid, c in processes_with(marker).items() if "gcs_server" in c]
+    assert len(gcs) == 1, gcs
+    os.kill(gcs[0], 9)
+    (hc, hout), (wc, wout) = finish([head, worker])
+    assert hc == 7, hout[-4000:]
+    assert wc == EXIT_HEAD_LOST and "before it published the driver's exit code" in wout, wout[-3000:]
+    assert processes_with(marker) == {}

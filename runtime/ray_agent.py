@@ -1,0 +1,160 @@
+"""The launcher's connection to Ray, in a child process: `python -m runtime.ray_agent head|follow`.
+
+The launcher owns the job's exit code, so its own process never loads Ray. Ray's core worker and
+GCS client end their process with exit code 1 when the GCS stops answering for
+`gcs_rpc_server_reconnect_timeout_s` (a stalled GCS on a loaded machine is enough), and that exit
+skips every `finally`. In the launcher itself that turned the driver's code into 1 and left the
+zygote running. Here that death only ends this agent, and the launcher reports it while it still
+knows the driver's code.
+
+`head`: connect as a driver, start the warm hosts, run the barrier, print `barrier <t>` on the
+status pipe, then wait for `exit N` on stdin: publish N in the GCS for the workers, give them a
+moment to leave, disconnect, print `published`.
+`follow`: read the GCS until the head publishes the driver's code and print `exit N` on the status
+pipe; print `lost <reason>` when the head is gone.
+The head agent ends when stdin closes; both die with the launcher (runtime.lifeline).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Callable, Optional
+
+from runtime.identity import NodeIdentity
+from runtime.launch import LaunchError, log
+from runtime.wait import wait_until
+
+EXIT_KEY = b"raytrain:driver_exit"
+
+
+def _say(fd: int, line: str) -> None:
+    os.write(fd, (line.rstrip("\n") + "\n").encode())
+
+
+def head(args, status_fd: int) -> int:
+    import ray
+
+    fields = json.loads(args.identity)
+    ident = NodeIdentity(**{**fields, "node_addresses": tuple(fields["node_addresses"])})
+    try:
+        # log_to_driver: the warm hosts belong to this process's job, and their output (once a group
+        # adopts them, the ranks') is printed on the head's output, as the driver's own workers' is
+        ray.init(address=args.address, log_to_driver=True, logging_level="ERROR")
+        warm = warmer(ident, args.warm_hosts)  # held until the driver exits: it holds the warm hosts' handles
+        last = barrier(ident, args.address, args.barrier_timeout, warm)
+    except LaunchError as e:
+        _say(status_fd, f"error {e}")
+        return 2
+    _say(status_fd, f"barrier {time.monotonic() - last:.6f}")
+    line = sys.stdin.readline()  # `exit N`, or EOF when the launcher is gone
+    if not line.startswith("exit "):
+        return 0
+    from ray.experimental import internal_kv
+    internal_kv._internal_kv_put(EXIT_KEY, line.split()[1].encode(), overwrite=True)
+    _wait_workers_left(deadline=time.monotonic() + args.leave_timeout)
+    ray.shutdown()  # before the GCS goes, or Ray's core worker ends this process with its own code
+    _say(status_fd, "published")
+    return 0
+
+
+def barrier(ident: NodeIdentity, address: str, timeout_s: float,
+            on_alive: Optional[Callable[[list], None]] = None) -> float:
+    """Block until every expected node is alive; return the time the last one registered.
+    on_alive(nodes) is called with the alive nodes at every poll."""
+    import ray
+    alive: list = []
+
+    def all_alive() -> Optional[float]:
+        nodes = ray.nodes()
+        alive[:] = [n for n in nodes if n["Alive"]]
+        if on_alive:
+            on_alive(alive)
+        dead = [n for n in nodes if not n["Alive"]]
+        if dead:
+            names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeManagerHostname']})" for n in dead)
+            raise LaunchError(f"node(s) {names} joined and then died before all {ident.num_nodes} nodes were up")
+        return time.monotonic() if len(alive) >= ident.num_nodes else None
+
+    def too_late() -> LaunchError:
+        joined = sorted(n["NodeManagerAddress"] for n in alive)
+        missing = [a for a in ident.node_addresses if a not in joined] if ident.node_addresses else []
+        detail = f"missing: {', '.join(missing)}" if missing else f"{ident.num_nodes - len(alive)} node(s) missing"
+        return LaunchError(f"only {len(alive)}/{ident.num_nodes} nodes joined within {timeout_s:.0f}s "
+                           f"(joined: {', '.join(joined)}; {detail}); check the workers' logs and that they reach "
+                           f"{address}")
+    return wait_until(all_alive, timeout_s=timeout_s, interval_s=0.1, what="every node", on_timeout=too_late)
+
+
+def warmer(ident: NodeIdentity, per_node: int) -> Callable[[list], None]:
+    """Starts `per_node` worker hosts on each node as it joins (a Ray worker process that imports
+    torch), so the driver's first worker group finds them ready (runtime.spares.warm_up)."""
+    started: set = set()
+    hosts: list = []  # held for the whole job: a host lives while its creator holds its handle
+
+    def on_alive(nodes: list) -> None:
+        for n in nodes:
+            if per_node > 0 and n["NodeID"] not in started:
+                started.add(n["NodeID"])
+                try:
+                    from runtime.spares import warm_up
+                    hosts.extend(warm_up(n["NodeID"], per_node))
+                except Exception as e:  # an optimisation only: the group starts its own hosts
+                    log(ident, f"could not warm up worker hosts on {n['NodeManagerAddress']}: {e}")
+    return on_alive
+
+
+def _wait_workers_left(deadline: float) -> None:
+    """Give workers a moment to read the exit code and leave cleanly before the head goes."""
+    import ray
+
+    from runtime.wait import WaitTimeout
+    try:
+        wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) <= 1,
+                   timeout_s=max(0.0, deadline - time.monotonic()), what="the workers to leave")
+    except WaitTimeout:
+        pass  # they are stopped with the head
+
+
+def follow(args, status_fd: int) -> int:
+    """Read the driver's exit code from the GCS directly, not through a Ray driver: a driver attaches
+    to "the" raylet of this node's IP, which is ambiguous when several nodes share an IP (several
+    slurmd on one host) and unreachable when their /tmp is private (containers)."""
+    from ray._raylet import GcsClient
+    gcs = GcsClient(address=args.address)
+    lost_since = None
+    while True:
+        try:
+            val = gcs.internal_kv_get(EXIT_KEY, None, timeout=2)
+            lost_since = None
+            if val is not None:
+                _say(status_fd, f"exit {int(val)}")
+                return 0
+        except Exception as e:
+            lost_since = lost_since or time.monotonic()
+            if time.monotonic() - lost_since > args.lost_after:
+                _say(status_fd, f"lost no answer from the head's GCS for {args.lost_after:.0f}s ({type(e).__name__})")
+                return 0
+        time.sleep(0.3)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m runtime.ray_agent", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--status-fd", type=int, required=True, help="Pipe to report on (inherited from the launcher).")
+    parser.add_argument("--address", required=True, help="The head's GCS address, host:port.")
+    sub = parser.add_subparsers(dest="role", required=True)
+    hd = sub.add_parser("head", help="Warm hosts, barrier, then publish the driver's exit code.")
+    hd.add_argument("--identity", required=True, help="The node's identity as JSON.")
+    hd.add_argument("--barrier-timeout", type=float, required=True)
+    hd.add_argument("--warm-hosts", type=int, required=True)
+    hd.add_argument("--leave-timeout", type=float, required=True)
+    fo = sub.add_parser("follow", help="Wait for the driver's exit code that the head publishes.")
+    fo.add_argument("--lost-after", type=float, required=True)
+    args = parser.parse_args(argv)
+    return head(args, args.status_fd) if args.role == "head" else follow(args, args.status_fd)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
