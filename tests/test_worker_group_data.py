@@ -49,7 +49,7 @@ def test_single_data_is_put_once_and_every_worker_maps_it(group, puts):
 def test_sharded_batch_is_one_put_per_shard_handed_by_reference(group, puts):
     data = BatchedDataDict({"x": torch.arange(8).float(), "id": list(range(8))})
     out = group.run_all_workers_sharded_batch("batch", data)
-    assert puts == ["BatchedDataDict"] * 4
+    assert puts == ["SlicedDataDict"] * 4  # each shard of a BatchedDataDict is a SlicedDataDict (NeMo RL)
     assert [o["ids"] for o in out] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [o["x"] for o in out] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0], [6.0, 7.0]]
     assert all(PLASMA in o["mapping"] for o in out)
