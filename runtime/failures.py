@@ -50,13 +50,16 @@ def format_phases(p: dict) -> str:
 class FailureHandling:
     """Mixin of RayWorkerGroup: the failure path of its calls (uses its workers, slots, spares, _restart)."""
 
-    def _guard(self, make_refs: Callable[[], list], timeout: Optional[float], restartable: bool = True) -> list:
+    def _guard(self, make_refs: Callable[[], list], timeout: Optional[float], restartable: bool = True,
+               ranks: Optional[list[int]] = None) -> list:
+        """ray.get the refs; on a failure, find the rank behind it and react (_fail). `ranks[i]` is the
+        rank refs[i] runs on (default: refs are one per rank, in rank order)."""
         refs = make_refs()
         try:
             return ray.get(refs, timeout=timeout)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.WorkerCrashedError) as e:
             seen = time.time()
-            rank, cause = self._find_failure(refs, e)
+            rank, cause = self._find_failure(refs, e, ranks or list(range(len(refs))))
             answered = None  # Ray named the dead worker; _node_alive asks its node
         except ray.exceptions.RayTaskError as e:
             # A collective (all-reduce) fails on the survivors, "connection reset by peer", before Ray
@@ -169,17 +172,16 @@ class FailureHandling:
             return f"\n  (no log tail: node {info[rank]['node']} is gone)"
         return f"\n  last log lines of rank {rank}:\n    " + "\n    ".join(text.splitlines()) if text else ""
 
-    def _find_failure(self, refs: list, err: Exception) -> tuple[Optional[int], str]:
+    def _find_failure(self, refs: list, err: Exception, ranks: list[int]) -> tuple[Optional[int], str]:
         ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
         for i, ref in enumerate(refs):
             if ref in ready:
                 try:
                     ray.get(ref, timeout=0)
                 except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
-                    return i, f"actor died: {str(e).splitlines()[0]}"
+                    return ranks[i], f"actor died: {str(e).splitlines()[0]}"
                 except Exception:
                     continue
         if isinstance(err, ray.exceptions.GetTimeoutError) and not_ready:
-            i = refs.index(not_ready[0])
-            return i, f"no answer within {self.call_timeout_s}s (stuck)"
+            return ranks[refs.index(not_ready[0])], f"no answer within {self.call_timeout_s}s (stuck)"
         return None, str(err).splitlines()[0]

@@ -14,6 +14,7 @@ The seed's (NeMo RL's) options, each with a meaning here:
 from __future__ import annotations
 
 import re
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Union
 
@@ -68,7 +69,7 @@ class RayVirtualCluster:
                  num_cpus_per_bundle: float = 1, max_colocated_worker_groups: Optional[int] = None,
                  enable_colocation: bool = False, gpu_ids=None, communication_backend: Optional[str] = None,
                  monitor_memory: bool = False, memory_per_bundle: Union[int, str, None] = None,
-                 name: str = "raytrain", ready_timeout_s: float = 60):
+                 name: str = "raytrain", ready_timeout_s: float = 60, lazy: bool = False):
         if not bundle_ct_per_node_list or any(not isinstance(n, int) or n < 0 for n in bundle_ct_per_node_list):
             raise ValueError(f"bundle_ct_per_node_list must list non-negative counts, got {bundle_ct_per_node_list}")
         if use_gpus is None:
@@ -92,18 +93,34 @@ class RayVirtualCluster:
         self.memory_per_bundle = parse_bytes(memory_per_bundle, "memory_per_bundle")
         self._gpu_ids = gpu_assignment(bundle_ct_per_node_list, gpu_ids)
         self._gpu_ids = [ids for ids, n in zip(self._gpu_ids, bundle_ct_per_node_list) if n > 0]
-        bundle = {"CPU": num_cpus_per_bundle, **({"GPU": 1} if use_gpus else {}),
-                  **({"memory": self.memory_per_bundle} if self.memory_per_bundle else {})}
+        self._bundle = {"CPU": num_cpus_per_bundle, **({"GPU": 1} if use_gpus else {}),
+                        **({"memory": self.memory_per_bundle} if self.memory_per_bundle else {})}
+        self._counts, self._name, self._ready_timeout_s = list(bundle_ct_per_node_list), name, ready_timeout_s
+        # filled by _create_placement_groups, in place (the finalizer holds this very list)
+        self._pgs: list = []
+        self._ips: list[str] = []
+        self._node_ids: list[str] = []
+        self._slot_gpus: list = []
+        # a cluster that is collected without shutdown() still frees its placement groups (and so its name)
+        self._finalizer = weakref.finalize(self, _remove_all, self._pgs)
+        if not lazy:
+            self._create_placement_groups()
+
+    def _create_placement_groups(self) -> None:
+        """One STRICT_PACK group per node with bundles, ready within ready_timeout_s, in stable node order."""
+        if self._pgs:
+            return
+        counts, bundle, name = self._counts, self._bundle, self._name
         pgs = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK", name=f"{name}-node{i}")
-               for i, n in enumerate(bundle_ct_per_node_list) if n > 0]
+               for i, n in enumerate(counts) if n > 0]
         try:
-            ray.get([pg.ready() for pg in pgs], timeout=ready_timeout_s)
+            ray.get([pg.ready() for pg in pgs], timeout=self._ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
             for pg in pgs:
                 remove_placement_group(pg)
             raise RuntimeError(
-                f"placement groups {bundle_ct_per_node_list} (each bundle {bundle}) were not placed within "
-                f"{ready_timeout_s:.0f}s; the cluster has {ray.cluster_resources()}") from None
+                f"placement groups {counts} (each bundle {bundle}) were not placed within "
+                f"{self._ready_timeout_s:.0f}s; the cluster has {ray.cluster_resources()}") from None
         ips = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}
         placed = []
         for pg, gpus in zip(pgs, self._gpu_ids):
@@ -111,16 +128,17 @@ class RayVirtualCluster:
             placed.append((ips.get(node_id, ""), node_id, pg, gpus))
         # stable order: by node address, so ranks are grouped by node and reproducible
         placed.sort(key=lambda t: (t[0], t[1]))
-        self._pgs = [pg for _, _, pg, _ in placed]
-        self._ips = [ip for ip, _, _, _ in placed]
-        self._node_ids = [node_id for _, node_id, _, _ in placed]
-        self._slot_gpus = [gpus for _, _, _, gpus in placed]
-        self._bundle, self._name, self._ready_timeout_s = bundle, name, ready_timeout_s
+        self._pgs[:] = [pg for _, _, pg, _ in placed]
+        self._ips[:] = [ip for ip, _, _, _ in placed]
+        self._node_ids[:] = [node_id for _, node_id, _, _ in placed]
+        self._slot_gpus[:] = [gpus for _, _, _, gpus in placed]
 
     def get_placement_groups(self) -> list:
+        self._create_placement_groups()
         return list(self._pgs)
 
     def slots(self) -> list[BundleSlot]:
+        self._create_placement_groups()
         out = []
         for node_rank, (pg, ip, gpus) in enumerate(zip(self._pgs, self._ips, self._slot_gpus)):
             n = pg.bundle_count
@@ -165,21 +183,33 @@ class RayVirtualCluster:
 
     def world_size(self) -> int:
         """Bundles in the cluster (a method, as in NeMo RL)."""
-        return sum(pg.bundle_count for pg in self._pgs)
+        return sum(self._counts)
 
     def node_count(self) -> int:
-        return len(self._pgs)
+        return sum(1 for n in self._counts if n > 0)
 
     def get_master_address_and_port(self) -> tuple[str, int]:
         """An address and a free port on the first node (in its first bundle), for torch.distributed."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        self._create_placement_groups()
         return ray.get(_free_port.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
             placement_group=self._pgs[0], placement_group_bundle_index=0)).remote())
 
-    def shutdown(self) -> None:
-        for pg in self._pgs:
-            remove_placement_group(pg)
-        self._pgs = []
+    def shutdown(self) -> bool:
+        """Free the placement groups (also done when the cluster is collected); True when done."""
+        self._finalizer()
+        return True
+
+
+def _remove_all(pgs: list) -> None:
+    """Remove the placement groups in `pgs` and empty it; quiet when Ray is already gone."""
+    if pgs and ray.is_initialized():
+        for pg in pgs:
+            try:
+                remove_placement_group(pg)
+            except Exception:
+                pass
+    pgs.clear()
 
 
 @ray.remote(num_cpus=0)

@@ -14,7 +14,9 @@ runtime.spares). Call data goes through runtime.transfer: put once, passed by re
 tensors zero-copy; or made on the workers with run_all_workers_own_shard and a ShardLoader.
 
 The seed's (NeMo RL's) group options, each with a meaning here:
-    memory_limit                Ray `memory` per actor, drawn from the cluster's memory_per_bundle
+    memory_limit                each worker's RSS is held to it (over it, the worker is stopped and the
+                                group's error names the limit and the peak); where the cluster reserves
+                                memory (memory_per_bundle), Ray also reserves it per actor
     async_communication         run_all_workers_* return a WorkerGroupFuture (await it, .result(),
                                 or combine several with gather_futures) instead of the results
     enable_load_balancing /     run_work_items(method, items) hands items to workers: round_robin
@@ -22,7 +24,7 @@ The seed's (NeMo RL's) group options, each with a meaning here:
                                 worker is free first)
     enable_gradient_compression "fp16", "bf16" or "powersgd" (True = fp16): runtime.comm_hooks.compress_gradients(model)
                                 in the worker registers torch's DDP communication hook
-    spare_workers               keep spare hosts for fast restarts (runtime.spares); not with memory_limit
+    spare_workers               keep spare hosts for fast restarts (runtime.spares); not with a reserved memory_limit
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from runtime.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
 from runtime.contract import RESTARTS
 from runtime import transfer
 from runtime.batched import BatchedDataDict
+from runtime.rank_env import rank_env
 from runtime.transfer import ShardLoader
 from runtime.failures import FailureHandling, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
 from runtime.spares import SparePool
@@ -96,17 +99,22 @@ class RayWorkerGroup(FailureHandling):
         self.compression = compression
         from runtime.virtual_cluster import parse_bytes
         self.memory_limit = parse_bytes(memory_limit, "memory_limit")
-        if spare_workers and self.memory_limit:
-            raise ValueError("spare_workers and memory_limit: a rank taken by a spare does not hold a Ray memory "
-                             "resource, so the limit could not be kept; use one or the other")
-        if self.memory_limit:
-            reserved = virtual_cluster.memory_per_bundle
-            share = reserved / virtual_cluster.max_colocated_worker_groups if reserved else 0
+        if self.memory_limit is not None and self.memory_limit <= 0:
+            raise ValueError(f"memory_limit: {memory_limit!r} must be a positive size such as 8GB")
+        # Ray reserves the limit where the cluster reserves memory (memory_per_bundle); every worker's
+        # RSS is held to it in any case (runtime.usage.enforce_memory_limit): over it, the worker stops
+        reserved = virtual_cluster.memory_per_bundle
+        self._ray_memory = self.memory_limit if (self.memory_limit and reserved) else None
+        if self._ray_memory:
+            share = reserved / virtual_cluster.max_colocated_worker_groups
             if self.memory_limit > share:
-                have = f"reserves {share / 2**30:.2f} GiB per worker" if reserved else "reserves no memory"
-                raise ValueError(f"memory_limit {self.memory_limit / 2**30:.2f} GiB cannot be met: the cluster {have}; "
-                                 f"create it with RayVirtualCluster(..., memory_per_bundle=\"{self.memory_limit * virtual_cluster.max_colocated_worker_groups / 2**30:.0f}GB\") "
-                                 "on nodes that have it, or lower memory_limit")
+                raise ValueError(f"memory_limit {self.memory_limit / 2**30:.2f} GiB cannot be met: the cluster reserves "
+                                 f"{share / 2**30:.2f} GiB per worker (memory_per_bundle); lower memory_limit, or "
+                                 f"create the cluster with memory_per_bundle=\"{self.memory_limit * virtual_cluster.max_colocated_worker_groups / 2**30:.0f}GB\"")
+            if spare_workers:
+                raise ValueError("spare_workers with a reserved memory_limit: a rank taken by a spare does not hold a "
+                                 "Ray memory reservation; use one or the other (without memory_per_bundle the limit "
+                                 "is enforced on each worker and spares work)")
         self.restart_on_failure, self.max_restarts = restart_on_failure, max_restarts
         self.call_timeout_s, self.init_timeout_s = call_timeout_s, init_timeout_s
         self.extra_env = dict(env or {})
@@ -122,7 +130,7 @@ class RayWorkerGroup(FailureHandling):
         self.last_start: dict = {}
         self.last_restart: dict = {}
         t0 = time.monotonic()
-        if not self.memory_limit:  # hosts the launcher warmed up while its barrier waited (none outside it)
+        if not self._ray_memory:  # hosts the launcher warmed up while its barrier waited (none outside it)
             self.spares.adopt({sl.node_id for sl in self.slots}, timeout_s=init_timeout_s)
         adopt_s = time.monotonic() - t0
         self._start()
@@ -157,7 +165,8 @@ class RayWorkerGroup(FailureHandling):
         self.master = (addr, port)
         t1 = time.monotonic()
         timings = self._guard(lambda: [h.setup.remote(self.worker_class, self._env(r, sl, addr, port), self.init_args,
-                                                      self.init_kwargs, self.backend, self.init_timeout_s)
+                                                      self.init_kwargs, self.backend, self.init_timeout_s,
+                                                      self.memory_limit)
                                        for r, (h, sl) in enumerate(zip(hosts, self.slots))],
                               timeout=self.init_timeout_s, restartable=False)
         self._info = self._guard(lambda: [w.status.remote() for w in self.workers], timeout=self.init_timeout_s,
@@ -168,20 +177,16 @@ class RayWorkerGroup(FailureHandling):
                            "worker_init_s": max(t["worker_init_s"] for t in timings), "total_s": time.monotonic() - t0}
 
     def _env(self, rank: int, slot: BundleSlot, master_addr: str, master_port: int) -> dict:
-        env = {**self.extra_env, "RANK": str(rank), "LOCAL_RANK": str(slot.local_rank),
-               "WORLD_SIZE": str(self.world_size), "LOCAL_WORLD_SIZE": str(slot.local_world_size),
-               "NODE_RANK": str(slot.node_rank), "MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port),
-               "NODE_IP": slot.node_ip, RESTARTS: str(self.restarts)}
-        if slot.gpu_id is not None:
-            env["CUDA_VISIBLE_DEVICES"] = str(slot.gpu_id)
+        env = {**self.extra_env, **rank_env(rank, self.world_size, slot, master_addr, master_port),
+               RESTARTS: str(self.restarts)}
         if self.compression:
             env[COMPRESSION_ENV] = self.compression
         return env
 
     def _spawn(self, rank: int, slot: BundleSlot):
         opts = dict(scheduling_strategy=self._strategy(slot), num_cpus=self._cpus, num_gpus=self._gpus)
-        if self.memory_limit:
-            opts["memory"] = self.memory_limit
+        if self._ray_memory:
+            opts["memory"] = self._ray_memory
         return WorkerHost.options(**opts).remote(f"rank{rank}", self.cluster.monitor_memory, bool(self.backend))
 
     def shutdown(self) -> None:
@@ -313,7 +318,7 @@ class RayWorkerGroup(FailureHandling):
                 self._fail(running[next(iter(running))][0], f"no answer within {self.call_timeout_s}s (stuck)", True)
             ref = ready[0]
             w, i = running.pop(ref)
-            results[i] = self._guard(lambda: [ref], None)[0]
+            results[i] = self._guard(lambda: [ref], None, ranks=[w])[0]  # a failure here is worker w's
             submit(w)
         self._fill_spares()
         return results
@@ -355,7 +360,7 @@ class RayWorkerGroup(FailureHandling):
             self.workers[rank] = self._spawn(rank, self.slots[rank])
         env = [self._env(r, self.slots[r], *self.master) for r in dead]
         ray.get([self.workers[r].setup.remote(self.worker_class, e, self.init_args, self.init_kwargs, None,
-                                              self.init_timeout_s) for r, e in zip(dead, env)], timeout=self.init_timeout_s)
+                                              self.init_timeout_s, self.memory_limit) for r, e in zip(dead, env)], timeout=self.init_timeout_s)
         return dead
 
     def get_worker_status(self, timeout_s: float = 5) -> list[dict]:

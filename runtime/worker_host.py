@@ -14,7 +14,7 @@ from typing import Optional
 
 import ray
 
-from runtime.usage import process_usage, reset_cuda_peak
+from runtime.usage import enforce_memory_limit, process_usage, reset_cuda_peak
 
 
 @ray.remote(num_cpus=0)
@@ -70,11 +70,14 @@ class _WorkerHost:
             return ray.util.get_node_ip_address(), s.getsockname()[1]
 
     def setup(self, worker_cls, env: dict, init_args: tuple, init_kwargs: dict, backend: Optional[str],
-              timeout_s: float) -> dict:
-        """Take a rank: set its variables, join the process group, build the worker. Returns timings."""
+              timeout_s: float, memory_limit: Optional[int] = None) -> dict:
+        """Take a rank: set its variables, join the process group, build the worker. Returns timings.
+        With memory_limit (bytes), the process is stopped, saying why, once its RSS goes over it."""
         os.environ.update(env)
         self.rank = int(env["RANK"])
         self.node = env["NODE_IP"]
+        if memory_limit:
+            enforce_memory_limit(memory_limit, f"rank {self.rank} on {self.node} (pid {os.getpid()})")
         t0 = time.monotonic()
         if backend:
             import torch.distributed as dist

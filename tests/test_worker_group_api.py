@@ -52,17 +52,55 @@ def test_gpu_ids_placement_logic():
             gpu_assignment([2, 2], bad)
 
 
-def test_memory_limit(two_nodes):
-    from helpers.workers import EnvReporter
+def test_memory_limit_is_enforced_on_a_cluster_without_reservations(two_nodes):
+    """The seed's memory_limit on a cluster made as the seed makes it (no memory reserved): accepted,
+    a worker within it runs, one over it is stopped and the error names the rank, limit and peak."""
+    from helpers.workers import Plain
+    from runtime.failures import WorkerFailureError
     plain = RayVirtualCluster([1, 1])
-    with pytest.raises(ValueError, match="memory_limit 8.00 GiB cannot be met.*memory_per_bundle"):
-        RayWorkerGroup(plain, EnvReporter, memory_limit="8GB")
+    g = RayWorkerGroup(plain, Plain, backend=None, memory_limit="1GB")
+    assert g.run_all_workers_single_data("hold", 64, 0.2) == [64, 64]
+    with pytest.raises(WorkerFailureError, match=r"memory_limit exceeded: rank 1 .* MiB RSS \(peak\), over its "
+                                                 r"memory_limit of 1024 MiB") as err:
+        g.run_work_items("hold", [8, 1536])  # item 1 to worker 1
+    assert err.value.rank == 1
+    g.shutdown()
     plain.shutdown()
-    reserved = RayVirtualCluster([1, 1], memory_per_bundle="64MiB")
-    g = RayWorkerGroup(reserved, EnvReporter, memory_limit="64MiB")
+
+
+def test_reserved_memory_limit(two_nodes):
+    from helpers.workers import EnvReporter
+    reserved = RayVirtualCluster([1, 1], memory_per_bundle="1GiB")
+    with pytest.raises(ValueError, match="memory_limit 8.00 GiB cannot be met.*memory_per_bundle"):
+        RayWorkerGroup(reserved, EnvReporter, memory_limit="8GB")
+    g = RayWorkerGroup(reserved, EnvReporter, memory_limit="1GiB")
     assert len(g.run_all_workers_single_data("env")) == 2
     g.shutdown()
     reserved.shutdown()
+
+
+def test_a_worker_dying_in_run_work_items_is_reported_as_its_own_rank(vc):
+    """Item 2 goes to worker 2 (round robin), which dies: the error names rank 2, not rank 0."""
+    from helpers.workers import Plain
+    from runtime.failures import WorkerFailureError
+    g = RayWorkerGroup(vc, Plain, backend=None)
+    with pytest.raises(WorkerFailureError, match="worker rank 2 on") as err:
+        g.run_work_items("crash_on", ["a", "b", "boom", "c"], strategy="round_robin")
+    assert err.value.rank == 2
+    g.shutdown()
+
+
+def test_a_cluster_collected_without_shutdown_frees_its_placement_groups(two_nodes):
+    import gc
+    from ray.util.placement_group import placement_group_table
+    c = RayVirtualCluster([1, 1], name="collected")
+    ids = [pg.id.hex() for pg in c.get_placement_groups()]
+    del c
+    gc.collect()
+    assert all(placement_group_table()[i]["state"] == "REMOVED" for i in ids)
+    again = RayVirtualCluster([1, 1], name="collected")  # the names are free again
+    assert again.world_size() == 2
+    assert again.shutdown() is True
 
 
 def test_resource_usage_and_stuck_workers(vc):

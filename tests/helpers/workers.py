@@ -66,6 +66,17 @@ class Plain:
     def pid(self):
         return os.getpid()
 
+    def crash_on(self, item):
+        if item == "boom":
+            os._exit(3)
+        return item
+
+    def hold(self, mib, seconds=1.0):
+        """Hold `mib` MiB of written memory (resident) for a moment."""
+        block = bytearray(b"\x01") * (mib * 2**20)
+        time.sleep(seconds)
+        return len(block) // 2**20
+
     def crash(self):
         os._exit(3)
 
