@@ -196,8 +196,9 @@ class RayVirtualCluster:
             placement_group=self._pgs[0], placement_group_bundle_index=0)).remote())
 
     def shutdown(self) -> bool:
-        """Free the placement groups (also done when the cluster is collected); True when done."""
-        self._finalizer()
+        """Free the placement groups (also done when the cluster is collected); True when done. A later
+        use places new ones, freed the same ways (the finalizer stays armed for them)."""
+        _remove_all(self._pgs)
         return True
 
 
