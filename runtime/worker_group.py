@@ -283,10 +283,10 @@ class RayWorkerGroup(FailureHandling):
         return self._call(lambda: [w.execute_own_shard.remote(method_name, loader, **kwargs) for w in self.workers])
 
     def run_all_workers_sharded_data(self, *args, **kwargs):
-        raise TypeError("run_all_workers_sharded_data: NeMo RL's takes data already sharded along named axes "
-                        "(in_sharded_axes, replicate_on_axes); this group shards one batch over its data-parallel "
-                        "ranks with run_all_workers_sharded_batch(method, batch), or takes one item per worker with "
-                        "run_all_workers_multiple_data(method, items)")
+        raise TypeError("run_all_workers_sharded_data: NeMo RL's call, with data sharded along named axes, is on "
+                        "runtime.nemo_rl.worker_groups.RayWorkerGroup; this group shards one batch over its "
+                        "data-parallel ranks with run_all_workers_sharded_batch(method, batch), or takes one item per "
+                        "worker with run_all_workers_multiple_data(method, items)")
 
     def run_work_items(self, method_name: str, items: list, strategy: Optional[str] = None, **kwargs) -> list:
         """Every item through `method_name` on some worker, results in item order. round_robin: item i
