@@ -1,16 +1,17 @@
-"""How a RayWorkerGroup notices a failure, finds the worker and node behind it, and reacts.
+"""How a RayWorkerGroup finds the worker and node behind a failed call (FailureDetector).
 
 A call that fails with a dead actor, a timeout, or a task error while the workers were in a
 collective (a peer's connection reset: Ray has not said yet which worker is gone) is traced to a
-rank here. The lost rank is found by the group itself: every worker and one spare per node are asked
-at once; one still silent LOST_GRACE_S after the others answered is lost, and its node is lost when
-nothing there answers. Then the group restarts (RayWorkerGroup._restart) or raises.
+rank here; every call carries the rank each of its refs runs on. The lost rank is found by the
+detector's own probes: every worker and one spare per node are asked at once; one still silent
+LOST_GRACE_S after the others answered is lost, and its node is lost when nothing there answers.
+The group then decides (RayWorkerGroup._fail): restart, or raise WorkerFailureError.
 """
 from __future__ import annotations
 
-import sys
 import time
-from typing import Callable, Optional
+from dataclasses import dataclass
+from typing import Optional
 
 import ray
 
@@ -47,52 +48,47 @@ def format_phases(p: dict) -> str:
             f"restart total {p['restart_s']:.2f} s")
 
 
-class FailureHandling:
-    """Mixin of RayWorkerGroup: the failure path of its calls (uses its workers, slots, spares, _restart)."""
+@dataclass
+class Failure:
+    """Where a failed call failed: the rank (None: not known), why, and whether its node is lost;
+    `detect` holds when it was seen and how long finding the rank and checking the node took."""
+    rank: Optional[int]
+    cause: str
+    node_lost: bool
+    detect: dict
 
-    def _guard(self, make_refs: Callable[[], list], timeout: Optional[float], restartable: bool = True,
-               ranks: Optional[list[int]] = None) -> list:
-        """ray.get the refs; on a failure, find the rank behind it and react (_fail). `ranks[i]` is the
-        rank refs[i] runs on (default: refs are one per rank, in rank order)."""
-        refs = make_refs()
-        try:
-            return ray.get(refs, timeout=timeout)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.WorkerCrashedError) as e:
-            seen = time.time()
-            rank, cause = self._find_failure(refs, e, ranks or list(range(len(refs))))
-            answered = None  # Ray named the dead worker; _node_alive asks its node
-        except ray.exceptions.RayTaskError as e:
+
+class FailureDetector:
+    """Finds the rank behind a failed call, and whether its node still works, with probes of its own.
+
+    It reads the group's current `workers`, `slots` and `spares` (and `_info`, the workers' pids and
+    nodes, for log tails); it starts, kills and restarts nothing: the group decides what to do."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def locate(self, refs: list, ranks: list[int], err: Exception) -> Optional[Failure]:
+        """The failure behind `err` from ray.get(refs), where refs[i] ran on rank ranks[i]; None when
+        it is the user's own error (every worker still answers)."""
+        seen = time.time()
+        if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
+                            ray.exceptions.WorkerCrashedError)):
+            rank, cause = self.find_failure(refs, err, ranks)
+            answered = None  # Ray named the dead worker; node_alive asks its node
+        else:
             # A collective (all-reduce) fails on the survivors, "connection reset by peer", before Ray
             # reports the lost worker: that is a worker failure, not an error in the user's code.
-            seen = time.time()
-            rank, silent, answered = self._lost_worker(PEER_CHECK_S)
+            rank, silent, answered = self.lost_worker(PEER_CHECK_S)
             if rank is None:
-                raise
+                return None
             how = "stopped answering" if silent else "died"
-            cause = f"{how} while the others were in a collective ({str(e).splitlines()[0][:160]})"
+            cause = f"{how} while the others were in a collective ({str(err).splitlines()[0][:160]})"
         found = time.time()
-        node_lost = rank is not None and not self._node_alive(rank, answered)
+        node_lost = rank is not None and not self.node_alive(rank, answered)
         detect = {"failure_seen_at": seen, "lost_rank_found_s": found - seen, "node_check_s": time.time() - found}
-        self._fail(rank, cause, restartable, node_lost, detect)
+        return Failure(rank, cause, node_lost, detect)
 
-    def _fail(self, rank: Optional[int], cause: str, restartable: bool, node_lost: bool = False,
-              detect: Optional[dict] = None) -> None:
-        t0 = time.time()
-        detect = detect or {"failure_seen_at": t0, "lost_rank_found_s": 0.0, "node_check_s": 0.0}
-        node = self.slots[rank].node_ip if rank is not None else None
-        cause += "; its node is lost" if node_lost else self._log_tail(rank)
-        where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
-        if restartable and self.restart_on_failure and self.restarts < self.max_restarts:
-            phases = self._restart(rank, node_lost)
-            self.last_restart = {**detect, **phases, "restart_s": time.time() - t0}
-            print(f"[worker-group] restart {self.restarts}/{self.max_restarts}: {where} "
-                  f"{'(node lost) ' if node_lost else ''}{format_phases(self.last_restart)}", file=sys.stderr, flush=True)
-            raise WorkerGroupRestarted(f"{where} failed ({cause}); restarted the group "
-                                       f"({self.restarts}/{self.max_restarts})", rank, node) from None
-        limit = f" after {self.restarts} restarts (max_restarts={self.max_restarts})" if self.restart_on_failure else ""
-        raise WorkerFailureError(f"{where} failed{limit}: {cause}", rank, node) from None
-
-    def _lost_worker(self, within_s: float) -> tuple[Optional[int], bool, set]:
+    def lost_worker(self, within_s: float) -> tuple[Optional[int], bool, set]:
         """Which worker is gone, asking each one: (rank, silent, nodes that answered). A worker Ray
         reports dead is gone (silent=False). A worker on a lost node cannot answer, and Ray reports it
         only when its health checks declare the node dead (seconds): once the others have answered,
@@ -100,9 +96,9 @@ class FailureHandling:
         when every worker answers: the error was the user's. Calls run beside a busy method
         (max_concurrency=2), so a busy worker still answers. One spare per node is asked too, so
         the same window tells which nodes still work."""
-        refs = [w.__ray_ready__.remote() for w in self.workers]
-        nodes = {ref: sl.node_id for ref, sl in zip(refs, self.slots)}
-        nodes.update({hosts[0].__ray_ready__.remote(): node for node, hosts in self.spares.by_node.items() if hosts})
+        refs = [w.__ray_ready__.remote() for w in self.group.workers]
+        nodes = {ref: sl.node_id for ref, sl in zip(refs, self.group.slots)}
+        nodes.update({hosts[0].__ray_ready__.remote(): node for node, hosts in self.group.spares.by_node.items() if hosts})
         pending, answered, alive_nodes = list(nodes), set(), set()
         deadline, last = time.monotonic() + within_s, None
         while pending:
@@ -126,19 +122,19 @@ class FailureHandling:
             return silent[0], True, alive_nodes
         return None, False, alive_nodes
 
-    def _node_alive(self, rank: int, alive_nodes: Optional[set] = None) -> bool:
+    def node_alive(self, rank: int, alive_nodes: Optional[set] = None) -> bool:
         """Whether the node of `rank` still works: Ray has not declared it dead, and something there
-        answers: another rank or a spare (asked by _lost_worker, or here within NODE_PROBE_S), or
+        answers: another rank or a spare (asked by lost_worker, or here within NODE_PROBE_S), or
         else a small task within NODE_PING_S (it may need a worker process started)."""
-        node_id = self.slots[rank].node_id
+        node_id = self.group.slots[rank].node_id
         if alive_nodes and node_id in alive_nodes:
             return True
         if any(n["NodeID"] == node_id and not n["Alive"] for n in ray.nodes()):
             return False
-        if alive_nodes is not None and self.spares.count(node_id):
+        if alive_nodes is not None and self.group.spares.count(node_id):
             return False  # its spare was asked with the others and stayed silent
-        hosts = [w for r, w in enumerate(self.workers) if r != rank and self.slots[r].node_id == node_id]
-        hosts += self.spares.by_node.get(node_id, [])[:1]
+        hosts = [w for r, w in enumerate(self.group.workers) if r != rank and self.group.slots[r].node_id == node_id]
+        hosts += self.group.spares.by_node.get(node_id, [])[:1]
         if hosts:
             pending = [h.__ray_ready__.remote() for h in hosts]
             deadline = time.monotonic() + NODE_PROBE_S
@@ -159,9 +155,9 @@ class FailureHandling:
         except Exception:
             return False
 
-    def _log_tail(self, rank: Optional[int], lines: int = 20) -> str:
+    def log_tail(self, rank: Optional[int], lines: int = 20) -> str:
         """The failing worker's last log lines, read on its node (if that node is still up)."""
-        info = getattr(self, "_info", None)
+        info = getattr(self.group, "_info", None)
         if rank is None or not info:
             return ""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -172,7 +168,7 @@ class FailureHandling:
             return f"\n  (no log tail: node {info[rank]['node']} is gone)"
         return f"\n  last log lines of rank {rank}:\n    " + "\n    ".join(text.splitlines()) if text else ""
 
-    def _find_failure(self, refs: list, err: Exception, ranks: list[int]) -> tuple[Optional[int], str]:
+    def find_failure(self, refs: list, err: Exception, ranks: list[int]) -> tuple[Optional[int], str]:
         ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
         for i, ref in enumerate(refs):
             if ref in ready:
@@ -183,5 +179,5 @@ class FailureHandling:
                 except Exception:
                     continue
         if isinstance(err, ray.exceptions.GetTimeoutError) and not_ready:
-            return ranks[refs.index(not_ready[0])], f"no answer within {self.call_timeout_s}s (stuck)"
+            return ranks[refs.index(not_ready[0])], f"no answer within {self.group.call_timeout_s}s (stuck)"
         return None, str(err).splitlines()[0]

@@ -28,6 +28,7 @@ The seed's (NeMo RL's) group options, each with a meaning here:
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable, Optional
 
@@ -40,7 +41,7 @@ from runtime import transfer
 from runtime.batched import BatchedDataDict
 from runtime.rank_env import rank_env
 from runtime.transfer import ShardLoader
-from runtime.failures import FailureHandling, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
+from runtime.failures import Failure, FailureDetector, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
 from runtime.spares import SparePool
 from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
 from runtime.worker_host import WorkerHost as _WorkerHostActor, _WorkerHost, read_worker_log  # noqa: F401
@@ -74,7 +75,7 @@ def gather_futures(*futures: WorkerGroupFuture) -> list[list]:
     return [f.result() for f in futures]
 
 
-class RayWorkerGroup(FailureHandling):
+class RayWorkerGroup:
     def __init__(self, virtual_cluster: RayVirtualCluster, worker_class, *, init_args: tuple = (),
                  init_kwargs: Optional[dict] = None, backend: Optional[str] = "auto", restart_on_failure: bool = False,
                  max_restarts: int = 0, call_timeout_s: Optional[float] = None, init_timeout_s: float = 120,
@@ -123,6 +124,7 @@ class RayWorkerGroup(FailureHandling):
         self._gpus = share if virtual_cluster.use_gpus else 0
         self.restarts = 0
         self.slots: list[BundleSlot] = virtual_cluster.slots()
+        self.detector = FailureDetector(self)  # finds the rank behind a failed call; _fail decides what then
         self.workers: list = []
         self.spares = SparePool(virtual_cluster.monitor_memory)
         self.keep_spares = spare_workers
@@ -233,6 +235,40 @@ class RayWorkerGroup(FailureHandling):
         return {"teardown_s": t1 - t0, "placement_s": t2 - t1, "moved_groups": moved, "start_attempts": attempt,
                 **self.last_start}
 
+    # -- failures -----------------------------------------------------------------------------
+    def _guard(self, make_refs: Callable[[], list], timeout: Optional[float], restartable: bool = True,
+               ranks: Optional[list[int]] = None) -> list:
+        """ray.get the refs; on a failure, the detector finds the rank behind it and _fail reacts.
+        `ranks[i]` is the rank refs[i] runs on (default: one ref per rank, in rank order)."""
+        refs = make_refs()
+        try:
+            return ray.get(refs, timeout=timeout)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError, ray.exceptions.WorkerCrashedError,
+                ray.exceptions.RayTaskError) as e:
+            failure = self.detector.locate(refs, ranks or list(range(len(refs))), e)
+            if failure is None:  # every worker answers: the error is the user's own
+                raise
+        self._fail(failure, restartable)
+
+    def _fail(self, failure: Failure, restartable: bool) -> None:
+        """Restart the group (restart_on_failure, restarts left: raises WorkerGroupRestarted) or raise
+        WorkerFailureError naming the rank, its node and the cause (with its last log lines)."""
+        t0 = time.time()
+        rank, node_lost = failure.rank, failure.node_lost
+        detect = failure.detect or {"failure_seen_at": t0, "lost_rank_found_s": 0.0, "node_check_s": 0.0}
+        node = self.slots[rank].node_ip if rank is not None else None
+        cause = failure.cause + ("; its node is lost" if node_lost else self.detector.log_tail(rank))
+        where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
+        if restartable and self.restart_on_failure and self.restarts < self.max_restarts:
+            phases = self._restart(rank, node_lost)
+            self.last_restart = {**detect, **phases, "restart_s": time.time() - t0}
+            print(f"[worker-group] restart {self.restarts}/{self.max_restarts}: {where} "
+                  f"{'(node lost) ' if node_lost else ''}{format_phases(self.last_restart)}", file=sys.stderr, flush=True)
+            raise WorkerGroupRestarted(f"{where} failed ({cause}); restarted the group "
+                                       f"({self.restarts}/{self.max_restarts})", rank, node) from None
+        limit = f" after {self.restarts} restarts (max_restarts={self.max_restarts})" if self.restart_on_failure else ""
+        raise WorkerFailureError(f"{where} failed{limit}: {cause}", rank, node) from None
+
     # -- calls ------------------------------------------------------------------
     def _fill_spares(self) -> None:
         """Start the missing spares once a call on the (re)started group has returned, not with the
@@ -315,7 +351,8 @@ class RayWorkerGroup(FailureHandling):
         while running:
             ready, _ = ray.wait(list(running), num_returns=1, timeout=self.call_timeout_s)
             if not ready:
-                self._fail(running[next(iter(running))][0], f"no answer within {self.call_timeout_s}s (stuck)", True)
+                w = running[next(iter(running))][0]
+                self._fail(Failure(w, f"no answer within {self.call_timeout_s}s (stuck)", False, {}), True)
             ref = ready[0]
             w, i = running.pop(ref)
             results[i] = self._guard(lambda: [ref], None, ranks=[w])[0]  # a failure here is worker w's
@@ -352,7 +389,7 @@ class RayWorkerGroup(FailureHandling):
         if not dead:
             return []
         if self.backend:
-            self._restart(dead[0], node_lost=not self._node_alive(dead[0]))
+            self._restart(dead[0], node_lost=not self.detector.node_alive(dead[0]))
             return dead
         self.restarts += 1
         for rank in dead:
