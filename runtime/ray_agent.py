@@ -90,7 +90,7 @@ def barrier(ident: NodeIdentity, address: str, timeout_s: float,
 
 def warmer(ident: NodeIdentity, per_node: int) -> Callable[[list], None]:
     """Starts `per_node` worker hosts on each node as it joins (a Ray worker process that imports
-    torch), so the driver's first worker group finds them ready (runtime.spares.warm_up)."""
+    torch), so the driver's first worker group finds them ready (runtime.host_pool.warm_up)."""
     started: set = set()
     hosts: list = []  # held for the whole job: a host lives while its creator holds its handle
 
@@ -99,7 +99,7 @@ def warmer(ident: NodeIdentity, per_node: int) -> Callable[[list], None]:
             if per_node > 0 and n["NodeID"] not in started:
                 started.add(n["NodeID"])
                 try:
-                    from runtime.spares import warm_up
+                    from runtime.host_pool import warm_up
                     hosts.extend(warm_up(n["NodeID"], per_node))
                 except Exception as e:  # an optimisation only: the group starts its own hosts
                     log(ident, f"could not warm up worker hosts on {n['NodeManagerAddress']}: {e}")

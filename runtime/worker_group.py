@@ -10,7 +10,7 @@ A failed collective is traced to the lost rank by the group itself (every worker
 node are asked; the one still silent LOST_GRACE_S after the others answered is lost), and a lost
 node's placement group is moved at once, without waiting for Ray's health checks. With
 spare_workers=True the new ranks are taken from spare hosts (started, torch imported: see
-runtime.spares). Call data goes through runtime.transfer: put once, passed by reference, CPU
+runtime.host_pool). Call data goes through runtime.transfer: put once, passed by reference, CPU
 tensors zero-copy; or made on the workers with run_all_workers_own_shard and a ShardLoader.
 
 The seed's (NeMo RL's) group options, each with a meaning here:
@@ -24,7 +24,7 @@ The seed's (NeMo RL's) group options, each with a meaning here:
                                 worker is free first)
     enable_gradient_compression "fp16", "bf16" or "powersgd" (True = fp16): runtime.comm_hooks.compress_gradients(model)
                                 in the worker registers torch's DDP communication hook
-    spare_workers               keep spare hosts for fast restarts (runtime.spares); not with a reserved memory_limit
+    spare_workers               keep spare hosts for fast restarts (runtime.host_pool); not with a reserved memory_limit
 """
 from __future__ import annotations
 
@@ -33,7 +33,6 @@ import time
 from typing import Callable, Optional
 
 import ray
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from runtime.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
 from runtime.contract import RESTARTS
@@ -42,16 +41,10 @@ from runtime.batched import BatchedDataDict
 from runtime.rank_env import rank_env
 from runtime.transfer import ShardLoader
 from runtime.failures import Failure, FailureDetector, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
-from runtime.spares import SparePool
+from runtime.host_pool import HostPool
 from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
-from runtime.worker_host import WorkerHost as _WorkerHostActor, _WorkerHost, read_worker_log  # noqa: F401
 
 LB_STRATEGIES = ("round_robin", "least_loaded")
-
-
-# the host actor lives in runtime.worker_host; these names stay importable from here
-_read_worker_log = read_worker_log
-WorkerHost = _WorkerHostActor
 
 
 class WorkerGroupFuture:
@@ -126,7 +119,7 @@ class RayWorkerGroup:
         self.slots: list[BundleSlot] = virtual_cluster.slots()
         self.detector = FailureDetector(self)  # finds the rank behind a failed call; _fail decides what then
         self.workers: list = []
-        self.spares = SparePool(virtual_cluster.monitor_memory)
+        self.spares = HostPool(virtual_cluster.monitor_memory)  # every host of this group comes from here
         self.keep_spares = spare_workers
         self._spares_due = False  # set once the group has (re)started: see _fill_spares
         self.last_start: dict = {}
@@ -147,10 +140,6 @@ class RayWorkerGroup:
     @property
     def dp_size(self) -> int:
         return self.world_size
-
-    def _strategy(self, slot: BundleSlot):
-        return PlacementGroupSchedulingStrategy(placement_group=slot.placement_group,
-                                                placement_group_bundle_index=slot.bundle_index)
 
     def _start(self, lost_node: str = "") -> None:
         """Every rank gets a host (a spare on its node if there is one, else a new actor in its bundle),
@@ -186,10 +175,7 @@ class RayWorkerGroup:
         return env
 
     def _spawn(self, rank: int, slot: BundleSlot):
-        opts = dict(scheduling_strategy=self._strategy(slot), num_cpus=self._cpus, num_gpus=self._gpus)
-        if self._ray_memory:
-            opts["memory"] = self._ray_memory
-        return WorkerHost.options(**opts).remote(f"rank{rank}", self.cluster.monitor_memory, bool(self.backend))
+        return self.spares.in_bundle(rank, slot, self._cpus, self._gpus, self._ray_memory, bool(self.backend))
 
     def shutdown(self) -> None:
         for w in self.workers:

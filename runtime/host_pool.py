@@ -1,4 +1,7 @@
-"""Spare worker hosts: processes that have started and imported torch, waiting to take a rank.
+"""HostPool: the one place a worker host (runtime.worker_host) is created, warm, spare or fresh.
+
+A fresh host is started in its rank's placement-group bundle (HostPool.in_bundle). Warm and spare
+hosts are processes that have started and imported torch, waiting to take a rank.
 
 A group restart needs new processes for every rank (a torch process group cannot re-admit one);
 starting a Ray worker and importing torch is most of a restart's time. With spares, a restart only
@@ -13,7 +16,7 @@ from collections import Counter
 from typing import Iterable
 
 import ray
-from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from runtime.worker_host import WorkerHost
 
@@ -36,7 +39,9 @@ def warm_up(node_id: str, count: int) -> list:
             for i in range(count)]
 
 
-class SparePool:
+class HostPool:
+    """The spare hosts of one group, by node, and the fresh hosts it starts in its bundles."""
+
     def __init__(self, monitor_memory: bool = False):
         self.monitor_memory = monitor_memory
         self.by_node: dict[str, list] = {}
@@ -93,6 +98,15 @@ class SparePool:
                 self.by_node.setdefault(node, []).append(h)
                 adopted += 1
         return adopted
+
+    def in_bundle(self, rank: int, slot, num_cpus: float, num_gpus: float, memory: int | None, backend: bool):
+        """A fresh host for `rank`, in its placement-group bundle (holding the bundle's share)."""
+        opts = dict(scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=slot.placement_group,
+                                                                         placement_group_bundle_index=slot.bundle_index),
+                    num_cpus=num_cpus, num_gpus=num_gpus)
+        if memory:
+            opts["memory"] = memory
+        return WorkerHost.options(**opts).remote(f"rank{rank}", self.monitor_memory, backend)
 
     def take(self, node: str):
         """A spare on `node`, or None."""
