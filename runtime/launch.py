@@ -276,7 +276,7 @@ class RayAgent:
                                       "--address", address, role, *args], env=env, stdin=subprocess.PIPE,
                                      pass_fds=(w,), preexec_fn=lifeline.tied_to_me())
         os.close(w)
-        self.status = os.fdopen(r, "r")
+        self.status = os.fdopen(r, "rb", buffering=0)  # unbuffered: select() sees every line not yet read
 
     def expect(self, word: str, node: subprocess.Popen, timeout_s: Optional[float] = None) -> str:
         """The rest of the agent's next line, which must start with `word`; LaunchError with the
@@ -302,7 +302,7 @@ class RayAgent:
         while True:
             ready, _, _ = select.select([self.status], [], [], 0.5)
             if ready:
-                return self.status.readline().strip()
+                return self.status.readline().decode(errors="replace").strip()
             if node.poll() is not None or (deadline is not None and time.monotonic() > deadline):
                 return ""
 
