@@ -6,6 +6,7 @@ import sys
 
 from runtime import selfcheck
 from runtime.contract import DEFAULT_PORT_BASE
+from runtime.launch import EXIT_HEAD_LOST
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,7 +15,11 @@ def main(argv: list[str] | None = None) -> int:
     sc = sub.add_parser("selfcheck", help="Import ray and torch, load the baked cluster spec, print a JSON report.")
     sc.add_argument("--require-cuda", action="store_true", help="Fail unless torch is a CUDA build.")
     la = sub.add_parser("launch", help="Form the Ray cluster from the scheduler's variables; run CMD on the head.",
-                        description="Run on every node: python -m runtime launch [options] -- python train.py ...")
+                        description="Run on every node: python -m runtime launch [options] -- python train.py ...",
+                        epilog="Exit codes: the driver's on the head (a driver killed by signal N: 128+N); on a "
+                               "worker, the driver's code the head published; 2: this node could not start or join "
+                               f"(the message says why); {EXIT_HEAD_LOST}: a worker lost the head before the driver's "
+                               "code was published (the job's code is the head's).")
     la.add_argument("--port-base", type=int, default=DEFAULT_PORT_BASE, help=f"GCS port; all of Ray's ports follow it (default {DEFAULT_PORT_BASE}).")
     la.add_argument("--port-stride", type=int, default=0,
                     help="Offset node k's own ports by k*STRIDE, for several nodes on one host (default 0).")
