@@ -281,7 +281,7 @@ class RayAgent:
     def expect(self, word: str, node: subprocess.Popen, timeout_s: Optional[float] = None) -> str:
         """The rest of the agent's next line, which must start with `word`; LaunchError with the
         agent's own words (`error ...`), or with what ended it."""
-        line = self._line(node, timeout_s)
+        line = self.next_line(node, timeout_s)
         kind, _, rest = line.partition(" ")
         if kind == word:
             return rest
@@ -296,7 +296,8 @@ class RayAgent:
                               f"before {word!r}; its output is above")
         raise LaunchError(f"the Ray agent said {line!r}, expected {word!r}")
 
-    def _line(self, node: subprocess.Popen, timeout_s: Optional[float]) -> str:
+    def next_line(self, node: subprocess.Popen, timeout_s: Optional[float]) -> str:
+        """The agent's next line; "" when it ended, this node's Ray ended, or timeout_s passed."""
         import select
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
@@ -341,7 +342,7 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         log(ident, "joining the cluster")
         _wait_started(node, ip, ports.node_manager, opts.join_timeout_s, "ray start (worker)")
         agent = RayAgent(f"{head}:{ports.gcs}", env, "follow", "--lost-after", str(GCS_RECONNECT_S))
-        line = agent._line(node, None)
+        line = agent.next_line(node, None)
         kind, _, rest = line.partition(" ")
         if kind == "exit":
             log(ident, f"driver finished with {rest}; leaving")
