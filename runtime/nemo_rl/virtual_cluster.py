@@ -144,7 +144,6 @@ class RayVirtualCluster(_CoreCluster):
                          num_cpus_per_bundle=max_colocated_worker_groups,
                          max_colocated_worker_groups=max_colocated_worker_groups, name=name,
                          ready_timeout_s=PLACEMENT_TIMEOUT_S, lazy=True)
-        self._bundle_ct_per_node_list = list(bundle_ct_per_node_list)
         self.num_gpus_per_node = num_gpus_per_node
         self.name = name
         self.placement_group_strategy = placement_group_strategy
@@ -179,7 +178,7 @@ class RayVirtualCluster(_CoreCluster):
                 time.sleep(2 ** attempt)
         raise ResourceInsufficientError(
             f"Maximum number of retries reached ({max_retries}): the Ray cluster ({ray.cluster_resources()}) is too "
-            f"small for {self._bundle_ct_per_node_list} bundles (use_gpus={self.use_gpus}, "
+            f"small for {self._counts} bundles (use_gpus={self.use_gpus}, "
             f"{self.max_colocated_worker_groups} CPU(s) per bundle), or it is unstable")
 
     def _create_placement_groups_internal(self, strategy: Optional[str], use_unified_pg: bool = False) -> list:
@@ -189,7 +188,7 @@ class RayVirtualCluster(_CoreCluster):
                 "use_unified_pg: one placement group spanning nodes is not provided; the core places one group "
                 "per node (runtime.virtual_cluster), which is what use_unified_pg=False gives")
         have = ray.cluster_resources()
-        bundles = sum(self._bundle_ct_per_node_list)
+        bundles = sum(self._counts)
         if self.use_gpus and bundles > int(have.get("GPU", 0)):
             raise ResourceInsufficientError(
                 f"Not enough GPUs available. Requested {bundles} GPUs, but only {int(have.get('GPU', 0))} are "
