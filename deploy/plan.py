@@ -84,7 +84,12 @@ def plan(req: Request) -> Artifacts:
     problems = common_problems(req) + req.target.preflight(req.job, req.spec, req.options)
     if problems:
         raise PreflightError(problems)
+    site = req.target.site_check(req.job, req.spec, req.options)
+    if site.problems:
+        raise PreflightError(site.problems)
     try:
-        return req.target.render(req.job, req.spec, req.options)
+        artifacts = req.target.render(req.job, req.spec, req.options)
     except DeployError as e:
         raise PreflightError([str(e)]) from None
+    artifacts.notes[:0] = site.notes
+    return artifacts

@@ -35,6 +35,7 @@ class NodeIdentity:
     node_addresses: tuple = field(default_factory=tuple)
     node_type: Optional[str] = None
     gpu_type: Optional[str] = None
+    node_name: Optional[str] = None  # what node and GPU types are matched against (hostname unless told)
 
     @property
     def is_head(self) -> bool:
@@ -139,7 +140,8 @@ SOURCES = {
                  ("SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS", "SKYPILOT_NUM_NODES", "SKYPILOT_NUM_GPUS_PER_NODE")),
     "dstack": (_prefixed("DSTACK", "DSTACK_NODES_IPS", "DSTACK_GPUS_PER_NODE", "DSTACK_NODES_NUM", "DSTACK_MASTER_NODE_IP"),
                ("DSTACK_NODE_RANK", "DSTACK_NODES_IPS", "DSTACK_NODES_NUM", "DSTACK_MASTER_NODE_IP")),
-    "kubernetes": (_kubernetes, ("KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX", "HOSTNAME", C.HEAD_ADDRESS)),
+    "kubernetes": (_kubernetes, ("KUBERNETES_SERVICE_HOST", "JOB_COMPLETION_INDEX", "HOSTNAME", C.HEAD_ADDRESS,
+                                 C.NODE_NAME)),
 }
 # RAYTRAIN_NODE_RANK_OFFSET is added to a scheduler's rank (the workers' srun step numbers its nodes from 0).
 EXPLICIT = {"node_rank": C.NODE_RANK, "num_nodes": C.NUM_NODES,
@@ -181,8 +183,12 @@ def detect(env: Mapping[str, str] | None = None, spec: ClusterSpec | None = None
     if not 0 <= rank < n:
         raise IdentityError(f"node rank {rank} is outside 0..{n - 1} (source: {source})")
     hostname = merged.get("hostname") or env.get("HOSTNAME") or socket.gethostname()
+    # in a container the hostname is the container's (a pod's name); the machine's name, when the scheduler
+    # passes it (Kubernetes' downward API spec.nodeName), is what the spec's node-name patterns describe
+    node_name = env.get(C.NODE_NAME) or hostname
     return NodeIdentity(
         source=source, node_rank=rank, num_nodes=n, head_address=str(merged["head_address"]), hostname=hostname,
         gpus_per_node=int(merged.get("gpus_per_node") or 0), node_addresses=tuple(merged.get("node_addresses") or ()),
-        node_type=spec.node_type(hostname) if spec else None, gpu_type=spec.gpu_type(hostname) if spec else None,
+        node_type=spec.node_type(node_name) if spec else None, gpu_type=spec.gpu_type(node_name) if spec else None,
+        node_name=node_name,
     )

@@ -358,7 +358,18 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         _stop_node(node)
 
 
+def _leave_on_sigterm() -> None:
+    """SIGTERM (a pod deleted or evicted, scancel, docker stop) ends this node at once, through the same
+    cleanup as any exit, with the code a shell gives (143). Needed because in a container this process is
+    often PID 1, for which the kernel ignores signals that have no handler: the kubelet would wait its
+    whole grace period and then SIGKILL. The head replaces the handler with one that forwards to the driver."""
+    import threading
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda sig, _f: sys.exit(128 + sig))
+
+
 def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -> int:
+    _leave_on_sigterm()
     env_in = dict(os.environ if env_in is None else env_in)
     spec = load_spec(env_in[C.SPEC_PATH]) if env_in.get(C.SPEC_PATH) else None
     ident = detect(env_in, spec)
@@ -371,7 +382,8 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
             os.environ.pop(key, None)
     ip = routable_ip(ident, opts.node_ip)
     log(ident, f"identity from {ident.source}: node {ident.node_rank} of {ident.num_nodes}, head {ident.head_address}, "
-               f"ip {ip}, gpus {ident.gpus_per_node}, node type {ident.node_type}")
+               f"ip {ip}, gpus {ident.gpus_per_node}, node {ident.node_name}: node type {ident.node_type}, "
+               f"gpu type {ident.gpu_type}")
     check_shm(ident)
     ray_cmd = [ray_cli()]  # fail before anything starts
     if ident.is_head and not cmd:

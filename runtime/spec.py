@@ -19,10 +19,10 @@ from typing import Any, Literal, Optional
 import re2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from runtime import k8s_names
 from runtime.errors import InputError
 from runtime.imageref import ImageRef, ImageRefError
 
-NAME_RE = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 MAX_SPEC_BYTES = 1 << 20
 MAX_PATTERN_LENGTH = 1000
 _PATH_BAD = re.compile(r"[\x00-\x1f\x7f,:%\s]")  # not in a path that goes into mounts, #SBATCH or YAML
@@ -63,13 +63,53 @@ class SlurmOptions(_Strict):
 
 
 class KubernetesOptions(_Strict):
-    namespace: str = Field(..., pattern=NAME_RE, description="Namespace the job's objects are created in.")
+    namespace: str = Field(..., description="Namespace the job's objects are created in (a DNS-1123 label).")
     fileroot_claim: Optional[str] = Field(
         None, description="PersistentVolumeClaim mounted at fileroot on every pod."
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector for every pod.")
     image_pull_secret: Optional[str] = Field(None, description="Name of an existing docker-registry Secret.")
     gpus_per_pod: int = Field(0, ge=0, description="nvidia.com/gpu limit per pod.")
+    pod_security: Literal["restricted", "privileged"] = Field(
+        "restricted", description="The Pod Security level the pods are written for: 'restricted' (the default; "
+        "no hostPath volumes) or 'privileged' (the spec's other mounts become hostPath volumes).")
+    ephemeral_storage: str = Field(
+        "4Gi", description="ephemeral-storage request per pod (logs, Ray's session files, the writable layer), "
+        "so the scheduler places pods where the disk is, not the kubelet's eviction manager.")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, v: str) -> str:
+        _k8s_rule(k8s_names.dns1123_label(v), "use a namespace name such as ml-training")
+        return v
+
+    @field_validator("fileroot_claim", "image_pull_secret")
+    @classmethod
+    def _object_name(cls, v: Optional[str]) -> Optional[str]:
+        if v is not None:
+            _k8s_rule(k8s_names.dns1123_subdomain(v), "give the object's name as `kubectl get` lists it")
+        return v
+
+    @field_validator("node_selector")
+    @classmethod
+    def _selector(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            _k8s_rule(k8s_names.label_key(key) or k8s_names.label_value(value),
+                      "node_selector holds node labels as `kubectl get nodes --show-labels` prints them")
+        return v
+
+    @field_validator("ephemeral_storage")
+    @classmethod
+    def _storage(cls, v: str) -> str:
+        if not re.fullmatch(r"[1-9][0-9]{0,6}(Ki|Mi|Gi|Ti)", v):
+            raise ValueError(f"{v[:40]!r} is not a quantity such as 4Gi or 500Mi (Ki, Mi, Gi or Ti)")
+        return v
+
+
+def _k8s_rule(problem: Optional[str], fix: str) -> None:
+    """A kube-apiserver rule's outcome, raised as a validator's error with the fix."""
+    if problem:
+        raise ValueError(f"{problem}; {fix}")
 
 
 class ClusterSpec(_Strict):

@@ -12,7 +12,7 @@ import yaml
 
 from deploy.job import DeployError
 from deploy.targets import k8s
-from helpers import jobs, k8s_docker
+from helpers import jobs, k8s_docker, pod_security
 from runtime.spec import KubernetesOptions, load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,7 +61,8 @@ def test_pods_pass_the_kubelets_non_root_check_and_the_yaml_has_no_aliases():
     objs = k8s.render(job, opts)
     for o in objs[1:]:
         pod = o["spec"]["template"]["spec"]
-        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000}
+        assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000, "fsGroup": 1000,
+                                          "seccompProfile": {"type": "RuntimeDefault"}}
         assert o["spec"]["activeDeadlineSeconds"] == 86400 + 2 * 3600 + 3 * 60 + 4
         # what a kubelet checks, whatever the image's USER says (even a name)
         for image_user in ("1000:1000", "ray", ""):
@@ -70,7 +71,7 @@ def test_pods_pass_the_kubelets_non_root_check_and_the_yaml_has_no_aliases():
     assert "&id" not in text and "*id" not in text
     assert list(yaml.safe_load_all(text)) == objs
     # the old rendering (runAsNonRoot alone) over an image whose USER is a name: refused, as a kubelet does
-    old = {**objs[1]["spec"]["template"]["spec"], "securityContext": {"runAsNonRoot": True}}
+    old = {**objs[1]["spec"]["template"]["spec"], "securityContext": {"runAsNonRoot": True}}  # noqa
     with pytest.raises(k8s_docker.KubeletRefused, match="non-numeric user \\(ray\\)"):
         k8s_docker.verify_run_as_non_root(old, old["containers"][0], "ray")
     with pytest.raises(DeployError, match="no non-root numeric uid"):
@@ -94,6 +95,7 @@ def test_hostile_values_survive_yaml_verbatim():
     env = {f"V{i}": v for i, v in enumerate(HOSTILE)}
     job, opts = spec_job(env=env, command=["python", "-c", *HOSTILE],
                          mounts=[{"source": "/data/: {x}", "target": "/mnt/*a &b"}])
+    opts = opts.model_copy(update={"pod_security": "privileged"})  # hostPath volumes
     objs = k8s.render(job, opts)
     text = k8s.dump(objs)
     parsed = list(yaml.safe_load_all(text))
@@ -141,8 +143,8 @@ def test_launch_sends_fresh_secrets_and_destroy_selects_what_was_rendered(tmp_pa
     monkeypatch.setenv("KUBECTL_RECORD", str(tmp_path / "calls.jsonl"))
     job, opts = spec_job(nodes=2)
     objs = k8s.render_seeds(job, opts, [7, 8])
-    k8s.launch(objs, opts.namespace, lambda: uuid.uuid4().hex * 2, kubectl=str(kubectl))
-    k8s.destroy("train", opts.namespace, kubectl=str(kubectl))
+    k8s.launch(objs, opts.namespace, lambda: uuid.uuid4().hex * 2, kubectl_bin=str(kubectl))
+    k8s.destroy("train", opts.namespace, kubectl_bin=str(kubectl))
     apply, delete = [json.loads(l) for l in (tmp_path / "calls.jsonl").read_text().splitlines()]
     items = json.loads(apply["stdin"])["items"]
     secrets = [i for i in items if i["kind"] == "Secret"]
@@ -154,7 +156,7 @@ def test_launch_sends_fresh_secrets_and_destroy_selects_what_was_rendered(tmp_pa
     selector = delete["argv"][delete["argv"].index("-l") + 1]
     key, value = selector.split("=")
     assert all(i["metadata"]["labels"][key] == value for i in items)
-    assert delete["argv"][:2] == ["delete", k8s.KINDS]
+    assert delete["argv"][:2] == ["delete", k8s.kubectl.KINDS]
 
 
 def test_exact_container_specs_run_the_job(client, pushed, tmp_path):
@@ -177,9 +179,160 @@ def test_exact_container_specs_run_the_job(client, pushed, tmp_path):
         summary = json.loads(next(l for l in logs.splitlines() if l.startswith("SUMMARY ")).split(" ", 1)[1])
         assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2]
         assert "identity from kubernetes: node 0 of 3" in logs
+        assert f"node {k8s_docker.NODE_NAME}: node type cpu" in logs  # spec.nodeName, through the downward API
         # rank 0 saved its checkpoint into the fileroot volume as the pod's uid (exit 0 needs that write)
         deadline = time.monotonic() + 60
         for c in containers.values():
             assert c.wait(timeout=max(1, deadline - time.monotonic()))["StatusCode"] == 0
     finally:
         k8s_docker.cleanup(containers, network)
+
+
+def pods_of(objs):
+    return [o["spec"]["template"]["spec"] for o in objs if o["kind"] == "Job"]
+
+
+def test_every_rendered_pod_passes_pod_security_restricted():
+    """What a namespace labelled pod-security.kubernetes.io/enforce=restricted admits: the one-job render,
+    the seed fan-out and the slot-pinned runs. The checker is not a rubber stamp: the pod spec this target
+    wrote before (privilege escalation off, nothing else) breaks it the way the real admission said."""
+    job, opts = spec_job()
+    renders = [k8s.render(job, opts), k8s.render_seeds(job, opts, [1, 2, 3]),
+               k8s.render_seeds(job.model_copy(update={"nodes": 1}), opts, [4, 5], [k8s.Slot.parse("n1:0")])]
+    for objs in renders:
+        validate_all(objs)
+        for pod in pods_of(objs):
+            assert pod_security.violations(pod) == []
+    old = pods_of(renders[0])[0]
+    old = {**old, "securityContext": {k: v for k, v in old["securityContext"].items() if k != "seccompProfile"},
+           "containers": [{**old["containers"][0], "securityContext": {"allowPrivilegeEscalation": False}}]}
+    found = " / ".join(pod_security.violations(old))
+    assert 'unrestricted capabilities (container "ray" must set securityContext.capabilities.drop=["ALL"])' in found
+    assert 'seccompProfile (container "ray" must set securityContext.seccompProfile.type to "RuntimeDefault"' in found
+    # the spec's other mounts are hostPath volumes, which restricted refuses: not rendered unless asked for
+    hosted, _ = spec_job(mounts=[{"source": "/data", "target": "/data"}])
+    with pytest.raises(DeployError, match="hostPath volume, which Pod Security 'restricted'"):
+        k8s.render(hosted, opts)
+    privileged = k8s.render(hosted, opts.model_copy(update={"pod_security": "privileged"}))
+    assert "hostPath volumes" in " ".join(pod_security.violations(pods_of(privileged)[0]))
+
+
+def test_the_node_name_reaches_the_pods_and_disruptions_do_not_end_the_job():
+    job, opts = spec_job(retries=1)
+    svc, head, workers = k8s.render(job, opts)
+    for j in (head, workers):
+        env = j["spec"]["template"]["spec"]["containers"][0]["env"]
+        assert {"name": "RAYTRAIN_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in env
+        rules = j["spec"]["podFailurePolicy"]["rules"]
+        assert rules[0] == {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]}
+        assert rules[-1]["action"] == "FailJob" and rules[-1]["onExitCodes"]["values"] == [2]
+        assert j["spec"]["template"]["spec"]["restartPolicy"] == "Never"  # podFailurePolicy requires it
+        requests = j["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]
+        assert requests["ephemeral-storage"] == "4Gi"
+    # a worker that lost the head rejoins its next pod; each worker pod may be replaced (once per retry, plus one)
+    assert {"action": "Ignore", "onExitCodes": {"containerName": "ray", "operator": "In", "values": [3]}} \
+        in workers["spec"]["podFailurePolicy"]["rules"]
+    assert workers["spec"]["backoffLimit"] == 2 * 2 and head["spec"]["backoffLimit"] == 1
+
+
+@pytest.mark.parametrize("change,expect", [
+    (dict(mounts=[{"source": "/a", "target": "/data"}, {"source": "/b", "target": "/data/"}]),
+     "two volumes mount at '/data/'; a container's mountPath must be unique"),
+    (dict(mounts=[{"source": "/a", "target": "/dev/shm"}]), "two volumes mount at '/dev/shm'"),
+    (dict(time_limit="0"), "Kubernetes needs a positive activeDeadlineSeconds"),
+    (dict(image_info=jobs.info(DIGEST, user="2147483648:1000")), "uid 2147483648 is outside 0..2147483647"),
+    (dict(image_info=jobs.info(DIGEST, user="1000:4294967295")), "gid 4294967295 is outside 0..2147483647"),
+])
+def test_values_a_kube_apiserver_refuses_are_refused_before_rendering(change, expect):
+    job, opts = spec_job(**change)
+    opts = opts.model_copy(update={"pod_security": "privileged"})
+    problems = k8s.spec_problems(job, opts)
+    assert any(expect in p for p in problems), problems
+
+
+@pytest.mark.parametrize("section,expect", [
+    ({"node_selector": {"": "x"}}, "label key ''"),
+    ({"node_selector": {"nvidia.com/gpu product": "A100"}}, "label key 'nvidia.com/gpu product'"),
+    ({"node_selector": {"Bad_Prefix/x": "y"}}, "the prefix before '/' must be a DNS subdomain"),
+    ({"node_selector": {"gpu": "A100 80GB"}}, "label value 'A100 80GB'"),
+    ({"image_pull_secret": "Reg_Cred"}, "'Reg_Cred' is not a valid object name (DNS-1123 subdomain)"),
+    ({"fileroot_claim": "-shared"}, "'-shared' is not a valid object name"),
+    ({"fileroot_claim": "a" * 254}, "is not a valid object name"),
+    ({"namespace": "ML"}, "'ML' is not a DNS-1123 label"),
+    ({"ephemeral_storage": "4G"}, "is not a quantity such as 4Gi"),
+    ({"pod_security": "baseline"}, "'restricted' or 'privileged'"),
+])
+def test_spec_values_are_checked_with_the_apiservers_rules(section, expect):
+    from runtime.spec import SpecError, parse_spec
+    raw = json.loads((ROOT / "cluster_specs" / "kubernetes.json").read_text())
+    raw["kubernetes"] = {**raw["kubernetes"], **section}
+    with pytest.raises(SpecError) as e:
+        parse_spec(raw, "spec.json")
+    assert expect in str(e.value) and "kubernetes." in str(e.value)
+    # the same values are accepted when they keep the rules
+    ok = {"node_selector": {"nvidia.com/gpu.product": "NVIDIA-A100-SXM4-80GB", "zone": ""},
+          "image_pull_secret": "regcred.v2", "fileroot_claim": "a" * 253, "namespace": "ml-training",
+          "ephemeral_storage": "500Mi", "pod_security": "privileged"}
+    raw["kubernetes"] = {**raw["kubernetes"], **{k: ok[k] for k in section}}
+    parse_spec(raw, "spec.json")
+
+
+FAKE_CLUSTER = """#!/usr/bin/env python3
+# kubectl as a cluster with the state in $FAKE_CLUSTER answers `get namespace NS -o json` and
+# `get secrets -n NS -o name`, with kubectl's own NotFound text and exit code
+import json, os, sys
+state = json.load(open(os.environ["FAKE_CLUSTER"]))
+a = sys.argv[1:]
+if a[:2] == ["get", "namespace"]:
+    ns = state["namespaces"].get(a[2])
+    if ns is None:
+        sys.exit(print(f'Error from server (NotFound): namespaces "{a[2]}" not found', file=sys.stderr) or 1)
+    print(json.dumps({"kind": "Namespace", "metadata": {"name": a[2], "labels": ns}}))
+elif a[:2] == ["get", "secrets"]:
+    print("\\n".join("secret/" + s for s in state["secrets"].get(a[a.index("-n") + 1], [])))
+else:
+    sys.exit(print("unexpected: " + " ".join(a), file=sys.stderr) or 1)
+"""
+
+
+def test_site_check_names_a_missing_namespace_or_secret_and_refuses_to_write(tmp_path, monkeypatch):
+    kubectl = tmp_path / "bin" / "kubectl"
+    kubectl.parent.mkdir()
+    kubectl.write_text(FAKE_CLUSTER)
+    kubectl.chmod(stat.S_IRWXU)
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    state = tmp_path / "state.json"
+    monkeypatch.setenv("PATH", f"{kubectl.parent}:/usr/bin:/bin")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.setenv("FAKE_CLUSTER", str(state))
+    job, opts = spec_job()
+    spec = load_spec(ROOT / "cluster_specs" / "kubernetes.json")
+    flags = k8s.TARGET.parse_options({})
+
+    def check(namespaces, secrets, flags=flags):
+        state.write_text(json.dumps({"namespaces": namespaces, "secrets": secrets}))
+        return k8s.TARGET.site_check(job, spec, flags)
+
+    missing_ns = check({}, {})
+    assert "namespace 'ml-training' does not exist" in missing_ns.problems[0]
+    assert "kubectl create namespace ml-training" in missing_ns.problems[0]
+    no_secret = check({"ml-training": {}}, {"ml-training": ["other"]})
+    assert "Secret 'train-ray-token'" in no_secret.problems[0]
+    assert "kubectl -n ml-training create secret generic train-ray-token" in no_secret.problems[0]
+    assert check({"ml-training": {}}, {"ml-training": ["train-ray-token"]}).problems == []
+    pulls = spec.model_copy(update={"kubernetes": spec.kubernetes.model_copy(update={"image_pull_secret": "regcred"})})
+    state.write_text(json.dumps({"namespaces": {"ml-training": {}}, "secrets": {"ml-training": ["train-ray-token"]}}))
+    assert "Secret 'regcred' is not in namespace" in k8s.TARGET.site_check(job, pulls, flags).problems[0]
+    hosted_job = job.model_copy(update={"mounts": [*job.mounts, type(job.mounts[0])(source="/d", target="/d")]})
+    privileged = spec.model_copy(update={"kubernetes": spec.kubernetes.model_copy(update={"pod_security": "privileged"})})
+    state.write_text(json.dumps({"namespaces": {"ml-training": {"pod-security.kubernetes.io/enforce": "restricted"}},
+                                 "secrets": {"ml-training": ["train-ray-token"]}}))
+    assert "enforces Pod Security 'restricted'" in k8s.TARGET.site_check(hosted_job, privileged, flags).problems[0]
+    submit = k8s.TARGET.parse_options({"submit": True})
+    assert check({"ml-training": {}}, {"ml-training": []}, submit).problems == []  # --submit creates it
+    # no kubeconfig: --submit is refused, written files come with a note on what must exist
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    offline = k8s.TARGET.site_check(job, spec, flags)
+    assert offline.problems == [] and "create secret generic train-ray-token" in offline.notes[0]
+    assert "cannot ask the cluster" in k8s.TARGET.site_check(job, spec, submit).problems[0]

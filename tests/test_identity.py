@@ -1,4 +1,6 @@
 """Node identity from real scheduler variable sets (table-driven)."""
+from pathlib import Path
+
 import pytest
 
 from runtime.identity import IdentityError, detect, expand_nodelist
@@ -90,3 +92,16 @@ def test_worker_step_offset_counts_after_the_head():
     ident = detect(step)
     assert (ident.node_rank, ident.num_nodes, ident.head_address, ident.source) == (2, 3, "10.0.0.1", "slurm")
     assert detect({**step, "RAYTRAIN_NODE_RANK": "0"}).node_rank == 0
+
+
+def test_kubernetes_node_type_comes_from_the_node_name_not_the_pod_name():
+    """A pod's HOSTNAME is the pod's name; the spec's patterns describe machines. The manifests pass
+    spec.nodeName through the downward API as RAYTRAIN_NODE_NAME."""
+    from runtime.spec import load_spec
+    spec = load_spec(Path(__file__).resolve().parent.parent / "cluster_specs" / "kubernetes.json")
+    pod = {**K8S_JOB, "HOSTNAME": "train-workers-2-x7k2p"}
+    blind = detect(pod, spec)
+    assert (blind.node_type, blind.gpu_type, blind.node_name) == (None, None, "train-workers-2-x7k2p")
+    seen = detect({**pod, "RAYTRAIN_NODE_NAME": "gpu-node-17"}, spec)
+    assert (seen.node_type, seen.gpu_type) == ("a100", "nvidia-a100-80gb")
+    assert seen.hostname == "train-workers-2-x7k2p" and seen.node_name == "gpu-node-17"

@@ -111,6 +111,26 @@ def test_missing_token_is_a_clear_error(built, client):
         out.remove(force=True)
 
 
+def test_sigterm_ends_a_node_that_runs_as_pid_1(built, client):
+    """In a pod the launcher is PID 1, for which the kernel ignores a signal that has no handler: a deleted
+    or evicted pod would sit out its grace period and be SIGKILLed. It leaves on SIGTERM, with 143."""
+    c = client.containers.run(built["cpu"]["local_ref"], ["python", "-m", "runtime", "launch"], detach=True,
+                              environment={"RAYTRAIN_NODE_RANK": "1", "RAYTRAIN_NUM_NODES": "2",
+                                           "RAYTRAIN_HEAD_ADDRESS": "head.invalid", "RAY_AUTH_TOKEN": "t" * 64})
+    try:
+        deadline = time.time() + 60
+        while "waiting for the head" not in c.logs().decode(errors="replace"):
+            assert time.time() < deadline, c.logs().decode(errors="replace")[-2000:]
+            time.sleep(0.2)
+        assert c.attrs["State"]["Pid"] and c.top()["Processes"][0][-1].startswith("python -m runtime launch")
+        t0 = time.monotonic()
+        c.stop(timeout=60)  # SIGTERM, then SIGKILL after 60 s
+        waited = time.monotonic() - t0
+        assert c.wait(timeout=10)["StatusCode"] == 143 and waited < 30, (waited, c.logs()[-2000:])
+    finally:
+        c.remove(force=True)
+
+
 def _wait_for(j, rank, text, timeout=180):
     deadline = time.time() + timeout
     while text not in j.logs(rank):

@@ -64,7 +64,7 @@ def problems(data):
     ({"node_type_from_node_name": {"slurmd-(\\d+": "g8"}}, "node_type_from_node_name", ["regular expression", "slurmd-(\\\\d+"]),
     ({"gpu_type_from_node_name": {"[a-": "x"}}, "gpu_type_from_node_name", ["regular expression"]),
     ({"slurm": {"pyxis": "maybe"}}, "slurm.pyxis", ["boolean", "true or false"]),
-    ({"kubernetes": {"namespace": "Bad_NS"}}, "kubernetes.namespace", ["Bad_NS", "DNS label"]),
+    ({"kubernetes": {"namespace": "Bad_NS"}}, "kubernetes.namespace", ["Bad_NS", "DNS-1123 label"]),
 ])
 def test_bad_values_name_field_value_and_fix(change, field, words):
     out = problems({**SEED, **change})

@@ -1,7 +1,8 @@
 """What every deploy target is: its own options, a pre-flight, a pure render, and an apply step.
 
     options = target.parse_options(flags)        # the flags this target takes; any other is an error
-    problems = target.preflight(job, spec, opts) # every problem at once, nothing touched
+    problems = target.preflight(job, spec, opts) # every problem at once, nothing touched, nothing asked
+    site = target.site_check(job, spec, opts)    # what only the live system knows (read-only questions)
     artifacts = target.render(job, spec, opts)   # pure: objects and the files made from them
     result = target.apply(artifacts, ctx)        # convert / write / submit / run, as the options say
 
@@ -44,6 +45,13 @@ class Artifacts:
 
     def texts(self) -> dict[str, str]:
         return {name: f.text for name, f in self.files.items()}
+
+
+@dataclass
+class SiteCheck:
+    """What the live system (a cluster, a registry) said: problems stop the deploy, notes are shown."""
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -99,6 +107,10 @@ class Target:
 
     def preflight(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> list[str]:
         return []
+
+    def site_check(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> SiteCheck:
+        """Ask the live system what only it knows, after a clean pre-flight; never changes anything."""
+        return SiteCheck()
 
     def render(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> Artifacts:
         raise NotImplementedError

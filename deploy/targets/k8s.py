@@ -6,13 +6,22 @@ Per job (all objects labelled raytrain.io/job=<name>, so `destroy` deletes exact
   Job      <name>-head     one pod: `runtime launch -- <command>`, explicit RAYTRAIN_NODE_RANK=0;
                            its exit code is the driver's.
   Job      <name>-workers  an Indexed Job of nodes-1 pods: rank = JOB_COMPLETION_INDEX + 1.
-  Secret   <name>-ray-token  created by `launch` with a fresh token; the files on disk hold only
-                           the reference (secretKeyRef), never the value.
+  Secret   <name>-ray-token  created by `--submit` with a fresh token; the files on disk hold only
+                           the reference (secretKeyRef), never the value. Without --submit, pre-flight
+                           asks the cluster (when kubectl can) and refuses to write files whose Secret
+                           or namespace is missing, giving the command that creates it.
 Indexed Jobs rather than StatefulSets: a training run ends, and a Job records how it ended.
 Every pod: image by digest, /dev/shm as an in-memory emptyDir, fileroot from the spec's PVC,
-the spec's other mounts as hostPath, nodeSelector, nvidia.com/gpu limits, a TCP readiness
-probe on the node's Ray port (GCS on the head, raylet on workers), non-root as the image's numeric
-uid/gid (runAsUser/runAsGroup, fsGroup for the fileroot volume), activeDeadlineSeconds from the time limit.
+nodeSelector, nvidia.com/gpu limits, an ephemeral-storage request, a TCP readiness probe on the
+node's Ray port (GCS on the head, raylet on workers), the node's name from the downward API
+(RAYTRAIN_NODE_NAME: node type and GPU type are matched against it), activeDeadlineSeconds from the
+time limit, and Pod Security `restricted`: non-root as the image's numeric uid/gid, all capabilities
+dropped, no privilege escalation, seccomp RuntimeDefault. The spec's other mounts become hostPath
+volumes only with `kubernetes.pod_security: privileged` (restricted and baseline refuse hostPath).
+Failures: a disruption (eviction, preemption, node drain) does not count against backoffLimit, a worker
+that lost the head (exit 3) is started again to rejoin, exit 2 (the node cannot start: configuration)
+fails the Job at once; anything else is retried within backoffLimit (a lost worker pod is replaced and
+rejoins the running group).
 
 Multi-seed fan-out (`render_seeds`): one independent job per seed, named <name>-s<seed>,
 optionally pinned to (node, GPU) slots as in the seed's ReplicaSet recipe (nodeSelector on
@@ -20,19 +29,19 @@ kubernetes.io/hostname and NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES instead o
 """
 from __future__ import annotations
 
-import json
 import re
 import secrets as _secrets
-import subprocess
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import yaml
 from pydantic import Field, field_validator
 
+from deploy import kubectl
 from deploy.job import DeployError, JobSpec, time_limit_seconds
-from deploy.targets.base import MAX_SEEDS, ApplyContext, Artifacts, File, Target, TargetOptions
+from deploy.targets.base import MAX_SEEDS, ApplyContext, Artifacts, File, SiteCheck, Target, TargetOptions
 from runtime import contract as C
+from runtime import k8s_names
 from runtime.ports import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
 
@@ -41,7 +50,8 @@ LABEL_ROLE = "raytrain.io/role"
 LABEL_SEED = "raytrain.io/seed"
 LABEL_GROUP = "raytrain.io/group"  # the name given to deploy: one job, or every seed of a fan-out
 TOKEN_KEY = "token"
-KINDS = "jobs.batch,services,secrets"
+EXIT_NODE_CANNOT_START = 2  # the launcher's: configuration, not luck; retrying does not help
+EXIT_HEAD_LOST = 3          # the launcher's: a worker that lost the head rejoins the head's next pod
 
 
 @dataclass(frozen=True)
@@ -75,8 +85,14 @@ def _quantity(size: str) -> str:
 def _env(job: JobSpec, extra: dict) -> list[dict]:
     n = names(job)
     env = [{"name": k, "value": v} for k, v in sorted({**job.env, **extra}.items())]
+    env.append({"name": C.NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
     env.append({"name": C.AUTH_TOKEN, "valueFrom": {"secretKeyRef": {"name": n["secret"], "key": TOKEN_KEY}}})
     return env
+
+
+def host_mounts(job: JobSpec, opts: KubernetesOptions) -> list:
+    """The spec's mounts that would be hostPath volumes (the fileroot claim provides its own)."""
+    return [m for m in job.mounts if not (opts.fileroot_claim and m.target == job.fileroot)]
 
 
 def _volumes(job: JobSpec, opts: KubernetesOptions) -> tuple[list, list]:
@@ -85,12 +101,19 @@ def _volumes(job: JobSpec, opts: KubernetesOptions) -> tuple[list, list]:
     if opts.fileroot_claim:
         volumes.append({"name": "fileroot", "persistentVolumeClaim": {"claimName": opts.fileroot_claim}})
         mounts.append({"name": "fileroot", "mountPath": job.fileroot})
-    for i, m in enumerate(job.mounts):
-        if opts.fileroot_claim and m.target == job.fileroot:
-            continue  # the PVC provides it
+    hosted = host_mounts(job, opts)
+    if hosted and opts.pod_security != "privileged":
+        raise DeployError(hostpath_problem(hosted[0], opts))
+    for i, m in enumerate(hosted):
         volumes.append({"name": f"mount-{i}", "hostPath": {"path": m.source, "type": "Directory"}})
         mounts.append({"name": f"mount-{i}", "mountPath": m.target, "readOnly": "ro" in (m.options or "").split(",")})
     return volumes, mounts
+
+
+def hostpath_problem(mount, opts: KubernetesOptions) -> str:
+    return (f"mount {mount.as_string()!r}: a hostPath volume, which Pod Security 'restricted' (and 'baseline') "
+            f"refuses; put the data on the fileroot claim (kubernetes.fileroot_claim), drop the mount from "
+            f"default_mount, or set kubernetes.pod_security to 'privileged' if namespace {opts.namespace} allows it")
 
 
 def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: list[str], env_extra: dict,
@@ -98,7 +121,7 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
     job.image.require_pinned()
     ports = RayPorts(job.port_base, ephemeral_low=C.PORTABLE_EPHEMERAL_LOW)
     volumes, mounts = _volumes(job, opts)
-    resources: dict = {"requests": {"cpu": str(job.cpus_per_node)}}
+    resources: dict = {"requests": {"cpu": str(job.cpus_per_node), "ephemeral-storage": opts.ephemeral_storage}}
     if job.memory:
         resources["requests"]["memory"] = job.memory + ("i" if job.memory[-1] in "KMGT" else "")
     gpus = job.gpus_per_node
@@ -112,7 +135,7 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
         "env": _env(job, env_extra), "resources": resources, "volumeMounts": mounts,
         "ports": [{"name": "gcs" if role == "head" else "raylet", "containerPort": probe_port}],
         "readinessProbe": {"tcpSocket": {"port": probe_port}, "periodSeconds": 5, "failureThreshold": 3},
-        "securityContext": {"allowPrivilegeEscalation": False},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
     }
     if job.workdir:
         container["workingDir"] = job.workdir
@@ -130,13 +153,30 @@ def _pod(job: JobSpec, opts: KubernetesOptions, role: str, labels: dict, args: l
 
 def pod_security(job: JobSpec) -> dict:
     """runAsNonRoot with the image's numeric uid/gid spelled out, so a kubelet can verify it whatever the
-    image's USER says; fsGroup makes the fileroot volume group-writable for that gid."""
+    image's USER says; fsGroup makes the fileroot volume group-writable for that gid; seccomp
+    RuntimeDefault, which Pod Security 'restricted' requires."""
     uid, gid = job.uid_gid
     if uid is None or uid == 0:
         raise DeployError(f"image {job.image}: no non-root numeric uid known (got {uid!r}); the pods could not "
                           "run as non-root. Build and push again (the image's USER is recorded at push)")
     gid = gid if gid is not None else uid
-    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": gid, "fsGroup": gid}
+    for value, what in ((uid, "the image's uid (runAsUser)"), (gid, "the image's gid (runAsGroup, fsGroup)")):
+        problem = k8s_names.id_in_range(value, what)
+        if problem:
+            raise DeployError(f"image {job.image}: {problem}; build the image with a USER in that range")
+    return {"runAsNonRoot": True, "runAsUser": uid, "runAsGroup": gid, "fsGroup": gid,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def failure_policy(role: str) -> dict:
+    """podFailurePolicy (batch/v1, on by default since Kubernetes 1.26): disruptions are not failures."""
+    rules = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+             {"action": "FailJob", "onExitCodes": {"containerName": "ray", "operator": "In",
+                                                    "values": [EXIT_NODE_CANNOT_START]}}]
+    if role == "worker":
+        rules.insert(1, {"action": "Ignore", "onExitCodes": {"containerName": "ray", "operator": "In",
+                                                             "values": [EXIT_HEAD_LOST]}})
+    return {"rules": rules}
 
 
 def _meta(name: str, namespace: str, labels: dict) -> dict:
@@ -158,6 +198,8 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
         common[C.SEED] = str(seed)
     launch = job.launch_argv()[len(C.RUNTIME_CMD):]  # the container's args; RUNTIME_CMD is its command
     deadline = time_limit_seconds(job.time_limit)  # the job's time limit, as Slurm's --time is
+    if deadline < 1:
+        raise DeployError(deadline_problem(job))
     objs = [{
         "apiVersion": "v1", "kind": "Service", "metadata": _meta(n["service"], opts.namespace, head_labels),
         "spec": {"clusterIP": "None", "publishNotReadyAddresses": True, "selector": head_labels,
@@ -165,6 +207,7 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
     }, {
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(n["head"], opts.namespace, head_labels),
         "spec": {"completions": 1, "parallelism": 1, "backoffLimit": job.retries, "activeDeadlineSeconds": deadline,
+                 "podFailurePolicy": failure_policy("head"),
                  "template": _pod(job, opts, "head", head_labels, [*launch, "--", *job.command],
                                   {**common, C.NODE_RANK: "0"}, slot)},
     }]
@@ -172,7 +215,9 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
         objs.append({
             "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(n["workers"], opts.namespace, worker_labels),
             "spec": {"completionMode": "Indexed", "completions": job.nodes - 1, "parallelism": job.nodes - 1,
-                     "backoffLimit": job.retries * (job.nodes - 1), "activeDeadlineSeconds": deadline,
+                     # each worker pod may be lost once (and once per retry) and be replaced
+                     "backoffLimit": (job.retries + 1) * (job.nodes - 1), "activeDeadlineSeconds": deadline,
+                     "podFailurePolicy": failure_policy("worker"),
                      "template": _pod(job, opts, "worker", worker_labels, launch,
                                       {**common, C.NODE_RANK_OFFSET: "1"}, slot)},
         })
@@ -233,33 +278,84 @@ def job_names(objs: list[dict]) -> list[str]:
     return sorted({o["metadata"]["labels"][LABEL_JOB] for o in objs})
 
 
-def _kubectl(args: list[str], stdin: Optional[str] = None, kubectl: str = "kubectl") -> str:
-    try:
-        res = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, timeout=300)
-    except FileNotFoundError:
-        raise DeployError(f"{kubectl} is not on PATH; install kubectl or apply the written manifests yourself") from None
-    if res.returncode != 0:
-        raise DeployError(f"kubectl {' '.join(args[:2])} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
-    return res.stdout
+def secrets_for(objs: list[dict], namespace: str, token_factory) -> list[dict]:
+    """One Secret per job, each with a fresh token (never written to disk)."""
+    return [secret(name, namespace, token_factory(), _labels_of(objs, name)) for name in job_names(objs)]
 
 
-def launch(objs: list[dict], namespace: str, token_factory, kubectl: str = "kubectl") -> str:
-    """Create each job's token Secret (fresh, never written to disk), then apply the objects."""
-    secrets = [secret(name, namespace, token_factory(), _labels_of(objs, name)) for name in job_names(objs)]
-    # JSON on stdin: the token goes to the API server, not to a file or a command line
-    return _kubectl(["apply", "-n", namespace, "-f", "-"], json.dumps({"apiVersion": "v1", "kind": "List",
-                                                                       "items": secrets + objs}), kubectl)
+def launch(objs: list[dict], namespace: str, token_factory, kubectl_bin: str = "kubectl") -> str:
+    """Create each job's token Secret, then apply the objects."""
+    return kubectl.launch(secrets_for(objs, namespace, token_factory), objs, namespace, kubectl_bin)
 
 
-def destroy(group: str, namespace: str, kubectl: str = "kubectl") -> str:
+def destroy(group: str, namespace: str, kubectl_bin: str = "kubectl") -> str:
     """Delete exactly what launch created, by label: the Jobs (with their pods), Services and Secrets
     of the job, or of every seed run when GROUP is a fan-out's name."""
-    return _kubectl(["delete", KINDS, "-n", namespace, "-l", f"{LABEL_GROUP}={group}", "--cascade=foreground",
-                     "--ignore-not-found"], kubectl=kubectl)
+    return kubectl.destroy(f"{LABEL_GROUP}={group}", namespace, kubectl_bin)
 
 
 def _labels_of(objs: list[dict], name: str) -> dict:
     return next(o["metadata"]["labels"] for o in objs if o["metadata"]["labels"][LABEL_JOB] == name)
+
+
+def create_secret_command(secret_name: str, namespace: str, group: str) -> str:
+    """What a user runs to make a job's Secret by hand (names are DNS labels: nothing to quote)."""
+    return (f"kubectl -n {namespace} create secret generic {secret_name} "
+            f"--from-literal={TOKEN_KEY}=\"$(openssl rand -hex 32)\" && "
+            f"kubectl -n {namespace} label secret {secret_name} {LABEL_GROUP}={group}")
+
+
+def deadline_problem(job: JobSpec) -> str:
+    return (f"--time {job.time_limit!r}: Kubernetes needs a positive activeDeadlineSeconds (Slurm reads 0 as "
+            "'no limit'; a Job cannot); give a time limit such as 1-00:00:00")
+
+
+def spec_problems(job: JobSpec, opts: KubernetesOptions) -> list[str]:
+    """What a kube-apiserver would refuse in the rendered objects, found before rendering."""
+    problems = []
+    targets = [job.fileroot] if opts.fileroot_claim else []
+    hosted = host_mounts(job, opts)
+    targets += ["/dev/shm"] + [m.target for m in hosted]
+    seen = set()
+    for t in targets:
+        if t.rstrip("/") in seen:
+            problems.append(f"mounts: two volumes mount at {t!r}; a container's mountPath must be unique. "
+                            "Remove one from default_mount (the fileroot claim and /dev/shm are mounted already)")
+        seen.add(t.rstrip("/"))
+    if hosted and opts.pod_security != "privileged":
+        problems.append(hostpath_problem(hosted[0], opts))
+    if time_limit_seconds(job.time_limit) < 1:
+        problems.append(deadline_problem(job))
+    uid, gid = job.uid_gid
+    for value, what in ((uid, "the image's uid"), (gid, "the image's gid")):
+        problem = value is not None and k8s_names.id_in_range(value, what)
+        if problem:
+            problems.append(f"image: {problem}; build the image with a USER in that range")
+    return problems
+
+
+def cluster_problems(view: kubectl.ClusterView, objs_secrets: list[str], group: str, opts: KubernetesOptions,
+                     submit: bool, hosted: bool) -> list[str]:
+    """What the cluster says about the namespace and the Secrets the files reference."""
+    ns = opts.namespace
+    if not view.namespace_exists:
+        return [f"kubernetes.namespace: namespace {ns!r} does not exist in the current kubectl context; "
+                f"create it (kubectl create namespace {ns}) or name an existing one in the spec"]
+    problems = []
+    if hosted and view.enforce in ("restricted", "baseline"):
+        problems.append(f"kubernetes.pod_security: namespace {ns} enforces Pod Security {view.enforce!r}, which "
+                        "refuses the hostPath volumes the spec's mounts need; use the fileroot claim instead")
+    if opts.image_pull_secret and opts.image_pull_secret not in view.secrets:
+        problems.append(f"kubernetes.image_pull_secret: Secret {opts.image_pull_secret!r} is not in namespace {ns}; "
+                        f"create it: kubectl -n {ns} create secret docker-registry {opts.image_pull_secret} "
+                        "--docker-server=REGISTRY --docker-username=USER --docker-password-stdin")
+    missing = [n for n in objs_secrets if n not in view.secrets]
+    if missing and not submit:
+        more = f" (and {len(missing) - 1} more, one per run)" if len(missing) > 1 else ""
+        problems.append(f"the files reference Secret {missing[0]!r}{more}, which is not in namespace {ns}: `kubectl "
+                        f"apply` of them would leave every pod waiting. Use --submit (it creates the Secret with a "
+                        f"fresh token), or create it first: {create_secret_command(missing[0], ns, group)}")
+    return problems
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -326,7 +422,29 @@ class Kubernetes(Target):
                             "runAsNonRoot. Build and push again")
         if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
             problems.append(f"--name {job.name!r}: too long for the seed runs' object names; use a shorter name")
+        if k is not None:
+            problems += spec_problems(job, k)
         return problems
+
+    def site_check(self, job: JobSpec, spec: ClusterSpec, opts: K8sFlags) -> SiteCheck:
+        """The namespace and the Secrets, from the cluster kubectl points at. Without a kubeconfig (or an
+        answer) only --submit is refused; files are still written, with a note saying what must exist."""
+        k = spec.kubernetes
+        runs = [f"{job.name}-s{s}" for s in opts.seeds] if opts.seeds else [job.name]
+        secret_names = [names(job.model_copy(update={"name": r}))["secret"] for r in runs]
+        try:
+            if not kubectl.can_ask():
+                raise DeployError("no kubectl with a kubeconfig (KUBECONFIG or ~/.kube/config) here")
+            view = kubectl.look(k.namespace, [*secret_names, *filter(None, [k.image_pull_secret])])
+        except DeployError as e:
+            if opts.submit:
+                return SiteCheck(problems=[f"--submit: cannot ask the cluster: {e}"])
+            return SiteCheck(notes=[
+                f"the cluster was not asked ({str(e)[:300]}): before `kubectl apply -f`, namespace {k.namespace} and "
+                f"Secret {secret_names[0]!r} must exist; create the Secret with: "
+                f"{create_secret_command(secret_names[0], k.namespace, job.name)}"])
+        return SiteCheck(problems=cluster_problems(view, secret_names, job.name, k, opts.submit,
+                                                   bool(host_mounts(job, k))))
 
     def render(self, job: JobSpec, spec: ClusterSpec, opts: K8sFlags) -> Artifacts:
         objs = (render_seeds(job, spec.kubernetes, opts.seeds, opts.slots) if opts.seeds

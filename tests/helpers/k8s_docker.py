@@ -2,8 +2,9 @@
 
 Image, command, args, env, workingDir and the /dev/shm emptyDir come from the manifest unchanged.
 What a cluster would add is added the way Kubernetes does: KUBERNETES_SERVICE_HOST,
-JOB_COMPLETION_INDEX for Indexed Jobs, HOSTNAME, the Secret's value for secretKeyRef, and the
-headless Service's DNS name as a network alias of the pods it selects. A PVC becomes a tmpfs
+JOB_COMPLETION_INDEX for Indexed Jobs, HOSTNAME, the Secret's value for secretKeyRef, the node's
+name for a fieldRef to spec.nodeName (NODE_NAME here), and the headless Service's DNS name as a
+network alias of the pods it selects. A PVC becomes a tmpfs
 owned by root, mode 0755, as a fresh volume is (no volume provisioner here); with fsGroup it is
 group-owned by that gid with the setgid bit and group write, as the kubelet makes it. hostPath
 volumes become bind mounts.
@@ -11,10 +12,15 @@ volumes become bind mounts.
 Before a container starts, the kubelet's own checks are applied (`verify_run_as_non_root`, after
 kubelet's verifyRunAsNonRoot), and the container runs as the uid:gid the pod spec resolves to,
 with fsGroup as a supplementary group, as a kubelet would run it. Docker makes none of these checks.
+The container's securityContext is applied as containerd applies it: capabilities.drop as the
+dropped capabilities, allowPrivilegeEscalation=false as no_new_privs, seccomp RuntimeDefault as the
+engine's default profile.
 """
 from __future__ import annotations
 
 import secrets
+
+NODE_NAME = "k8s-node-7"  # the node every emulated pod is "scheduled" to
 
 
 class KubeletRefused(RuntimeError):
@@ -99,6 +105,10 @@ def run_pods(client, objs: list[dict], tokens: dict, run_id: str | None = None):
             for e in c["env"]:
                 if "value" in e:
                     env[e["name"]] = e["value"]
+                elif "fieldRef" in e["valueFrom"]:
+                    if e["valueFrom"]["fieldRef"]["fieldPath"] != "spec.nodeName":
+                        raise NotImplementedError(f"fieldRef {e['valueFrom']['fieldRef']}")
+                    env[e["name"]] = NODE_NAME
                 else:
                     ref = e["valueFrom"]["secretKeyRef"]
                     env[e["name"]] = tokens[ref["name"]][ref["key"]]
@@ -116,6 +126,12 @@ def run_pods(client, objs: list[dict], tokens: dict, run_id: str | None = None):
                     tmpfs[m["mountPath"]] = f"mode=2775,gid={fs_group}" if fs_group is not None else "mode=0755"
                 elif "hostPath" in v:
                     binds[v["hostPath"]["path"]] = {"bind": m["mountPath"], "mode": "ro" if m.get("readOnly") else "rw"}
+            csc = c.get("securityContext") or {}
+            cap_drop = list((csc.get("capabilities") or {}).get("drop") or [])
+            seccomp = effective_security(pod_spec, c).get("seccompProfile", {}).get("type", "RuntimeDefault")
+            if seccomp != "RuntimeDefault":
+                raise NotImplementedError(f"seccompProfile {seccomp}")
+            security_opt = ["no-new-privileges"] if csc.get("allowPrivilegeEscalation") is False else []
             name = f"{job['metadata']['name']}-{extra.get('JOB_COMPLETION_INDEX', '0')}-{run_id}"
             env["HOSTNAME"] = name
             api = client.api
@@ -124,7 +140,8 @@ def run_pods(client, objs: list[dict], tokens: dict, run_id: str | None = None):
                 hostname=name[:63], working_dir=c.get("workingDir"), labels={"io.raytrain.k8s-e2e": run_id},
                 user=user,
                 host_config=api.create_host_config(network_mode=network.name, shm_size=_shm_bytes(shm),
-                                                   tmpfs=tmpfs, binds=binds, group_add=groups),
+                                                   tmpfs=tmpfs, binds=binds, group_add=groups,
+                                                   cap_drop=cap_drop, security_opt=security_opt),
                 networking_config=api.create_networking_config(
                     {network.name: api.create_endpoint_config(aliases=aliases)}))
             container = client.containers.get(created["Id"])
