@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 from runtime import contract as C
-from runtime import lifeline, preload, zygote
+from runtime import lifeline, log_relay, preload, zygote
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import RaytrainError
 from runtime.identity import NodeIdentity, detect
@@ -91,6 +91,11 @@ def ray_env(opts: LaunchOptions) -> dict:
     env.setdefault("RAY_health_check_period_ms", "1000")
     env.setdefault("RAY_health_check_failure_threshold", "5")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # the images carry Ray's minimal install, with no metrics agent: without this every node logs
+    # "Failed to establish connection to the event+metrics exporter agent" (set it to 1 with ray[default])
+    env.setdefault("RAY_enable_metrics_collection", "0")
+    if not sys.stdout.isatty():  # a log file or a scheduler's pipe: Ray's "(pid=...)" prefixes without ANSI colours
+        env.setdefault("RAY_COLOR_PREFIX", "0")
     if opts.auth == "disabled":
         env["RAY_AUTH_MODE"] = "disabled"
         env.pop(C.AUTH_TOKEN, None)
@@ -221,7 +226,8 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
         driver_env = {**env, "RAY_ADDRESS": address}
         target = preload.target_of(cmd) if opts.preload_driver else None
         early = (subprocess.Popen(preload.preload_argv(target), env=driver_env, stdin=subprocess.PIPE,
-                                  preexec_fn=lifeline.tied_to_me()) if target else None)
+                                  preexec_fn=lifeline.tied_to_me(), **log_relay.streams()) if target else None)
+        relayed = log_relay.relay(early) if early else []
         per_node = opts.warm_hosts if opts.warm_hosts is not None else (ident.gpus_per_node or 1)
         try:
             agent = RayAgent(address, driver_env, "head", "--identity", json.dumps(dataclasses.asdict(ident)),
@@ -236,11 +242,14 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
         log(ident, f"barrier passed: {ident.num_nodes} node(s) alive {time.monotonic() - t0:.2f}s after head start; "
                    f"driver starts {1000 * since_last:.0f} ms after the last node registered "
                    f"(at {time.time():.3f}{', imports preloaded' if early else ''})")
-        proc = go(early) if early else subprocess.Popen(cmd, env=driver_env, preexec_fn=lifeline.tied_to_me())
+        proc = go(early) if early else subprocess.Popen(cmd, env=driver_env, preexec_fn=lifeline.tied_to_me(),
+                                                        **log_relay.streams())
+        relayed = relayed or log_relay.relay(proc)
         forward = lambda sig, _f: proc.send_signal(sig)  # noqa: E731
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         code = proc.wait()
+        log_relay.finish(relayed)
         if code < 0:  # killed by a signal: the code a shell would give
             code = 128 - code
         log(ident, f"driver exited with {code}")
@@ -274,7 +283,8 @@ class RayAgent:
         r, w = os.pipe()
         self.proc = subprocess.Popen([sys.executable, "-m", "runtime.ray_agent", "--status-fd", str(w),
                                       "--address", address, role, *args], env=env, stdin=subprocess.PIPE,
-                                     pass_fds=(w,), preexec_fn=lifeline.tied_to_me())
+                                     pass_fds=(w,), preexec_fn=lifeline.tied_to_me(), **log_relay.streams())
+        self.relayed = log_relay.relay(self.proc)  # the warm hosts' output reaches the log through the agent
         os.close(w)
         self.status = os.fdopen(r, "rb", buffering=0)  # unbuffered: select() sees every line not yet read
 
@@ -324,6 +334,7 @@ class RayAgent:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        log_relay.finish(self.relayed, timeout_s=2)
         self.status.close()
 
 
@@ -381,6 +392,7 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
         else:
             os.environ.pop(key, None)
     ip = routable_ip(ident, opts.node_ip)
+    env[C.NODE_IP] = ip  # Ray's workers inherit it: their log prefixes name the node as this line does
     log(ident, f"identity from {ident.source}: node {ident.node_rank} of {ident.num_nodes}, head {ident.head_address}, "
                f"ip {ip}, gpus {ident.gpus_per_node}, node {ident.node_name}: node type {ident.node_type}, "
                f"gpu type {ident.gpu_type}")

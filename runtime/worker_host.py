@@ -14,6 +14,7 @@ from typing import Optional
 
 import ray
 
+from runtime import contract as C
 from runtime.usage import enforce_memory_limit, process_usage, reset_cuda_peak
 
 
@@ -33,6 +34,13 @@ def read_worker_log(pid: int, lines: int) -> str:
     return "\n".join(out[-lines:])
 
 
+def node_ip() -> str:
+    """The address this worker's node was started with, as the launcher logs it (it sets RAYTRAIN_NODE_IP
+    for its Ray). ray.util.get_node_ip_address() in a worker process guesses the machine's routable address,
+    which differs wherever nodes are given their own (several nodes per host, a pod IP)."""
+    return os.environ.get(C.NODE_IP) or ray.util.get_node_ip_address()
+
+
 class _WorkerHost:
     """Hosts one user worker: rank variables, torch.distributed, the user's methods."""
 
@@ -41,7 +49,7 @@ class _WorkerHost:
         t0 = time.monotonic()
         self.label = label
         self.rank: Optional[int] = None
-        self.node = ray.util.get_node_ip_address()
+        self.node = node_ip()
         self.worker = None
         self.busy: Optional[str] = None
         self.busy_since = 0.0

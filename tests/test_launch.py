@@ -58,6 +58,9 @@ def test_three_nodes_train_and_exit_together(tmp_path):
     s = json.loads(next(l for l in hout.splitlines() if l.startswith("SUMMARY "))[8:])
     assert s["nodes"] == 3 and s["ranks_reported"] == [0, 1, 2] and s["final_loss"] < s["first_loss"]
     assert (tmp_path / "checkpoints" / "example" / "ckpt.pt").exists()
+    # the workers' lines reach the head's log through Ray, with its prefix and without colour codes
+    assert "(warm@127.0.0.1 pid=" in hout and "\x1b[" not in hout, hout[-2000:]
+    assert "exporter agent" not in hout + "".join(o for _, o in rest)
 
 
 def test_driver_exit_code_reaches_every_node():

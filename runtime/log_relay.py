@@ -1,0 +1,52 @@
+"""The driver's output as the head's log: passed through unchanged on a terminal; in a file or a
+scheduler's pipe, with ANSI escape sequences removed.
+
+Ray colours some of what it prints in the driver whatever RAY_COLOR_PREFIX says (the green
+"[repeated Nx across cluster]" of its log deduplication), and a job log is read with grep, less and
+a browser, not a terminal. Each of the driver's streams is copied by a thread to the same stream of
+this process, line by line, so the order within a stream is kept and nothing waits for a full buffer.
+"""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from typing import IO, Optional
+
+# CSI sequences (colours, cursor moves) and the two-byte escapes; text is never touched otherwise
+ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+
+
+def wanted() -> bool:
+    """Relay (and strip) only when this process's stdout is not a terminal."""
+    return not sys.stdout.isatty()
+
+
+def streams() -> dict:
+    """Popen keyword arguments for a driver whose output goes through relay()."""
+    return {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} if wanted() else {}
+
+
+def _copy(src: IO[bytes], dst: IO[bytes]) -> None:
+    for line in iter(src.readline, b""):
+        dst.write(ANSI.sub(b"", line))
+        dst.flush()
+    src.close()
+
+
+def relay(proc: subprocess.Popen) -> list[threading.Thread]:
+    """Start copying the process's piped streams; join the threads after it exits."""
+    threads = []
+    for src, dst in ((proc.stdout, sys.stdout.buffer), (proc.stderr, sys.stderr.buffer)):
+        if src is not None:
+            t = threading.Thread(target=_copy, args=(src, dst), daemon=True)
+            t.start()
+            threads.append(t)
+    return threads
+
+
+def finish(threads: list[threading.Thread], timeout_s: Optional[float] = 10) -> None:
+    """Wait for the last lines (a grandchild still holding the pipe is not waited for beyond timeout_s)."""
+    for t in threads:
+        t.join(timeout_s)
