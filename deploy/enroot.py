@@ -237,11 +237,23 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
             layer_store: Optional[Path] = None, spare: bool = True) -> SquashResult:
     """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists.
 
+    `client`: a Docker client, or a function that returns one, called only when the file must be made:
+    with the digest given, a cached file is found without the engine (a login node without Docker).
+
     With `layer_store` (where the build keeps the layers it assembled), the layers below those are
     squashed once and cached, and the rest is appended (deploy/enroot_incremental.py); where that
     cannot be done honestly, a full conversion runs and `note` says why. `spare`: after an incremental
     conversion, copy the cached part for the next one in the background (enroot_incremental.prepare_spare)."""
     t0 = time.monotonic()
+    if digest and (Path(out_dir) / sqsh_name(image, digest)).exists():  # a cached file needs no engine
+        return SquashResult(Path(out_dir) / sqsh_name(image, digest), True, time.monotonic() - t0, how="cached")
+    if callable(client):
+        try:
+            client = client()
+        except Exception as e:
+            raise DeployError(f"making {sqsh_name(image, digest) if digest else 'the .sqsh'} needs the Docker engine, "
+                              f"and {e}. Run this deploy where the engine is reachable (the file is then cached "
+                              f"in {out_dir}), or copy a made .sqsh there") from None
     try:
         img = client.images.get(image)
     except Exception as e:

@@ -208,7 +208,7 @@ def test_every_rendered_pod_passes_pod_security_restricted():
            "containers": [{**old["containers"][0], "securityContext": {"allowPrivilegeEscalation": False}}]}
     found = " / ".join(pod_security.violations(old))
     assert 'unrestricted capabilities (container "ray" must set securityContext.capabilities.drop=["ALL"])' in found
-    assert 'seccompProfile (container "ray" must set securityContext.seccompProfile.type to "RuntimeDefault"' in found
+    assert 'seccompProfile (pod or container "ray" must set securityContext.seccompProfile.type to "RuntimeDefault"' in found
     # the spec's other mounts are hostPath volumes, which restricted refuses: not rendered unless asked for
     hosted, _ = spec_job(mounts=[{"source": "/data", "target": "/data"}])
     with pytest.raises(DeployError, match="hostPath volume, which Pod Security 'restricted'"):

@@ -167,3 +167,21 @@ def test_rc_script_without_an_entrypoint_is_enroots_byte_for_byte():
     rc = enroot.rc_script({"WorkingDir": "/app/project", "Cmd": ["python", "-m", "runtime", "selfcheck"]})
     assert '    exec  "$@"\n' in rc
     assert "    exec  'python' '-m' 'runtime' 'selfcheck'\n" in rc
+
+
+def test_a_cached_sqsh_needs_no_docker_engine(tmp_path, monkeypatch):
+    """A login node without Docker: the .sqsh made earlier for this digest is used; making one names the
+    engine as what is missing."""
+    from deploy.job import DeployError
+    from toolchain.docker_client import engine
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")  # the engine, unreachable
+    image, digest = "registry.example.com/raytrain-cpu:abc", "sha256:" + "1f" * 32
+    cached = tmp_path / enroot.sqsh_name(image, digest)
+    cached.write_bytes(b"hsqs")
+    res = enroot.convert(engine, image, tmp_path, digest=digest)
+    assert res.cached and res.path == cached
+    cached.unlink()
+    with pytest.raises(DeployError, match=r"needs the Docker engine, and cannot reach the Docker engine .*"
+                                          r"the file is then cached"):
+        enroot.convert(engine, image, tmp_path, digest=digest)
+    assert list(tmp_path.iterdir()) == []

@@ -37,12 +37,17 @@ def is_local(address: str) -> bool:
 
 
 def ping(address: str, timeout: float = 2.0) -> bool:
+    """A registry answers /v2/ (200, or 401 when it wants a login), over TLS or plain HTTP."""
     host = address.split("/")[0]
-    try:
-        r = requests.get(f"http://{host}/v2/", timeout=timeout)
-        return r.status_code in (200, 401)
-    except requests.RequestException:
-        return False
+    for url in (f"http://{host}/v2/", f"https://{host}/v2/"):
+        try:
+            with warnings.catch_warnings():  # liveness only: the engine checks the certificate when it pushes
+                warnings.simplefilter("ignore")
+                if requests.get(url, timeout=timeout, verify=False).status_code in (200, 401):
+                    return True
+        except requests.RequestException:
+            pass
+    return False
 
 
 def scheme(address: str, timeout: float = 3.0) -> str:

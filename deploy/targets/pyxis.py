@@ -73,7 +73,7 @@ class Pyxis(Target):
         out: dict = {}
         if opts.sqsh:
             local: Path = artifacts.extra["sqsh_path"]
-            res = enroot.convert(ctx.engine(), job.image.docker(), local.parent, digest=job.image.digest,
+            res = enroot.convert(ctx.engine, job.image.docker(), local.parent, digest=job.image.digest,
                                  progress=ctx.progress, layer_store=ctx.layer_store)
             ctx.progress(f"squashfs {'reused' if res.cached else f'written ({res.how})'}: {res.path} "
                          f"({res.seconds:.1f}s)")

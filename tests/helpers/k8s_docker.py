@@ -160,3 +160,46 @@ def cleanup(containers: dict, network) -> None:
         except Exception:
             pass
     network.remove()
+
+
+def docker_registry_secret(name: str, namespace: str, server: str, username: str, password: str) -> dict:
+    """The Secret `kubectl create secret docker-registry` makes: type kubernetes.io/dockerconfigjson."""
+    import base64
+    import json
+    auth = base64.b64encode(f"{username}:{password}".encode()).decode()
+    config = {"auths": {server: {"username": username, "password": password, "auth": auth}}}
+    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/dockerconfigjson",
+            "metadata": {"name": name, "namespace": namespace},
+            "data": {".dockerconfigjson": base64.b64encode(json.dumps(config).encode()).decode()}}
+
+
+def pull_as_kubelet(client, pod_spec: dict, secrets_by_name: dict) -> None:
+    """Pull the pod's image as a kubelet does: the credentials of each imagePullSecret whose
+    .dockerconfigjson names the image's registry are tried in order, then an anonymous pull.
+    A failure is ErrImagePull with the registry's answer."""
+    import base64
+    import json
+    image = pod_spec["containers"][0]["image"]
+    registry = image.split("/", 1)[0]
+    repo, _, digest = image.partition("@")
+    tried = []
+    for ref in pod_spec.get("imagePullSecrets", []):
+        secret = secrets_by_name.get(ref["name"])
+        if secret is None:
+            continue  # a kubelet logs it and goes on without
+        config = json.loads(base64.b64decode(secret["data"][".dockerconfigjson"]))
+        cred = config.get("auths", {}).get(registry)
+        if cred:
+            tried.append({"username": cred["username"], "password": cred["password"]})
+    errors = []
+    for auth in [*tried, None]:
+        try:
+            # the engine reports a refused pull inside the stream as often as in the HTTP status
+            failed = [c["error"] for c in client.api.pull(repo, tag=digest, auth_config=auth, stream=True, decode=True)
+                      if "error" in c]
+        except Exception as e:  # docker.errors.APIError
+            failed = [str(e)]
+        if not failed:
+            return
+        errors.append(f"{'with ' + auth['username'] if auth else 'anonymous'}: {failed[0][:300]}")
+    raise KubeletRefused(f"ErrImagePull: {image}: {' | '.join(errors)}")

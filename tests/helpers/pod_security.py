@@ -74,7 +74,7 @@ def violations(pod: dict) -> list[str]:
             out.append(f'runAsUser=0 (container "{c["name"]}" must not set runAsUser=0)')
         seccomp = (sc.get("seccompProfile") or psc.get("seccompProfile") or {}).get("type")
         if seccomp not in ("RuntimeDefault", "Localhost"):
-            out.append(f'seccompProfile (container "{c["name"]}" must set securityContext.seccompProfile.type to '
+            out.append(f'seccompProfile (pod or container "{c["name"]}" must set securityContext.seccompProfile.type to '
                        '"RuntimeDefault" or "Localhost")')
     if psc.get("runAsUser") == 0:
         out.append("runAsUser=0 (pod must not set runAsUser=0)")

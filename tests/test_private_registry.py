@@ -1,0 +1,62 @@
+"""A private registry as a site runs one (TLS with its own CA, htpasswd login): `invoke push` after
+`docker login`, a wrong password named as such, and a pod's image pulled the way a kubelet pulls it,
+with the credentials of the Secret the manifest's imagePullSecrets names."""
+import json
+import subprocess
+
+import pytest
+
+from conftest import SPEC, make_settings
+from deploy.targets import k8s
+from helpers import jobs, k8s_docker
+from helpers.tls_registry import TlsRegistry
+from runtime.spec import KubernetesOptions
+from toolchain import pipeline
+from toolchain.errors import RegistryError
+from toolchain.progress import Reporter
+
+
+@pytest.fixture
+def private(tmp_path):
+    reg = TlsRegistry(tmp_path / "registry").start()
+    yield reg
+    reg.stop()
+
+
+def docker_login(config_dir, reg, password):
+    return subprocess.run(["docker", "--config", str(config_dir), "login", reg.address, "-u", reg.user,
+                           "--password-stdin"], input=password, text=True, capture_output=True)
+
+
+def test_push_with_a_login_and_pull_with_image_pull_secrets(client, built, private, tmp_path, app_dir, monkeypatch):
+    config = tmp_path / "docker-config"
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))  # the engine client reads the login from here
+    s = make_settings(tmp_path / "w", app_dir, registry_address=private.address)
+    (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"]}))
+
+    # without a login: refused, with the fix
+    with pytest.raises(RegistryError, match="refused the credentials; run `docker login"):
+        pipeline.push(s, str(SPEC), "cpu", Reporter())
+    bad = docker_login(config, private, "not-the-password")
+    assert bad.returncode != 0 and "unauthorized" in bad.stderr.lower(), bad.stderr
+
+    assert docker_login(config, private, private.password).returncode == 0
+    pushed = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
+    assert pushed["repo_digest"].startswith(f"{private.address}/") and pushed["registry_scheme"] == "https"
+
+    # the pod as rendered, pulled as a kubelet pulls it
+    opts = KubernetesOptions(namespace="ml", fileroot_claim="shared", image_pull_secret="regcred")
+    job = jobs.job(pushed["repo_digest"], name="private", nodes=1,
+                   image_info=jobs.info(pushed["repo_digest"], user=pushed["user"]))
+    pod = k8s.render(job, opts)[1]["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+    good = k8s_docker.docker_registry_secret("regcred", "ml", private.address, private.user, private.password)
+    wrong = k8s_docker.docker_registry_secret("regcred", "ml", private.address, private.user, "guess")
+    with pytest.raises(k8s_docker.KubeletRefused, match="anonymous: .*(unauthorized|no basic auth)"):
+        k8s_docker.pull_as_kubelet(client, pod, {})                   # the Secret does not exist
+    with pytest.raises(k8s_docker.KubeletRefused, match=f"with {private.user}: .*(unauthorized|authentication)"):
+        k8s_docker.pull_as_kubelet(client, pod, {"regcred": wrong})
+    k8s_docker.pull_as_kubelet(client, pod, {"regcred": good})
+    assert client.images.get(pushed["repo_digest"]).id == built["cpu"]["image_id"]
+    for tag in {t for img in client.images.list() for t in img.tags if t.startswith(private.address + "/")}:
+        client.api.remove_image(tag, noprune=True)  # the push's tags for this throwaway registry
