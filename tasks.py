@@ -74,7 +74,7 @@ def build(c, spec=None, variant=None, quiet=False, json=False):
 
 @task(help={
     "spec": "Cluster spec JSON the images were built with (its 'registry' overrides registry.address).",
-    "variant": "Comma-separated variants to push (default: all in image.variants).",
+    "variant": "Comma-separated variants to push (default: every variant `invoke build` recorded for this spec).",
     **COMMON,
 })
 def push(c, spec=None, variant=None, quiet=False, json=False):
@@ -97,6 +97,11 @@ TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
     "gpus": "GPUs per node (default: the spec's slurm.gpus_per_node / kubernetes.gpus_per_pod). >0 picks the gpu image.",
     "out": "Directory for the artifacts (default: build/deploy/<target>/<name>). Written all at once.",
     "dry_run": "Print the pre-flight result and the rendered artifacts; write, convert and start nothing.",
+    "command": "The driver command, as one shell-quoted string (e.g. \"python train.py --steps 200\"); it runs on the "
+               "head in the image's project directory. Default: deploy.command.",
+    "resume": "Continue the last run deployed under this --name (its checkpoints) instead of starting a new run. "
+              "Without it every deploy is a new run; a scheduler's own restart (requeue, a replaced pod) "
+              "always continues its run.",
     "submit": "slurm/pyxis: sbatch the script; k8s: create the token Secret and kubectl apply; skypilot: sky launch.",
     "seeds": "k8s/skypilot: one independent run per seed, e.g. '1-4' or '1,5,9' (<name>-s<seed>; --seed is appended).",
     "slots": "k8s with --seeds: NODE[:GPU] slots the runs are pinned to round-robin, e.g. 'node1:0,node1:1,node2'.",
@@ -114,7 +119,8 @@ TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
     "fileroot_store": "skypilot: bucket URI mounted at the fileroot (e.g. s3://bucket/runs).",
     **COMMON,
 })
-def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, submit=False,
+def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, resume=False,
+           command=None, submit=False,
            seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=None, partition=None, account=None,
            allow_local_registry=False, allow_http_registry=False, accelerator=None, fileroot_store=None,
            quiet=False, json=False):
@@ -130,8 +136,8 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
                  allow_local_registry=allow_local_registry, allow_http_registry=allow_http_registry,
                  accelerator=accelerator, fileroot_store=fileroot_store)
     flags = {k: v for k, v in given.items() if v not in (None, False)}  # only what the user set
-    result = _run(c, pipeline.deploy, spec, target, quiet=quiet, as_json=json, dry_run=dry_run,
-                  name=name, nodes=_count(nodes, "--nodes", 1), gpus=_count(gpus, "--gpus"), out=out, **flags)
+    result = _run(c, pipeline.deploy, spec, target, quiet=quiet, as_json=json, dry_run=dry_run, resume=resume,
+                  command=command, name=name, nodes=_count(nodes, "--nodes", 1), gpus=_count(gpus, "--gpus"), out=out, **flags)
     if json:
         return
     if dry_run:

@@ -28,8 +28,10 @@ NODE_RANK_OFFSET = "RAYTRAIN_NODE_RANK_OFFSET"  # added to a scheduler's rank (t
 NUM_NODES = "RAYTRAIN_NUM_NODES"
 HEAD_ADDRESS = "RAYTRAIN_HEAD_ADDRESS"
 GPUS_PER_NODE = "RAYTRAIN_GPUS_PER_NODE"
+NODE_IP = "RAYTRAIN_NODE_IP"                    # the address this node's Ray was started with (set by launch)
 NODE_NAME = "RAYTRAIN_NODE_NAME"                # the scheduler's name for this machine (Kubernetes: spec.nodeName)
 JOB_NAME = "RAYTRAIN_JOB_NAME"
+RUN_ID = "RAYTRAIN_RUN_ID"                      # one deploy = one run (checkpoints are per run); restarts keep it
 SEED = "RAYTRAIN_SEED"
 AUTH_TOKEN = "RAY_AUTH_TOKEN"                   # per job, generated at run time, never written to a file
 SPEC_PATH = "CLUSTER_SPEC_PATH"                 # the baked cluster spec (image ENV)

@@ -28,6 +28,10 @@ def unique(name: str) -> str:
     return f"{name}-{uuid.uuid4().hex[:6]}"
 
 
+def summary_of(logs: str) -> dict:
+    return json.loads(next(l for l in logs.splitlines() if "SUMMARY " in l).split("SUMMARY ", 1)[1])
+
+
 def test_local_job_runs_from_digest_and_cleans_up(client, pushed, settings, capfd):
     name = unique("e2e-local")
     s = with_deploy(settings, name=name, command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"])
@@ -37,14 +41,37 @@ def test_local_job_runs_from_digest_and_cleans_up(client, pushed, settings, capf
     out = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=3)
     assert out["exit_code"] == 0
     logs = capfd.readouterr().out
-    summary = json.loads(next(l for l in logs.splitlines() if "SUMMARY " in l).split("SUMMARY ", 1)[1])
-    assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2]
+    summary = summary_of(logs)
+    assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2] and summary["trained_steps"] == 20
     assert f"[{name}-w2] " in logs and f"[{name}-head] " in logs
     assert job_containers(client, name) == []
     assert not [n for n in client.networks.list() if n.name.startswith(f"{name}-")]
-    # the checkpoint went to the host's fileroot, through the spec's default_mount
-    assert (Path("/tmp/raytrain/checkpoints") / name / "ckpt.pt").is_file()
-    shutil.rmtree(Path("/tmp/raytrain/checkpoints") / name, ignore_errors=True)
+    # the checkpoint went to the host's fileroot, through the spec's default_mount, under this run's id
+    first = out["job"]["env"]["RAYTRAIN_RUN_ID"]
+    assert first.startswith(f"{name}-") and (Path("/tmp/raytrain/checkpoints") / name / first / "ckpt.pt").is_file()
+    try:
+        # the same command again is a new run: it trains, from step 0
+        again = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=2)
+        second = again["job"]["env"]["RAYTRAIN_RUN_ID"]
+        run2 = summary_of(capfd.readouterr().out)
+        assert second != first and run2["trained_steps"] == 20 and run2["first_loss"] is not None
+        # --resume continues the last run: at step 20 of 20 there is nothing to train, and it says so
+        resumed = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=2, resume=True)
+        assert resumed["job"]["env"]["RAYTRAIN_RUN_ID"] == second
+        captured = capfd.readouterr()
+        assert summary_of(captured.out)["trained_steps"] == 0
+        assert f"NOTHING TRAINED: run {second} is already at step 20 of 20" in captured.out + captured.err
+    finally:
+        shutil.rmtree(Path("/tmp/raytrain/checkpoints") / name, ignore_errors=True)
+
+
+def test_resume_without_an_earlier_run_is_refused(pushed, settings, tmp_path):
+    s = settings.model_copy(update={"deploy": DeploySettings(name=unique("never")),
+                                    "project": settings.project.model_copy(update={"build_dir": str(tmp_path)})})
+    (tmp_path / "images.json").write_text((settings.build_dir / "images.json").read_text())
+    with pytest.raises(InputError, match="--resume: no earlier run of --name 'never-.*'; deploy without --resume"):
+        pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), resume=True)
+    assert not (tmp_path / "runs.json").exists()
 
 
 def test_failing_driver_fails_the_deploy(client, pushed, settings):

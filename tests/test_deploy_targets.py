@@ -51,7 +51,10 @@ def test_dry_run_renders_and_writes_nothing(settings, tmp_path, spec, target, fn
     assert not out.exists()
     written = deploy(settings, spec, target, out=str(out))
     assert [Path(w).name for w in written["written"]] == [fname]
-    assert (out / fname).read_text() == res["rendered"][fname]
+    # what was shown is what was written, but for the run id: each deploy is a new run
+    shown_run, written_run = res["job"]["env"]["RAYTRAIN_RUN_ID"], written["job"]["env"]["RAYTRAIN_RUN_ID"]
+    assert shown_run != written_run
+    assert (out / fname).read_text() == res["rendered"][fname].replace(shown_run, written_run)
     if fname.endswith(".sbatch"):
         assert (out / fname).stat().st_mode & stat.S_IXUSR
     assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []
@@ -176,3 +179,17 @@ def test_k8s_seed_fanout_file(settings, tmp_path):
     heads = [o for o in objs if o["kind"] == "Job"]
     assert [o["metadata"]["name"] for o in heads] == [f"job1-s{s}-{r}" for s in (1, 2, 3) for r in ("head", "workers")]
     assert {o["metadata"]["labels"]["raytrain.io/group"] for o in objs} == {"job1"}
+
+
+@pytest.mark.parametrize("spec,target", [("local.json", "local"), ("slurm.json", "slurm"),
+                                         ("slurm-pyxis.json", "pyxis"), ("kubernetes.json", "k8s"),
+                                         ("kubernetes.json", "skypilot")])
+def test_command_flag_reaches_every_target(settings, spec, target):
+    """--command is split as a shell splits it, once, and each target runs exactly that argv."""
+    argv = ["python", "train.py", "--note", "two words; $(not run)", "--steps", "7"]
+    res = deploy(settings, spec, target, dry_run=True, command="python train.py --note 'two words; $(not run)' --steps 7")
+    assert res["job"]["command"] == argv
+    text = json.dumps(res.get("objects")) + "".join(res.get("rendered", {}).values())
+    assert "two words; $(not run)" in text or "'two words; $(not run)'" in text
+    with pytest.raises(ConfigError, match="--command: .* cannot be split as a shell would .*close the quotes"):
+        deploy(settings, spec, target, dry_run=True, command="python train.py --note 'unclosed")

@@ -14,7 +14,7 @@ import requests
 
 from conftest import SPEC, make_settings, run_in
 from toolchain import pipeline
-from toolchain.errors import RegistryError
+from toolchain.errors import ConfigError, RegistryError
 from toolchain.records import read_pushes
 from toolchain.progress import Reporter
 from runtime.wait import wait_until
@@ -229,3 +229,19 @@ def test_registry_killed_mid_upload(client, big_image, tmp_path, app_dir, comes_
         stop_local(s)
         for ref in _tags_for(client, target):
             client.images.remove(ref, noprune=True)
+
+
+def test_push_pushes_what_build_recorded(client, built, registry, tmp_path, app_dir):
+    """`invoke build --variant cpu push`: push, given no --variant, pushes the cpu build (the gpu one
+    recorded from another spec stays), and asking for a variant never built names the command that works."""
+    s = make_settings(tmp_path / "w", app_dir)
+    stale_gpu = {**built["gpu"], "spec_sha256": "f" * 64}
+    (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"], "gpu": stale_gpu}))
+    said = io.StringIO()
+    out = pipeline.push(s, str(SPEC), None, Reporter(stream=said))
+    assert list(out["images"]) == ["cpu"] and list(read_pushes(s.build_dir)) == ["cpu"]
+    assert "not pushing gpu: built from another spec" in said.getvalue()
+    (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"]}))
+    with pytest.raises(ConfigError, match="build it: invoke build --variant gpu, or push what was built: "
+                                          "invoke push --variant cpu"):
+        pipeline.push(s, str(SPEC), "gpu", Reporter())

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import secrets
+import time
 from pathlib import Path
 
 from runtime.spec import ClusterSpec, json_schema, load_spec, spec_hash
@@ -10,7 +12,8 @@ from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.images import LAYER_STORE, build_all
-from toolchain.records import PushRecord, read_builds, read_pushes, write_push
+from runtime import contract as C
+from toolchain.records import PushRecord, RunRecord, read_builds, read_pushes, read_runs, runs_file, write_push, write_run
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import push_image
 from toolchain.registry import is_local, scheme, start_local
@@ -82,13 +85,16 @@ def registry_address(settings: Settings, spec_file: Path, variant: str = "cpu") 
 
 def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporter) -> dict:
     spec_file = resolve_spec(settings, spec)
-    variants = pick_variants(settings, variant)
     built = read_builds(settings.build_dir)
+    sha = spec_hash(spec_file)
+    variants = pick_variants(settings, variant) if variant else _built_for(settings, built, sha, spec_file, rep)
     missing = [v for v in variants if v not in built]
     if missing:
-        raise ConfigError(f"no build recorded for {', '.join(missing)} in {settings.build_dir / 'build.json'}; run `invoke build` first")
+        have = [v for v in settings.image.variants if v in built]
+        instead = f", or push what was built: invoke push --variant {','.join(have)}" if have else ""
+        raise ConfigError(f"no build recorded for {', '.join(missing)} in {settings.build_dir / 'build.json'}; "
+                          f"build it: invoke build --variant {','.join(missing)}{instead}")
     client = engine()
-    sha = spec_hash(spec_file)
     results = {}
     for v in variants:
         address = registry_address(settings, spec_file, v)
@@ -119,10 +125,52 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
     return {"images_json": str(path), "images": results}
 
 
+def parse_command(text: str) -> list[str]:
+    """--command as a shell would split it (quotes kept together); nothing is ever run through a shell."""
+    import shlex
+    try:
+        argv = shlex.split(text)
+    except ValueError as e:
+        raise ConfigError(f"--command: {text[:80]!r} cannot be split as a shell would ({e}); close the quotes") from None
+    if not argv:
+        raise ConfigError("--command: empty; give the driver command, e.g. \"python train.py --steps 200\"")
+    return argv
+
+
+def pick_run(settings: Settings, name: str, resume: bool) -> str:
+    """A new run id (<name>-<UTC time>-<4 hex>), or with --resume the last one deployed under this name."""
+    if resume:
+        last = read_runs(settings.build_dir).get(name)
+        if last is None:
+            raise ConfigError(f"--resume: no earlier run of --name {name!r} in {runs_file(settings.build_dir)}; "
+                              "deploy without --resume to start one")
+        return last.run_id
+    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _built_for(settings: Settings, built: dict, sha: str, spec_file: Path, rep: Reporter) -> list[str]:
+    """Without --variant, push pushes what build recorded for this spec (`invoke build --variant cpu push`)."""
+    chosen = [v for v in settings.image.variants if v in built and built[v].spec_sha256 == sha]
+    if not chosen:
+        raise ConfigError(f"no build recorded for spec {_shown(settings, spec_file)} in {settings.build_dir / 'build.json'}; "
+                          f"run `invoke build` first (with INVOKE_PROJECT_SPEC={_shown(settings, spec_file)} if it is not "
+                          "the default)")
+    stale = [v for v in settings.image.variants if v in built and v not in chosen]
+    if stale:
+        rep.step(f"not pushing {', '.join(stale)}: built from another spec (build it again to push it)")
+    return chosen
+
+
 def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, dry_run: bool = False,
            name: str | None = None, nodes: int | None = None, gpus: int | None = None, out: str | None = None,
-           env: dict | None = None, **flags) -> dict:
+           env: dict | None = None, resume: bool = False, command: str | None = None, **flags) -> dict:
     """Pre-flight (spec, pushed digest, job values, the target's own checks), render, then apply.
+    Each deploy is a new run (RAYTRAIN_RUN_ID, recorded in build/runs.json); `resume` continues the last
+    run of this job name instead.
 
     `flags` are the target's options as given (only those set); one the target does not take is an
     error. --dry-run returns the rendered files in the summary and writes, converts and starts nothing.
@@ -139,13 +187,17 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         flags["sqsh_dir"] = str(settings.build_dir / "sqsh")
     images = {v: ImageInfo(ref=r.ref, spec_sha256=r.spec_sha256, spec_file=r.spec_file, user=r.user,
                            registry_scheme=r.registry_scheme) for v, r in read_pushes(settings.build_dir).items()}
-    job_values = dict(name=d.name if name is None else name, nodes=d.nodes if nodes is None else nodes,
-                      command=list(d.command), cpus_per_node=d.cpus_per_node, port_base=d.port_base,
-                      time_limit=d.time_limit)
+    job_name = d.name if name is None else name
+    run_id = pick_run(settings, job_name, resume)
+    job_values = dict(name=job_name, nodes=d.nodes if nodes is None else nodes,
+                      command=list(d.command) if command is None else parse_command(command), cpus_per_node=d.cpus_per_node, port_base=d.port_base,
+                      time_limit=d.time_limit, env={C.RUN_ID: run_id})
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
                        job_values, gpus, settings.path(settings.project.app_dir))
     artifacts = plan(req)
     job = req.job
+    rep.step(f"run {run_id}" + (" (resumed: its checkpoints are continued)" if resume else
+                                " (a new run; `--resume` continues the last one of this --name)"))
     out_dir = settings.path(out) if out else settings.build_dir / "deploy" / req.target.name / job.name
     summary = {"target": req.target.name, "job": job.model_dump(mode="json"), "out_dir": str(out_dir),
                "files": sorted(artifacts.files), "notes": list(artifacts.notes),
@@ -157,6 +209,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         if not artifacts.files:
             summary["objects"] = artifacts.objects
         return summary
+    write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
+                                                      image=str(job.image or ""), started=_now()))
     ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env,
                        layer_store=settings.build_dir / LAYER_STORE)
     summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))

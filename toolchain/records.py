@@ -1,6 +1,8 @@
-"""What was built (build/build.json) and pushed (build/images.json): typed records, one writer each.
+"""What was built (build/build.json), pushed (build/images.json) and deployed (build/runs.json):
+typed records, one writer each.
 
-`invoke build` writes BuildRecords (images.build_all), `invoke push` PushRecords (pipeline.push);
+`invoke build` writes BuildRecords (images.build_all), `invoke push` PushRecords (pipeline.push),
+`invoke deploy` a RunRecord per job name (the run `--resume` continues);
 everything else only reads them, through these functions, which refuse a malformed file with the
 fix instead of failing later on a missing key. Writes are atomic: a crash leaves the old file.
 """
@@ -62,6 +64,17 @@ class PushRecord(_Record):
         return ImageRef.parse(self.repo_digest)
 
 
+RUN_ID = r"^[a-z][-a-z0-9]{0,79}$"
+
+
+class RunRecord(_Record):
+    """One deploy = one run: its id names the checkpoints; a scheduler's restart keeps it."""
+    run_id: str = Field(..., pattern=RUN_ID)
+    target: str
+    image: str = ""
+    started: str
+
+
 R = TypeVar("R", bound=_Record)
 
 
@@ -110,3 +123,15 @@ def read_pushes(build_dir: Path) -> dict[str, PushRecord]:
 
 def write_push(build_dir: Path, variant: str, record: PushRecord) -> Path:
     return _write(images_file(build_dir), {**read_pushes(build_dir), variant: record})
+
+
+def runs_file(build_dir: Path) -> Path:
+    return build_dir / "runs.json"
+
+
+def read_runs(build_dir: Path) -> dict[str, RunRecord]:
+    return _read(runs_file(build_dir), RunRecord, "invoke deploy")
+
+
+def write_run(build_dir: Path, name: str, record: RunRecord) -> Path:
+    return _write(runs_file(build_dir), {**read_runs(build_dir), name: record})

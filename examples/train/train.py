@@ -103,6 +103,9 @@ def main(argv=None) -> int:
     p.add_argument("--step-delay", type=float, default=0.0, help="Sleep per step (to make failures easy to inject).")
     p.add_argument("--fileroot", default=None, help="Default: the spec's fileroot.")
     p.add_argument("--job-name", default=os.environ.get("RAYTRAIN_JOB_NAME", "example"))
+    p.add_argument("--run-id", default=os.environ.get("RAYTRAIN_RUN_ID", ""),
+                   help="Checkpoints go to <fileroot>/checkpoints/<job name>/<run id>: each deploy is a new run "
+                        "(deploy --resume, or a scheduler's restart, continues one). Default: $RAYTRAIN_RUN_ID.")
     p.add_argument("--data", choices=("worker", "driver"), default="worker",
                    help="worker: each worker makes its own shard; driver: the driver shards each batch and sends it.")
     p.add_argument("--no-spares", dest="spares", action="store_false",
@@ -113,7 +116,7 @@ def main(argv=None) -> int:
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
     connected = time.time()
     nodes = args.nodes or len([n for n in ray.nodes() if n["Alive"]])
-    ckpt_dir = os.path.join(args.fileroot or default_fileroot(), "checkpoints", args.job_name)
+    ckpt_dir = os.path.join(args.fileroot or default_fileroot(), "checkpoints", args.job_name, args.run_id)
     t0 = time.monotonic()
     cluster = RayVirtualCluster([args.workers_per_node] * nodes, num_cpus_per_bundle=args.cpus_per_worker)
     placed = time.time()
@@ -129,7 +132,7 @@ def main(argv=None) -> int:
           f"hosts {st['hosts_s']:.2f} s, {st['spares_used']} taken from spares, "
           f"torch import {st['import_s']:.2f} s, process group {st['dist_init_s']:.2f} s, "
           f"worker init {st['worker_init_s']:.2f} s)", flush=True)
-    step = group.run_all_workers_single_data("get_step")[0]
+    step = start_step = group.run_all_workers_single_data("get_step")[0]
     first_loss = last_loss = None
     ranks = set()
     try:
@@ -154,7 +157,11 @@ def main(argv=None) -> int:
     except WorkerFailureError as e:
         print(f"[driver] FAILED: {e}", file=sys.stderr, flush=True)
         return 1
-    summary = {"steps": step, "first_loss": first_loss, "final_loss": last_loss, "world_size": group.world_size,
+    if step == start_step:
+        print(f"[driver] NOTHING TRAINED: run {args.run_id or args.job_name} is already at step {step} of "
+              f"{args.steps}; deploy without --resume for a new run, or raise --steps", file=sys.stderr, flush=True)
+    summary = {"steps": step, "trained_steps": step - start_step, "first_loss": first_loss, "final_loss": last_loss,
+               "world_size": group.world_size,
                "nodes": nodes, "ranks_reported": sorted(ranks), "restarts": group.restarts,
                "seconds": round(time.monotonic() - t0, 2)}
     print("SUMMARY " + json.dumps(summary), flush=True)
