@@ -27,6 +27,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -185,13 +186,20 @@ def _tail(proc: subprocess.Popen, lines: int = 15) -> str:
         return ""
 
 
+TERMINATING = threading.Event()  # set on SIGTERM: the node is being taken away, stop at once
+STOP_GRACE_S = 30                # `ray start --block` stopping its processes in order, on a normal exit
+TERMINATE_GRACE_S = 2            # ... when the scheduler is taking the node (its own grace period is short)
+
+
 def _stop_node(proc: subprocess.Popen) -> None:
     """Stop this node's Ray; then whatever of its process group is left (a raylet that ended because
-    its GCS was gone leaves its agents behind, orphaned, when `ray start` has already exited)."""
+    its GCS was gone leaves its agents behind, orphaned, when `ray start` has already exited).
+    After SIGTERM the node goes within seconds, so the rest of the cluster sees it lost at once
+    instead of when the scheduler's grace period ends."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            proc.wait(timeout=TERMINATE_GRACE_S if TERMINATING.is_set() else STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             pass
     try:
@@ -245,7 +253,10 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
         proc = go(early) if early else subprocess.Popen(cmd, env=driver_env, preexec_fn=lifeline.tied_to_me(),
                                                         **log_relay.streams())
         relayed = relayed or log_relay.relay(proc)
-        forward = lambda sig, _f: proc.send_signal(sig)  # noqa: E731
+        def forward(sig: int, _frame) -> None:
+            if sig == signal.SIGTERM:
+                TERMINATING.set()
+            proc.send_signal(sig)
         signal.signal(signal.SIGTERM, forward)
         signal.signal(signal.SIGINT, forward)
         code = proc.wait()
@@ -374,9 +385,13 @@ def _leave_on_sigterm() -> None:
     cleanup as any exit, with the code a shell gives (143). Needed because in a container this process is
     often PID 1, for which the kernel ignores signals that have no handler: the kubelet would wait its
     whole grace period and then SIGKILL. The head replaces the handler with one that forwards to the driver."""
-    import threading
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda sig, _f: sys.exit(128 + sig))
+        signal.signal(signal.SIGTERM, _terminated)
+
+
+def _terminated(sig: int, _frame) -> None:
+    TERMINATING.set()
+    sys.exit(128 + sig)
 
 
 def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -> int:

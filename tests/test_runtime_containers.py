@@ -145,7 +145,11 @@ def test_worker_killed_group_restarts_from_checkpoint(job):
     for r in (0, 1, 2):
         j.start(r)
     _wait_for(j, 0, "[driver] step 12 ")
-    j.containers[2].get_wrapped_container().kill()
+    # as a deleted pod or a preempted job is stopped: SIGTERM, SIGKILL after the grace period. The node
+    # leaves at once (its Ray stopped within seconds), not when the grace period ends
+    t0 = time.monotonic()
+    j.containers[2].get_wrapped_container().stop(timeout=30)
+    assert time.monotonic() - t0 < 15 and j.wait(2, timeout=5) == 143, j.logs(2)[-2000:]
     assert j.wait(0, timeout=300) == 0, j.logs(0)[-3000:]
     head = j.logs(0)
     s = summary(head)
