@@ -66,11 +66,16 @@ def look(namespace: str, secret_names: Sequence[str], kubectl: str = "kubectl",
     """The namespace and the Secrets, in two requests; DeployError when the cluster does not answer."""
     args = ["--request-timeout=10s"]
     try:
-        ns = json.loads(ask(["get", "namespace", namespace, "-o", "json", *args], kubectl=kubectl, timeout_s=20))
+        answer = ask(["get", "namespace", namespace, "-o", "json", *args], kubectl=kubectl, timeout_s=20)
+        ns = json.loads(answer)
     except DeployError as e:
         if "NotFound" in str(e) or "not found" in str(e):
             return ClusterView(False, None, frozenset())
         raise
+    except ValueError:
+        ns = None
+    if not isinstance(ns, dict):
+        raise DeployError(f"kubectl get namespace {namespace} did not print a namespace as JSON ({answer[:100]!r})")
     labels = ns.get("metadata", {}).get("labels") or {}
     # names only: the Secrets' values never reach this process
     listed = ask(["get", "secrets", "-n", namespace, "-o", "name", *args], kubectl=kubectl, timeout_s=20)

@@ -80,6 +80,16 @@ def common_problems(req: Request) -> list[str]:
     return problems
 
 
+def registry_problem(req: Request) -> Optional[str]:
+    """At --submit, for a job whose nodes pull the image: does its registry serve the pinned manifest?
+    (Writing files asks nothing: the nodes may reach a registry this machine does not.)"""
+    info = req.job.image_info
+    if not (getattr(req.options, "submit", False) and req.target.pulls_from_registry(req.options) and info):
+        return None
+    from deploy import registry_check
+    return registry_check.check(info.ref, info.registry_scheme, registry_check.docker_credentials(info.ref.registry or ""))
+
+
 def plan(req: Request) -> Artifacts:
     problems = common_problems(req) + req.target.preflight(req.job, req.spec, req.options)
     if problems:
@@ -87,6 +97,9 @@ def plan(req: Request) -> Artifacts:
     site = req.target.site_check(req.job, req.spec, req.options)
     if site.problems:
         raise PreflightError(site.problems)
+    pulled = registry_problem(req)
+    if pulled:
+        raise PreflightError([pulled])
     try:
         artifacts = req.target.render(req.job, req.spec, req.options)
     except DeployError as e:

@@ -193,3 +193,16 @@ def test_command_flag_reaches_every_target(settings, spec, target):
     assert "two words; $(not run)" in text or "'two words; $(not run)'" in text
     with pytest.raises(ConfigError, match="--command: .* cannot be split as a shell would .*close the quotes"):
         deploy(settings, spec, target, dry_run=True, command="python train.py --note 'unclosed")
+
+
+@pytest.mark.parametrize("spec,target", [("slurm-pyxis.json", "pyxis"), ("kubernetes.json", "skypilot")])
+def test_submit_asks_the_registry_first_and_writes_nothing(settings, tmp_path, spec, target):
+    """At --submit the nodes will pull: a registry that does not answer is named before anything is
+    submitted or written (without --submit the files are written: nodes may reach what this host cannot)."""
+    record_images(settings, spec, registry="127.0.0.1:1")
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="registry 127.0.0.1:1 is unreachable from here"):
+        deploy(settings, spec, target, recorded=False, out=str(out), submit=True, allow_local_registry=True)
+    assert not out.exists()
+    written = deploy(settings, spec, target, recorded=False, out=str(out), allow_local_registry=True)
+    assert written["written"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_settings
+from deploy import registry_check
 from runtime.errors import InputError
 from runtime.spec import spec_hash
 from toolchain import pipeline
@@ -34,6 +35,8 @@ if name == "sbatch":   # run the script as Slurm would, with stub srun/scontrol 
     sys.exit(0)
 if name == "scontrol":
     print("n1\\nn2\\nn3")
+if name == "kubectl" and sys.argv[1:3] == ["get", "namespace"]:  # pre-flight asks for the namespace
+    print(json.dumps({"kind": "Namespace", "metadata": {"name": sys.argv[3], "labels": {}}}))
 if "hostname" in sys.argv:
     print("10.0.0.1")
 """
@@ -51,6 +54,11 @@ def stubs(tmp_path, monkeypatch):
     record = tmp_path / "record.jsonl"
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.setenv("RECORD_TO", str(record))
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    # the registries named here do not exist: the question to them (tested in test_registry_check.py) is
+    # answered "yes", so every hostile value travels on to the scheduler stubs
+    monkeypatch.setattr(registry_check, "check", lambda *a, **k: None)
     return record
 
 
