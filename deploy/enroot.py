@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
+from deploy import diskspace
 from deploy.job import DeployError
 
 ENROOT_DEFAULT_OPTIONS = ("-comp", "lzo", "-noD", "-exit-on-error")
@@ -272,6 +273,8 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
             note = f"full conversion: {e}"
             if progress:
                 progress(note)
+    # the extracted image, then its squashfs beside it
+    diskspace.require(out.parent, 2 * int(img.attrs.get("Size") or 0), f"converting {image} to {out.name}")
     work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         partial = work / "image.sqsh"

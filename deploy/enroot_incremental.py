@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Optional, Sequence
 
-from deploy import enroot
+from deploy import diskspace, enroot
 from deploy.job import DeployError
 
 FORMAT = 2            # bump when what the cache holds changes
@@ -143,6 +143,8 @@ class LowerCache:
         """Export the lower image, fix it up, move the hot top-level entries (`hot_for(the lower
         image's directories)`) aside, squash the rest."""
         self.root.mkdir(parents=True, exist_ok=True)
+        size = int(client.images.get(lower_image).attrs.get("Size") or 0)
+        diskspace.require(self.root, 2 * size, "caching the lower layers' squashfs (extracted, then squashed)")
         work = Path(tempfile.mkdtemp(prefix=f".{self.dir.name}.", dir=self.root))
         try:
             rootfs = work / "rootfs"
@@ -224,6 +226,7 @@ def _take_base_copy(cache: LowerCache, meta: dict, out: Path) -> str:
         return "spare"
     except FileNotFoundError:
         pass
+    diskspace.require(out.parent, (cache.dir / "base.sqsh").stat().st_size, "copying the cached squashfs to append to")
     res = subprocess.run(["cp", "--reflink=auto", str(cache.dir / "base.sqsh"), str(out)], capture_output=True,
                          text=True)
     if res.returncode != 0:
@@ -231,19 +234,41 @@ def _take_base_copy(cache: LowerCache, meta: dict, out: Path) -> str:
     return "copied"
 
 
+class NoRoom(Exception):
+    """The spare copy was not started: the disk would be left with less than the margin."""
+
+
 def prepare_spare(cache: LowerCache, meta: dict) -> Optional[int]:
     """Copy base.sqsh to the spare in a detached process (it outlives this command), so the next code
-    change skips the copy. Written under a temporary name and renamed: a spare is whole or absent.
-    Returns the copying process' pid, or None when a spare is ready already."""
+    change skips the copy. Written under a temporary name that carries the copying shell's pid and
+    renamed: a spare is whole or absent, and a partial one whose copier is gone is removed by the next
+    conversion (remove_stale_partials). Returns the copying process' pid, or None when a spare is ready
+    already; NoRoom when the copy plus the margin does not fit."""
     spare = _spare(cache, meta)
     if spare.exists():
         return None
-    tmp = spare.with_name(f".{spare.name}.{os.getpid()}.partial")
-    script = 'cp --reflink=auto -- "$1" "$2" && mv -f -- "$2" "$3" || rm -f -- "$2"'
-    proc = subprocess.Popen(["sh", "-c", script, "spare", str(cache.dir / "base.sqsh"), str(tmp), str(spare)],
+    remove_stale_partials(cache.dir)
+    size = (cache.dir / "base.sqsh").stat().st_size
+    if not diskspace.room(cache.dir, size):
+        raise NoRoom(f"no spare copy for the next change: it needs {diskspace.gib(size)} and "
+                     f"{diskspace.gib(diskspace.MARGIN_BYTES)} left free, {diskspace.gib(diskspace.free_bytes(cache.dir))} "
+                     "is free (the next change copies it then)")
+    script = 'tmp="$2/.spare.$$.partial"; cp --reflink=auto -- "$1" "$tmp" && mv -f -- "$tmp" "$3" || rm -f -- "$tmp"'
+    proc = subprocess.Popen(["sh", "-c", script, "spare", str(cache.dir / "base.sqsh"), str(cache.dir), str(spare)],
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     return proc.pid
+
+
+def remove_stale_partials(directory: Path) -> list[Path]:
+    """Delete `.spare.<pid>.partial` files whose copying shell is gone (killed, or the machine restarted)."""
+    removed = []
+    for f in directory.glob(".spare.*.partial"):
+        pid = f.name.split(".")[2]
+        if pid.isascii() and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            f.unlink(missing_ok=True)
+            removed.append(f)
+    return removed
 
 
 def _append(stage: Path, out: Path) -> None:
@@ -291,7 +316,12 @@ def convert(client, img, out: Path, store: Path, options: Sequence[str] = enroot
     finally:
         shutil.rmtree(work, ignore_errors=True)
     cache.touch_and_prune()
-    pid = prepare_spare(cache, meta) if spare else None
+    try:
+        pid = prepare_spare(cache, meta) if spare else None
+    except NoRoom as e:
+        pid = None
+        if progress:
+            progress(str(e))
     if pid and progress:
         progress(f"copying the cached squashfs for the next change in the background (pid {pid})")
     return t1 - t0, time.monotonic() - t1

@@ -145,3 +145,49 @@ def test_a_store_file_that_does_not_hash_to_its_name_is_not_trusted(client, fixt
     res = enroot.convert(client, made[-1], tmp_path / "bad", layer_store=store)
     assert res.how == "full"
     assert enroot_fixture.read_member(str(res.path), "app/project/train.py") == "print('v1')\n"
+
+
+def test_big_writes_ask_for_free_space_and_partials_do_not_outlive_their_copier(tmp_path):
+    """On a small real filesystem (a 64 MiB tmpfs) the spare copy is skipped with the numbers and a
+    required copy is refused before it starts; on the big one the spare is made. A `.spare.<pid>.partial`
+    whose copier is gone is removed; one whose copier runs is left alone."""
+    import os
+    import subprocess
+    import time
+
+    from deploy import diskspace
+    from deploy.job import DeployError
+
+    def cache_in(root):
+        cache = enroot_incremental.LowerCache(root, "k" * 16)
+        cache.dir.mkdir(parents=True)
+        (cache.dir / "base.sqsh").write_bytes(os.urandom(1 << 20) * 8)  # 8 MiB
+        return cache, {"build_id": "b1"}
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(small)]).returncode:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        cache, meta = cache_in(small)
+        with pytest.raises(enroot_incremental.NoRoom, match=r"no spare copy for the next change: it needs 8 MiB and 2.0 GiB left free"):
+            enroot_incremental.prepare_spare(cache, meta)
+        with pytest.raises(DeployError, match=r"copying the cached squashfs to append to needs .* is free\. Free some space"):
+            enroot_incremental._take_base_copy(cache, meta, small / "out.sqsh")
+        assert sorted(p.name for p in small.rglob("*") if p.is_file()) == ["base.sqsh"]
+    finally:
+        subprocess.run(["umount", str(small)])
+
+    cache, meta = cache_in(tmp_path / "big")
+    assert diskspace.room(cache.dir, 8 << 20)
+    stale = cache.dir / ".spare.999999999.partial"
+    live = cache.dir / f".spare.{os.getpid()}.partial"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"x")
+    assert enroot_incremental.prepare_spare(cache, meta)
+    deadline = time.monotonic() + 30
+    while not enroot_incremental._spare(cache, meta).exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert enroot_incremental._spare(cache, meta).read_bytes() == (cache.dir / "base.sqsh").read_bytes()
+    assert not stale.exists() and live.exists()
