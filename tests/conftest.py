@@ -7,8 +7,6 @@ from pathlib import Path
 
 import docker
 import pytest
-import ray
-from ray.cluster_utils import Cluster
 
 from toolchain import pipeline
 from toolchain.config import ImageSettings, ProjectSettings, RegistrySettings, Settings, defaults as config_defaults
@@ -96,6 +94,9 @@ def pushed(built, registry, settings):
 
 @pytest.fixture(scope="module")
 def two_nodes():
+    import ray  # here, not at the top: the engine-free tests run without ray (and torch) importable
+    from ray.cluster_utils import Cluster
+
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
     cluster.add_node(num_cpus=2)
     cluster.wait_for_nodes()

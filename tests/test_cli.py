@@ -94,3 +94,32 @@ def test_malformed_images_json_exits_2_with_the_fix(tmp_path):
     (b / "images.json").write_text('{"cpu": {"repo_digest": "x\\nrm -rf /"}}')
     r = inv("deploy", "--dry-run", env={"INVOKE_PROJECT_BUILD_DIR": str(b)})
     assert r.returncode == 2 and "images.json is malformed" in r.stderr and "invoke push" in r.stderr, r.stderr
+
+
+LIGHT = """
+import sys
+sys.modules.update(ray=None, torch=None, numpy=None)   # any import of them now fails
+sys.path[:0] = [{root!r}, {tests!r}]
+import tasks                                            # every task's module
+from toolchain import pipeline, images, push, registry, wheelhouse, bootstrap
+from deploy.targets import TARGETS
+from conftest import make_settings
+from test_deploy_targets import record_images, SPECS
+from toolchain.progress import Reporter
+settings = make_settings(__import__("pathlib").Path({tmp!r}) / "p", __import__("pathlib").Path({root!r}) / "examples" / "train")
+for spec, target in [("slurm-pyxis.json", "pyxis"), ("slurm.json", "slurm"), ("kubernetes.json", "k8s"),
+                     ("kubernetes.json", "skypilot"), ("local.json", "local")]:
+    record_images(settings, spec)
+    pipeline.deploy(settings, str(SPECS / spec), target, rep=Reporter(quiet=True), dry_run=True)
+print("light ok", sorted(TARGETS))
+"""
+
+
+def test_build_push_and_deploy_need_neither_torch_nor_ray(tmp_path):
+    """`scripts/setup.sh --light` installs the toolchain without torch, ray or numpy: every task module
+    imports and every target renders with those imports made to fail."""
+    import subprocess
+    import sys
+    code = LIGHT.format(root=str(ROOT), tests=str(ROOT / "tests"), tmp=str(tmp_path))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "light ok" in res.stdout, res.stderr[-3000:]
