@@ -25,7 +25,7 @@ from typing import Optional, Sequence
 from deploy.job import DeployError, JobSpec
 from runtime import contract as C
 
-SAFE_DIRECTIVE = re.compile(r"^[A-Za-z0-9_./:@+=-]+$")
+SAFE_DIRECTIVE = re.compile(r"[A-Za-z0-9_./:@+=-]+")  # always fullmatch: `$` would let a trailing newline in
 # Generated at run time in the job, kept in its environment only: never in the script or a log.
 # xtrace (`set -x` in env_setup) is off while it is made, so the value is not traced into the log.
 TOKEN_LINES = [
@@ -61,7 +61,7 @@ def directive_problems(job: JobSpec, partition: Optional[str], account: Optional
     """Values Slurm would read differently on an #SBATCH line (it does not unquote them)."""
     return [f"{flag}={value!r} cannot go on an #SBATCH line (Slurm does not unquote it); use letters, digits and "
             ". _ / : @ + = -" for flag, value in directives(job, partition, account)
-            if not SAFE_DIRECTIVE.match(value.replace("%j", "", 1) if flag == "--output" else value)]
+            if not SAFE_DIRECTIVE.fullmatch(value.replace("%j", "", 1) if flag == "--output" else value)]
 
 
 def container_flags(job: JobSpec, image: str, mount_home: bool = False) -> list[str]:

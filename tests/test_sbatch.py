@@ -96,6 +96,8 @@ def test_unsafe_sbatch_directive_is_a_preflight_error():
         render(bad, opts, None)
     with pytest.raises(DeployError, match="--partition"):
         render(job, opts.model_copy(update={"partition": "gpu\n#SBATCH --uid=0"}), None)
+    with pytest.raises(DeployError, match="--partition='gpu\\\\n' cannot go on an #SBATCH line"):
+        render(job, opts.model_copy(update={"partition": "gpu\n"}), None)  # `$` alone would let it through
 
 
 def test_set_x_in_env_setup_does_not_trace_the_token(tmp_path):
