@@ -109,6 +109,9 @@ TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
             "The first conversion squashes the deps/base layers once (a minute or two); after a code change only "
             "the app and spec layers are appended (seconds).",
     "sqsh_to_fileroot": "pyxis --sqsh: also copy the .sqsh to <fileroot>/images/ and point srun at that copy.",
+    "spare_nodes": "slurm/pyxis: allocate this many nodes beyond --nodes, with --no-kill: a node that fails leaves the "
+                   "job, and the worker group moves its ranks onto a spare without a requeue (default 0: a failed "
+                   "node requeues the whole job, which resumes its run from the checkpoint).",
     "port_stride": "slurm/pyxis: offset between the Ray ports of nodes that share a host (several slurmd per host).",
     "partition": "slurm/pyxis: Slurm partition (overrides slurm.partition; default: the cluster's default partition).",
     "account": "slurm/pyxis: Slurm account (overrides slurm.account).",
@@ -121,7 +124,8 @@ TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
 })
 def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, resume=False,
            command=None, submit=False,
-           seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=None, partition=None, account=None,
+           seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=None, spare_nodes=None,
+           partition=None, account=None,
            allow_local_registry=False, allow_http_registry=False, accelerator=None, fileroot_store=None,
            quiet=False, json=False):
     """Render the job for a target from the pushed digest (build/images.json); run it (local) or write it.
@@ -132,7 +136,8 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
     INVOKE_PROJECT_SPEC=cluster_specs/x.json invoke build push deploy --target pyxis
     """
     given = dict(submit=submit, seeds=seeds, slots=slots, sqsh=sqsh, sqsh_to_fileroot=sqsh_to_fileroot,
-                 port_stride=_count(port_stride, "--port-stride"), partition=partition, account=account,
+                 port_stride=_count(port_stride, "--port-stride"), spare_nodes=_count(spare_nodes, "--spare-nodes"),
+                 partition=partition, account=account,
                  allow_local_registry=allow_local_registry, allow_http_registry=allow_http_registry,
                  accelerator=accelerator, fileroot_store=fileroot_store)
     flags = {k: v for k, v in given.items() if v not in (None, False)}  # only what the user set

@@ -26,6 +26,7 @@ PORTABLE_EPHEMERAL_LOW = 32768
 NODE_RANK = "RAYTRAIN_NODE_RANK"                # explicit rank of this node (0 = head)
 NODE_RANK_OFFSET = "RAYTRAIN_NODE_RANK_OFFSET"  # added to a scheduler's rank (the workers' srun step)
 NUM_NODES = "RAYTRAIN_NUM_NODES"
+TRAIN_NODES = "RAYTRAIN_TRAIN_NODES"            # nodes the driver trains on; the rest of NUM_NODES are spares
 HEAD_ADDRESS = "RAYTRAIN_HEAD_ADDRESS"
 GPUS_PER_NODE = "RAYTRAIN_GPUS_PER_NODE"
 NODE_IP = "RAYTRAIN_NODE_IP"                    # the address this node's Ray was started with (set by launch)

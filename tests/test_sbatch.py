@@ -72,7 +72,8 @@ def test_pyxis_flags_on_every_role_srun_and_never_on_sbatch(tmp_path):
     assert "--container" not in probe  # the IP probe runs on the host
     expected = {"--container-image=registry.example.com:5000#raytrain-gpu@sha256:" + "ab" * 32,
                 "--container-mounts=/storage:/storage", "--container-workdir=/opt/app", "--no-container-mount-home",
-                "--container-env=RAY_AUTH_TOKEN,RAYTRAIN_HEAD_ADDRESS,RAYTRAIN_NUM_NODES,RAYTRAIN_JOB_NAME,NCCL_DEBUG"}
+                "--container-env=RAY_AUTH_TOKEN,RAYTRAIN_HEAD_ADDRESS,RAYTRAIN_NUM_NODES,RAYTRAIN_TRAIN_NODES,"
+                "RAYTRAIN_JOB_NAME,NCCL_DEBUG"}
     for argv in (head, workers):
         assert {a for a in argv if "container" in a} == expected
         assert "--kill-on-bad-exit=1" in argv
@@ -80,6 +81,21 @@ def test_pyxis_flags_on_every_role_srun_and_never_on_sbatch(tmp_path):
     assert "--export=ALL,RAYTRAIN_NODE_RANK_OFFSET=1" in workers and "--nodes=2" in workers
     assert "#SBATCH --gpus-per-node=8" in script and "#SBATCH --partition=gpu" in script
     assert "RAY_AUTH_TOKEN=" not in script.replace("export RAY_AUTH_TOKEN=\"$(", "")  # generated at run time only
+
+
+def test_node_failure_policy_requeue_or_spares(tmp_path):
+    """Always --requeue (a failed node requeues the job, which resumes its run); with spare nodes the
+    allocation is larger, --no-kill, and the workers' step survives losing a node."""
+    job, opts = spec_job("slurm-pyxis")
+    plain = render(job, opts, PYXIS_IMAGE)
+    assert "#SBATCH --requeue" in plain and "--no-kill" not in plain
+    spared = sbatch.render(job, partition="gpu", image=PYXIS_IMAGE, spare_nodes=2)
+    assert "#SBATCH --nodes=5" in spared and "#SBATCH --no-kill" in spared
+    assert "RAYTRAIN_NUM_NODES=5 RAYTRAIN_TRAIN_NODES=3" in spared
+    head, workers = srun_lines(spared)
+    assert "--kill-on-bad-exit=1" in head
+    assert {"--nodes=4", "--ntasks=4", "--no-kill", "--kill-on-bad-exit=0"} <= set(workers)
+    assert "--kill-on-bad-exit=1" not in workers
 
 
 def test_squashfs_references_are_paths():

@@ -66,7 +66,8 @@ class Pyxis(Target):
             extra = {"sqsh_path": local, "sqsh_ref": image}
         else:
             image = job.image.pyxis()
-        script = sbatch.render(job, partition=partition, account=account, image=image, port_stride=opts.port_stride)
+        script = sbatch.render(job, partition=partition, account=account, image=image, port_stride=opts.port_stride,
+                               spare_nodes=opts.spare_nodes)
         return Artifacts({f"{job.name}.sbatch": File(script, 0o755)}, [script], slurm_notes(job, spec, opts), extra)
 
     def apply(self, artifacts: Artifacts, job: JobSpec, spec, opts: PyxisFlags, ctx: ApplyContext) -> dict:

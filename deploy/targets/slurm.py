@@ -23,6 +23,7 @@ class SlurmFlags(TargetOptions):
     partition: Optional[str] = Field(None, pattern=SLURM_NAME)
     account: Optional[str] = Field(None, pattern=SLURM_NAME)
     port_stride: int = Field(0, ge=0, le=1000)
+    spare_nodes: int = Field(0, ge=0, le=64)
 
 
 def spec_section(spec: ClusterSpec) -> SpecSlurm:
@@ -80,7 +81,7 @@ class Slurm(Target):
         partition, account = partition_account(spec, opts)
         section = spec_section(spec)
         script = sbatch.render(job, partition=partition, account=account, env_setup=section.env_setup,
-                               port_stride=opts.port_stride)
+                               port_stride=opts.port_stride, spare_nodes=opts.spare_nodes)
         notes = slurm_notes(job, spec, opts)
         if not section.env_setup:
             notes.append("slurm.env_setup is empty: the job runs `python -m runtime` from the environment sbatch "

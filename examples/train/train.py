@@ -115,7 +115,8 @@ def main(argv=None) -> int:
     imported = time.time()
     ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
     connected = time.time()
-    nodes = args.nodes or len([n for n in ray.nodes() if n["Alive"]])
+    # RAYTRAIN_TRAIN_NODES: the job's nodes beyond it are spares, which the group moves lost ranks onto
+    nodes = args.nodes or int(os.environ.get("RAYTRAIN_TRAIN_NODES") or 0) or len([n for n in ray.nodes() if n["Alive"]])
     ckpt_dir = os.path.join(args.fileroot or default_fileroot(), "checkpoints", args.job_name, args.run_id)
     t0 = time.monotonic()
     cluster = RayVirtualCluster([args.workers_per_node] * nodes, num_cpus_per_bundle=args.cpus_per_worker)
