@@ -70,7 +70,7 @@ def test_resume_without_an_earlier_run_is_refused(pushed, settings, tmp_path):
     s = settings.model_copy(update={"deploy": DeploySettings(name=unique("never")),
                                     "project": settings.project.model_copy(update={"build_dir": str(tmp_path)})})
     (tmp_path / "images.json").write_text((settings.build_dir / "images.json").read_text())
-    with pytest.raises(InputError, match="--resume: no earlier run of --name 'never-.*'; deploy without --resume"):
+    with pytest.raises(InputError, match="--resume: no earlier run of --name 'never-.*' in .*runs.json; deploy without --resume"):
         pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), resume=True)
     assert not (tmp_path / "runs.json").exists()
 
