@@ -185,3 +185,34 @@ def test_a_cached_sqsh_needs_no_docker_engine(tmp_path, monkeypatch):
                                           r"the file is then cached"):
         enroot.convert(engine, image, tmp_path, digest=digest)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_user_without_docker_access_deploys_a_cached_sqsh():
+    """As a login node's user: uid 4242, not in the docker group, so the engine's socket refuses it."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    if os.geteuid() != 0:
+        pytest.skip("switching to another uid needs root")
+    home = Path(tempfile.mkdtemp(prefix="raytrain-nodocker-", dir="/tmp"))  # pytest's own tmp is root-only
+    home.chmod(0o755)
+    image, digest = "registry.example.com/raytrain-cpu:abc", "sha256:" + "2e" * 32
+    (home / enroot.sqsh_name(image, digest)).write_bytes(b"hsqs")
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
+            "from deploy import enroot\nfrom toolchain.docker_client import engine\n"
+            f"res = enroot.convert(engine, {image!r}, {str(home)!r}, digest={digest!r})\n"
+            "print('cached' if res.cached else 'made', res.path)\n"
+            f"enroot.convert(engine, {image!r}, {str(home)!r}, digest='sha256:' + '3f' * 32)\n")
+    env = {"PATH": os.environ["PATH"], "HOME": str(home)}
+    try:
+        res = subprocess.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", sys.executable, "-c", code],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert res.stdout.startswith("cached "), res.stderr[-2000:]
+        # another digest must be made: the engine is named as what is missing, with the socket's own refusal
+        assert "needs the Docker engine, and cannot reach the Docker engine" in res.stderr, res.stderr[-2000:]
+        assert "Permission denied" in res.stderr
+        assert [p.name for p in home.iterdir()] == [enroot.sqsh_name(image, digest)]
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
