@@ -1,6 +1,7 @@
 """The plain sbatch script, submitted to a real Slurm (three slurmd on this host), runs the example job."""
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from conftest import make_settings
 from helpers.slurm import SlurmCluster
 from toolchain import pipeline
 from toolchain.progress import Reporter
+
 
 ROOT = Path(__file__).resolve().parent.parent
 VENV_ACTIVATE = Path(sys.executable).parent / "activate"
@@ -78,3 +80,37 @@ def test_failing_driver_fails_the_slurm_job(cluster, tmp_path):
     assert fields["ExitCode"] == "7:0", why
     assert "raytrain: head exited with 7" in out, why
     assert "raytrain: workers step exited with 7" in out, why  # the worker read the published code
+
+
+def test_a_node_set_down_mid_run_requeues_the_job_which_resumes_its_run(cluster, tmp_path):
+    """The default node-failure policy (#SBATCH --requeue): `scontrol update state=down` on a worker's node
+    mid-run; Slurm requeues the job, the same script keeps its run id, and training resumes from the
+    checkpoint instead of starting over. (`--spare-nodes`, which avoids the requeue, was measured by hand;
+    the README has both figures.)"""
+    import subprocess
+    import time
+    name = "slurm-nodefail"
+    fileroot = tmp_path / "fileroot"
+    job = jobs.job(None, name=name, nodes=3, cpus_per_node=2, fileroot=str(fileroot),
+                   command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "60", "--step-delay", "0.2",
+                            "--ckpt-every", "5", "--fileroot", str(fileroot)],
+                   workdir=str(ROOT / "examples" / "train"), port_base=26000, time_limit="15:00",
+                   env={"RAYTRAIN_RUN_ID": "nodefail-run"})
+    script = tmp_path / f"{name}.sbatch"
+    script.write_text(sbatch.render(job, env_setup=[f"source {VENV_ACTIVATE}"], port_stride=200))
+    job_id = sbatch.submit(script, job, env=cluster.env)
+    log = fileroot / "logs" / f"{name}-{job_id}.out"
+    deadline = time.monotonic() + 300
+    while "[driver] step 12 " not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, (log.read_text() if log.exists() else "") + cluster.logs()
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", "nodename=n2", "state=down", "reason=raytrain-test"], env=cluster.env,
+                   check=True)
+    fields = cluster.wait(job_id, timeout_s=600)
+    out = log.read_text()
+    why = f"{fields}\n--- job output ---\n{out[-5000:]}\n--- slurm ---\n{cluster.logs()}"
+    assert fields["JobState"] == "COMPLETED" and fields.get("Restarts") == "1", why
+    assert "raytrain: job " in out and " restart 1" in out, why
+    assert re.search(r"resumed from checkpoint at step 1[0-5]", out), why
+    final = json.loads([l for l in out.splitlines() if "SUMMARY " in l][-1].split("SUMMARY ", 1)[1])
+    assert final["steps"] == 60 and 45 <= final["trained_steps"] <= 50, why  # resumed, not restarted from 0
