@@ -14,7 +14,6 @@ from helpers.slurm import SlurmCluster
 from toolchain import pipeline
 from toolchain.progress import Reporter
 
-
 ROOT = Path(__file__).resolve().parent.parent
 VENV_ACTIVATE = Path(sys.executable).parent / "activate"
 
