@@ -1,6 +1,7 @@
 """End to end on the cpu image: head + two workers as containers on a Docker network, started only
 with the variables a scheduler gives (SkyPilot style), forming the cluster through the barrier."""
 import json
+import re
 import secrets
 import time
 
@@ -122,6 +123,7 @@ def test_sigterm_ends_a_node_that_runs_as_pid_1(built, client):
         while "waiting for the head" not in c.logs().decode(errors="replace"):
             assert time.time() < deadline, c.logs().decode(errors="replace")[-2000:]
             time.sleep(0.2)
+        c.reload()
         assert c.attrs["State"]["Pid"] and c.top()["Processes"][0][-1].startswith("python -m runtime launch")
         t0 = time.monotonic()
         c.stop(timeout=60)  # SIGTERM, then SIGKILL after 60 s
@@ -154,8 +156,10 @@ def test_worker_killed_group_restarts_from_checkpoint(job):
     head = j.logs(0)
     s = summary(head)
     assert s["steps"] == 40 and s["restarts"] == 1
-    assert "restarted the group (1/2)" in head and "resuming at step 10" in head
-    assert "resumed from checkpoint at step 10" in head
+    # the last checkpoint before the stop (every 5 steps; a stopped node goes within about 2 s)
+    resumed = re.search(r"restarted the group \(1/2\); resuming at step (\d+)", head)
+    assert resumed and int(resumed.group(1)) in (10, 15, 20), head[-3000:]
+    assert f"resumed from checkpoint at step {resumed.group(1)}" in head
 
 
 def test_worker_failures_beyond_max_restarts_fail_cleanly(job):

@@ -26,7 +26,8 @@ _TRANSIENT = re.compile(r"\b5\d\d\b|internal server error|bad gateway|service un
                         r"blob upload unknown|blob upload invalid|"  # a registry restarted mid-upload lost the session
 
                         r"connection reset|broken pipe|timeout|timed out|unexpected eof|\beof\b", re.I)
-_AUTH = re.compile(r"unauthorized|denied|authentication required|forbidden|\b401\b|\b403\b", re.I)
+_AUTH = re.compile(r"unauthorized|denied|authentication required|forbidden|no basic auth credentials|"
+                   r"\b401\b|\b403\b", re.I)
 _DOWN = re.compile(r"connection refused|no such host|dial tcp", re.I)
 
 
