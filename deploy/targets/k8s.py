@@ -306,7 +306,7 @@ def create_secret_command(secret_name: str, namespace: str, group: str) -> str:
 
 
 def deadline_problem(job: JobSpec) -> str:
-    return (f"--time {job.time_limit!r}: Kubernetes needs a positive activeDeadlineSeconds (Slurm reads 0 as "
+    return (f"deploy.time_limit {job.time_limit!r}: Kubernetes needs a positive activeDeadlineSeconds (Slurm reads 0 as "
             "'no limit'; a Job cannot); give a time limit such as 1-00:00:00")
 
 
@@ -347,8 +347,9 @@ def cluster_problems(view: kubectl.ClusterView, objs_secrets: list[str], group: 
                         "refuses the hostPath volumes the spec's mounts need; use the fileroot claim instead")
     if opts.image_pull_secret and opts.image_pull_secret not in view.secrets:
         problems.append(f"kubernetes.image_pull_secret: Secret {opts.image_pull_secret!r} is not in namespace {ns}; "
-                        f"create it: kubectl -n {ns} create secret docker-registry {opts.image_pull_secret} "
-                        "--docker-server=REGISTRY --docker-username=USER --docker-password-stdin")
+                        f"create it from your docker login: kubectl -n {ns} create secret generic "
+                        f"{opts.image_pull_secret} --type=kubernetes.io/dockerconfigjson "
+                        "--from-file=.dockerconfigjson=$HOME/.docker/config.json")
     missing = [n for n in objs_secrets if n not in view.secrets]
     if missing and not submit:
         more = f" (and {len(missing) - 1} more, one per run)" if len(missing) > 1 else ""
