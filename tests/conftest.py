@@ -1,11 +1,18 @@
-"""Fixtures against the real Docker engine and a real docker-registry. Nothing here is mocked."""
+"""Fixtures against the real Docker engine and a real docker-registry. Nothing here is mocked.
+
+Markers, given here so that no test module has to remember them:
+  docker   the test uses the engine (a fixture that needs it: client, built, pushed, registry, ...);
+           without a reachable engine these tests are skipped with the reason, not errored
+  cluster  the module starts real Ray nodes or a real Slurm (its `pytestmark` says so)
+The fast tier, engine-free and cluster-free (spec, image refs, identity, renderers, goldens, fuzzing,
+injection): `pytest -m "not docker and not cluster"`.
+"""
 from __future__ import annotations
 
 import os
 import shutil
 from pathlib import Path
 
-import docker
 import pytest
 
 from toolchain import pipeline
@@ -41,10 +48,23 @@ def make_settings(workdir: Path, app_dir: Path, registry_address: str | None = N
     )
 
 
+ENGINE_FIXTURES = {"client"}  # every fixture that reaches the engine depends on this one
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.docker)
+
+
 @pytest.fixture(scope="session")
 def client():
-    c = docker.from_env(timeout=900)
-    c.ping()
+    import docker  # here: the engine-free tests do not need the SDK's import or an engine
+    try:
+        c = docker.from_env(timeout=900)
+        c.ping()
+    except docker.errors.DockerException as e:
+        pytest.skip(f"no Docker engine reachable here ({e}); start dockerd or set DOCKER_HOST")
     return c
 
 

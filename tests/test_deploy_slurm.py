@@ -14,6 +14,8 @@ from helpers.slurm import SlurmCluster
 from toolchain import pipeline
 from toolchain.progress import Reporter
 
+pytestmark = pytest.mark.cluster  # starts real Ray nodes and a real Slurm
+
 ROOT = Path(__file__).resolve().parent.parent
 VENV_ACTIVATE = Path(sys.executable).parent / "activate"
 

@@ -20,6 +20,8 @@ from runtime.nemo_rl.ray_actor_environment_registry import (ACTOR_ENVIRONMENT_RE
 from runtime.nemo_rl.virtual_cluster import RayVirtualCluster, ResourceInsufficientError
 from runtime.nemo_rl.worker_groups import MultiWorkerFuture, RayWorkerBuilder, RayWorkerGroup
 
+pytestmark = pytest.mark.cluster  # starts real Ray nodes
+
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT",
              "AVAILABLE_ADDR_LIST", "AVAILABLE_PORT_LIST")
 LAYER_VARS = ("FACE_SYSTEM", "FACE_GROUP", "FACE_SHARED", "FACE_LAYER", "FACE_REMOTE_ONLY", "FACE_OVERRIDE")

@@ -9,6 +9,8 @@ from runtime.wait import wait_until
 from runtime.virtual_cluster import RayVirtualCluster
 from runtime.worker_group import RayWorkerGroup, WorkerFailureError, WorkerGroupRestarted
 
+pytestmark = pytest.mark.cluster  # starts real Ray nodes
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 

@@ -10,6 +10,8 @@ from runtime.batched import BatchedDataDict
 from runtime.virtual_cluster import RayVirtualCluster, gpu_assignment
 from runtime.worker_group import RayWorkerGroup, gather_futures
 
+pytestmark = pytest.mark.cluster  # starts real Ray nodes
+
 
 @pytest.fixture
 def vc(two_nodes):

@@ -11,6 +11,8 @@ from runtime.transfer import ShardLoader
 from runtime.virtual_cluster import RayVirtualCluster
 from runtime.worker_group import RayWorkerGroup
 
+pytestmark = pytest.mark.cluster  # starts real Ray nodes
+
 PLASMA = "plasma"  # Ray's object store: a /dev/shm (or fallback) file named plasma*
 
 

@@ -10,6 +10,8 @@ from runtime.virtual_cluster import RayVirtualCluster
 from runtime.wait import wait_until
 from runtime.worker_group import RayWorkerGroup, WorkerGroupRestarted
 
+pytestmark = pytest.mark.cluster  # starts real Ray nodes
+
 
 def kill_node(cluster, node) -> None:
     """SIGKILL the node's raylet and every process it started, then drop it from the cluster."""

@@ -12,6 +12,8 @@ import pytest
 
 from runtime import trampoline as trampoline_module, zygote
 
+pytestmark = pytest.mark.cluster  # real zygotes, forks and single-node Ray launches
+
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
 
