@@ -3,14 +3,15 @@
 with the credentials of the Secret the manifest's imagePullSecrets names."""
 import json
 import subprocess
+import uuid
 
 import pytest
 
 from conftest import SPEC, make_settings
 from deploy.targets import k8s
 from helpers import jobs, k8s_docker
-from helpers.tls_registry import TlsRegistry
-from runtime.spec import KubernetesOptions
+from helpers.tls_registry import TlsRegistry, tiny_image
+from runtime.spec import KubernetesOptions, spec_hash
 from toolchain import pipeline
 from toolchain.errors import RegistryError
 from toolchain.progress import Reporter
@@ -28,11 +29,17 @@ def docker_login(config_dir, reg, password):
                            "--password-stdin"], input=password, text=True, capture_output=True)
 
 
-def test_push_with_a_login_and_pull_with_image_pull_secrets(client, built, private, tmp_path, app_dir, monkeypatch):
+def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private, tmp_path, app_dir, monkeypatch):
+    """The toolchain's own push of a recorded build (a one-file image: the push path is the same for 7 GiB)."""
     config = tmp_path / "docker-config"
     monkeypatch.setenv("DOCKER_CONFIG", str(config))  # the engine client reads the login from here
     s = make_settings(tmp_path / "w", app_dir, registry_address=private.address)
-    (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"]}))
+    local = f"raytrain-cpu:cpu-private{uuid.uuid4().hex[:8]}"
+    image_id = tiny_image(client, local)
+    client.api.tag(image_id, "raytrain-cpu", "cpu-latest-private")
+    record = {"variant": "cpu", "local_ref": local, "human_ref": "raytrain-cpu:cpu-latest-private", "image_id": image_id,
+              "spec_sha256": spec_hash(SPEC), "base_ref": "-", "deps_ref": "-", "app_ref": "-", "torch_source": "-"}
+    (s.build_dir / "build.json").write_text(json.dumps({"cpu": record}))
 
     # without a login: refused, with the fix
     with pytest.raises(RegistryError, match="refused the credentials; run `docker login"):
@@ -46,9 +53,9 @@ def test_push_with_a_login_and_pull_with_image_pull_secrets(client, built, priva
 
     # the pod as rendered, pulled as a kubelet pulls it
     opts = KubernetesOptions(namespace="ml", fileroot_claim="shared", image_pull_secret="regcred")
-    job = jobs.job(pushed["repo_digest"], name="private", nodes=1,
-                   image_info=jobs.info(pushed["repo_digest"], user=pushed["user"]))
+    job = jobs.job(pushed["repo_digest"], name="private", nodes=1, image_info=jobs.info(pushed["repo_digest"]))
     pod = k8s.render(job, opts)[1]["spec"]["template"]["spec"]
+    client.api.remove_image(image_id, force=True)  # as on a node that never had it: every pull asks the registry
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
     good = k8s_docker.docker_registry_secret("regcred", "ml", private.address, private.user, private.password)
     wrong = k8s_docker.docker_registry_secret("regcred", "ml", private.address, private.user, "guess")
@@ -57,6 +64,5 @@ def test_push_with_a_login_and_pull_with_image_pull_secrets(client, built, priva
     with pytest.raises(k8s_docker.KubeletRefused, match=f"with {private.user}: .*(unauthorized|authentication)"):
         k8s_docker.pull_as_kubelet(client, pod, {"regcred": wrong})
     k8s_docker.pull_as_kubelet(client, pod, {"regcred": good})
-    assert client.images.get(pushed["repo_digest"]).id == built["cpu"]["image_id"]
-    for tag in {t for img in client.images.list() for t in img.tags if t.startswith(private.address + "/")}:
-        client.api.remove_image(tag, noprune=True)  # the push's tags for this throwaway registry
+    assert client.images.get(pushed["repo_digest"]).id == image_id
+    client.api.remove_image(image_id, force=True)  # and every tag of it

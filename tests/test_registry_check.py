@@ -1,14 +1,12 @@
 """Pre-flight at --submit asks the registry for the pinned manifest: a registry that is down, one
 that refuses the login, and one without the digest are each named, against real registries."""
-import io
 import json
 import subprocess
-import tarfile
 
 import pytest
 
 from deploy import registry_check
-from helpers.tls_registry import TlsRegistry
+from helpers.tls_registry import TlsRegistry, tiny_image
 from runtime.imageref import ImageRef
 
 MISSING = "sha256:" + "0" * 64
@@ -19,18 +17,6 @@ def private(tmp_path):
     reg = TlsRegistry(tmp_path / "registry").start()
     yield reg
     reg.stop()
-
-
-def tiny_image(client, tag: str) -> None:
-    """A one-file image made here (nothing can be pulled)."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        data = b"raytrain registry check\n"
-        info = tarfile.TarInfo("hello.txt")
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-    repository, _, version = tag.rpartition(":")
-    client.api.import_image_from_data(buf.getvalue(), repository=repository, tag=version)
 
 
 def test_down_unauthorized_unknown_and_present(client, private, tmp_path):

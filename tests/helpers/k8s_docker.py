@@ -194,12 +194,13 @@ def pull_as_kubelet(client, pod_spec: dict, secrets_by_name: dict) -> None:
     errors = []
     for auth in [*tried, None]:
         try:
-            # the engine reports a refused pull inside the stream as often as in the HTTP status
-            failed = [c["error"] for c in client.api.pull(repo, tag=digest, auth_config=auth, stream=True, decode=True)
-                      if "error" in c]
+            # the engine reports a refused pull inside the stream as often as in the HTTP status; anonymous is
+            # an explicit empty credential: docker-py would otherwise send this machine's own docker login
+            failed = [c["error"] for c in client.api.pull(repo, tag=digest, auth_config=auth or {}, stream=True,
+                                                          decode=True) if "error" in c]
         except Exception as e:  # docker.errors.APIError
             failed = [str(e)]
         if not failed:
             return
-        errors.append(f"{'with ' + auth['username'] if auth else 'anonymous'}: {failed[0][:300]}")
+        errors.append(f"{'with ' + auth['username'] if auth else 'anonymous'}: {failed[0][-250:]}")  # the cause is at the end
     raise KubeletRefused(f"ErrImagePull: {image}: {' | '.join(errors)}")

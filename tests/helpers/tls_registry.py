@@ -68,3 +68,17 @@ class TlsRegistry:
             self.proc.terminate()
             self.proc.wait(timeout=20)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def tiny_image(client, ref: str, text: bytes = b"raytrain registry test\n") -> str:
+    """A one-file image made here (nothing can be pulled), tagged REF; returns its id."""
+    import io
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("hello.txt")
+        info.size = len(text)
+        tar.addfile(info, io.BytesIO(text))
+    repository, _, tag = ref.rpartition(":")
+    client.api.import_image_from_data(buf.getvalue(), repository=repository, tag=tag)
+    return client.images.get(ref).id
