@@ -36,33 +36,39 @@ def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private, tmp
     s = make_settings(tmp_path / "w", app_dir, registry_address=private.address)
     local = f"raytrain-cpu:cpu-private{uuid.uuid4().hex[:8]}"
     image_id = tiny_image(client, local)
-    client.api.tag(image_id, "raytrain-cpu", "cpu-latest-private")
-    record = {"variant": "cpu", "local_ref": local, "human_ref": "raytrain-cpu:cpu-latest-private", "image_id": image_id,
-              "spec_sha256": spec_hash(SPEC), "base_ref": "-", "deps_ref": "-", "app_ref": "-", "torch_source": "-"}
-    (s.build_dir / "build.json").write_text(json.dumps({"cpu": record}))
+    try:
+        client.api.tag(image_id, "raytrain-cpu", "cpu-latest-private")
+        record = {"variant": "cpu", "local_ref": local, "human_ref": "raytrain-cpu:cpu-latest-private",
+                  "image_id": image_id, "spec_sha256": spec_hash(SPEC), "base_ref": "-", "deps_ref": "-",
+                  "app_ref": "-", "torch_source": "-"}
+        (s.build_dir / "build.json").write_text(json.dumps({"cpu": record}))
 
-    # without a login: refused, with the fix
-    with pytest.raises(RegistryError, match="refused the credentials; run `docker login"):
-        pipeline.push(s, str(SPEC), "cpu", Reporter())
-    bad = docker_login(config, private, "not-the-password")
-    assert bad.returncode != 0 and "unauthorized" in bad.stderr.lower(), bad.stderr
+        # without a login: refused, with the fix
+        with pytest.raises(RegistryError, match="refused the credentials; run `docker login"):
+            pipeline.push(s, str(SPEC), "cpu", Reporter())
+        bad = docker_login(config, private, "not-the-password")
+        assert bad.returncode != 0 and "unauthorized" in bad.stderr.lower(), bad.stderr
 
-    assert docker_login(config, private, private.password).returncode == 0
-    pushed = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
-    assert pushed["repo_digest"].startswith(f"{private.address}/") and pushed["registry_scheme"] == "https"
+        assert docker_login(config, private, private.password).returncode == 0
+        pushed = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
+        assert pushed["repo_digest"].startswith(f"{private.address}/") and pushed["registry_scheme"] == "https"
 
-    # the pod as rendered, pulled as a kubelet pulls it
-    opts = KubernetesOptions(namespace="ml", fileroot_claim="shared", image_pull_secret="regcred")
-    job = jobs.job(pushed["repo_digest"], name="private", nodes=1, image_info=jobs.info(pushed["repo_digest"]))
-    pod = k8s.render(job, opts)[1]["spec"]["template"]["spec"]
-    client.api.remove_image(image_id, force=True)  # as on a node that never had it: every pull asks the registry
-    assert pod["imagePullSecrets"] == [{"name": "regcred"}]
-    good = k8s_docker.docker_registry_secret("regcred", "ml", private.address, private.user, private.password)
-    wrong = k8s_docker.docker_registry_secret("regcred", "ml", private.address, private.user, "guess")
-    with pytest.raises(k8s_docker.KubeletRefused, match="anonymous: .*(unauthorized|no basic auth)"):
-        k8s_docker.pull_as_kubelet(client, pod, {})                   # the Secret does not exist
-    with pytest.raises(k8s_docker.KubeletRefused, match=f"with {private.user}: .*(unauthorized|authentication)"):
-        k8s_docker.pull_as_kubelet(client, pod, {"regcred": wrong})
-    k8s_docker.pull_as_kubelet(client, pod, {"regcred": good})
-    assert client.images.get(pushed["repo_digest"]).id == image_id
-    client.api.remove_image(image_id, force=True)  # and every tag of it
+        # the pod as rendered, pulled as a kubelet pulls it
+        opts = KubernetesOptions(namespace="ml", fileroot_claim="shared", image_pull_secret="regcred")
+        job = jobs.job(pushed["repo_digest"], name="private", nodes=1, image_info=jobs.info(pushed["repo_digest"]))
+        pod = k8s.render(job, opts)[1]["spec"]["template"]["spec"]
+        client.api.remove_image(image_id, force=True)  # as on a node that never had it: every pull asks the registry
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}]
+        good = k8s_docker.docker_registry_secret("regcred", "ml", private.address, private.user, private.password)
+        wrong = k8s_docker.docker_registry_secret("regcred", "ml", private.address, private.user, "guess")
+        with pytest.raises(k8s_docker.KubeletRefused, match="anonymous: .*(unauthorized|no basic auth)"):
+            k8s_docker.pull_as_kubelet(client, pod, {})  # the Secret does not exist
+        with pytest.raises(k8s_docker.KubeletRefused, match=f"with {private.user}: .*(unauthorized|authentication)"):
+            k8s_docker.pull_as_kubelet(client, pod, {"regcred": wrong})
+        k8s_docker.pull_as_kubelet(client, pod, {"regcred": good})
+        assert client.images.get(pushed["repo_digest"]).id == image_id
+    finally:
+        try:
+            client.api.remove_image(image_id, force=True)  # and every tag of it
+        except Exception:
+            pass
