@@ -156,9 +156,9 @@ def test_worker_killed_group_restarts_from_checkpoint(job):
     head = j.logs(0)
     s = summary(head)
     assert s["steps"] == 40 and s["restarts"] == 1
-    # the last checkpoint before the stop (every 5 steps; a stopped node goes within about 2 s)
+    # resumed from its last checkpoint (every 5 steps), not from step 0
     resumed = re.search(r"restarted the group \(1/2\); resuming at step (\d+)", head)
-    assert resumed and int(resumed.group(1)) in (10, 15, 20), head[-3000:]
+    assert resumed and int(resumed.group(1)) % 5 == 0 and 10 <= int(resumed.group(1)) < 40, head[-3000:]
     assert f"resumed from checkpoint at step {resumed.group(1)}" in head
 
 
