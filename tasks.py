@@ -15,7 +15,8 @@ from pathlib import Path
 from invoke import Collection, Exit, task
 
 from deploy.targets import TARGETS
-from runtime.errors import RaytrainError
+from runtime import numbers
+from runtime.errors import InputError, RaytrainError
 from toolchain import pipeline, registry as registry_mod
 from toolchain.config import check_env, defaults, load_settings
 from toolchain.progress import Reporter
@@ -47,10 +48,10 @@ def _count(value, flag: str, low: int = 0):
     """A whole-number flag, or a clean error naming it."""
     if value is None:
         return None
-    text = str(value).strip()
-    if not text.isdigit() or len(text) > 9 or int(text) < low:
-        raise Exit(f"error: {flag}: {str(value)[:40]!r} is not a whole number >= {low}", code=2)
-    return int(text)
+    try:
+        return numbers.whole(str(value).strip(), flag, low, 999_999_999)
+    except InputError as e:
+        raise Exit(f"error: {e}", code=2) from None
 
 
 COMMON = {

@@ -13,6 +13,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serializer, field_validator
 
 from runtime import contract as C
+from runtime import numbers
 from runtime.errors import InputError
 from runtime.imageref import ImageRef
 from runtime.spec import Mount, describe_errors
@@ -53,8 +54,8 @@ class ImageInfo:
 def numeric_user(user: str) -> tuple[Optional[int], Optional[int]]:
     """An image config's User ('1000:1000', '1000', 'ray') -> (uid, gid); None where not numeric."""
     name, _, group = (user or "").partition(":")
-    uid = int(name) if name.isdigit() else None
-    gid = int(group) if group.isdigit() else (uid if not group else None)
+    uid = int(name) if numbers.is_whole(name) else None
+    gid = int(group) if numbers.is_whole(group) else (uid if not group else None)
     return uid, gid
 
 

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Optional
 
+from runtime import numbers
 from runtime.errors import InputError
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
@@ -42,7 +43,7 @@ def _registry_ok(registry: str) -> bool:
             return False
         return m.group(2) is None or 0 < int(m.group(2)) < 65536
     host, colon, port = registry.partition(":")
-    if colon and not (port.isdigit() and 0 < int(port) < 65536):
+    if colon and not (numbers.is_whole(port) and 0 < int(port) < 65536):
         return False
     return bool(_HOST.fullmatch(host))
 

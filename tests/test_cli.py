@@ -66,7 +66,7 @@ def test_uncastable_invoke_variables_exit_2_without_a_traceback(env, needle):
 
 @pytest.mark.parametrize("args,needle", [
     (["--nodes", "abc"], "--nodes: 'abc' is not a whole number"),
-    (["--nodes", "0"], "--nodes: '0' is not a whole number >= 1"),
+    (["--nodes", "0"], "--nodes: '0' is not a whole number between 1 and 999999999"),
     (["--port-stride", "x"], "--port-stride"),
     (["--target", "k8s", "--spec", "cluster_specs/kubernetes.json", "--port-stride", "10"], "not an option of the k8s"),
 ])

@@ -41,7 +41,7 @@ from deploy import kubectl
 from deploy.job import DeployError, JobSpec, time_limit_seconds
 from deploy.targets.base import MAX_SEEDS, ApplyContext, Artifacts, File, SiteCheck, Target, TargetOptions
 from runtime import contract as C
-from runtime import k8s_names
+from runtime import k8s_names, numbers
 from runtime.ports import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
 
@@ -364,7 +364,7 @@ def parse_seeds(text: str) -> list[int]:
     out: list[int] = []
     for w in (x for x in text.replace(",", " ").split() if x):
         lo, dash, hi = w.partition("-")
-        if not (lo.isdigit() and (not dash or hi.isdigit())) or len(w) > 21:
+        if not (numbers.is_whole(lo) and (not dash or numbers.is_whole(hi))) or len(w) > 21:
             raise DeployError(f"--seeds: {w[:40]!r} is not a whole number or a range like 1-8")
         a, b = int(lo), int(hi) if dash else int(lo)
         if a > b or b >= 2**31:
