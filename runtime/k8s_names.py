@@ -1,8 +1,7 @@
 """Kubernetes' own rules for the values a kube-apiserver validates, checked before anything is rendered.
 
 The patterns and lengths are apimachinery's (k8s.io/apimachinery/pkg/util/validation): a DNS-1123 label
-(namespaces), a DNS-1123 subdomain (Secret and PersistentVolumeClaim names), a DNS-1035 label (Service
-names), a qualified name (label keys: an optional DNS subdomain prefix and '/', then a name of at most 63)
+(namespaces), a DNS-1123 subdomain (Secret and PersistentVolumeClaim names), a qualified name (label keys: an optional DNS subdomain prefix and '/', then a name of at most 63)
 and a label value. Each check returns None or the problem in words a user can act on, so the spec and the
 manifests report the same rule the same way. Every match is a `fullmatch`.
 """
@@ -13,7 +12,6 @@ from typing import Optional
 
 DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
 QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 LABEL_VALUE = QUALIFIED_NAME
 MAX_ID = 2**31 - 1  # runAsUser, runAsGroup and fsGroup: 0..2147483647
@@ -30,13 +28,6 @@ def dns1123_subdomain(value: str) -> Optional[str]:
     if len(value) > 253 or not DNS1123_SUBDOMAIN.fullmatch(value):
         return (f"{value[:80]!r} is not a valid object name (DNS-1123 subdomain): at most 253 lowercase letters, "
                 "digits, '-' and '.', starting and ending with a letter or digit")
-    return None
-
-
-def dns1035_label(value: str) -> Optional[str]:
-    if len(value) > 63 or not DNS1035_LABEL.fullmatch(value):
-        return (f"{value[:80]!r} is not a DNS-1035 label: at most 63 lowercase letters, digits and '-', "
-                "starting with a letter and ending with a letter or digit")
     return None
 
 
