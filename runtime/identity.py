@@ -16,6 +16,7 @@ from typing import Mapping, Optional
 import hostlist
 
 from runtime import contract as C
+from runtime import numbers
 from runtime.errors import InputError
 from runtime.spec import ClusterSpec
 
@@ -62,7 +63,7 @@ def _int(env: Mapping[str, str], name: str) -> Optional[int]:
     v = env.get(name)
     if v is None or v == "":
         return None
-    if not re.fullmatch(r"[0-9]{1,9}", v.strip()):
+    if not (numbers.is_whole(v.strip()) and len(v.strip()) <= 9):
         raise IdentityError(f"{name}={v[:40]!r} is not a whole number (0-999999999)")
     return int(v)
 

@@ -1,8 +1,8 @@
 """Kubernetes' own rules for the values a kube-apiserver validates, checked before anything is rendered.
 
 The patterns and lengths are apimachinery's (k8s.io/apimachinery/pkg/util/validation): a DNS-1123 label
-(namespaces), a DNS-1123 subdomain (Secret and PersistentVolumeClaim names), a qualified name (label keys: an optional DNS subdomain prefix and '/', then a name of at most 63)
-and a label value. Each check returns None or the problem in words a user can act on, so the spec and the
+(namespaces), a DNS-1123 subdomain (Secret and PersistentVolumeClaim names), a qualified name
+(label keys: an optional DNS subdomain prefix and '/', then a name of at most 63) and a label value. Each check returns None or the problem in words a user can act on, so the spec and the
 manifests report the same rule the same way. Every match is a `fullmatch`.
 """
 from __future__ import annotations
