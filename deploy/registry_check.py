@@ -8,8 +8,6 @@ distribution spec's token flow gives it), names the cause. Nothing is pulled.
 """
 from __future__ import annotations
 
-import base64
-import json
 import os
 import warnings
 from pathlib import Path
@@ -27,17 +25,18 @@ ENROOT_HTTP2 = ("enroot 4.1 matches 'Authorization: Basic' case-sensitively, whi
 
 
 def docker_credentials(registry: str, env: Optional[dict] = None) -> Optional[tuple[str, str]]:
-    """(user, password) from the docker CLI's config (DOCKER_CONFIG or ~/.docker), as `docker login` stored
-    them; None when there are none (or they are in a credential helper, which is not asked)."""
+    """(user, password) as `docker login` stored them for REGISTRY (DOCKER_CONFIG or ~/.docker), read
+    through the docker SDK's own config loader; None when there are none."""
+    import docker.auth
     env = os.environ if env is None else env
     path = Path(env.get("DOCKER_CONFIG") or Path(env.get("HOME", "~")).expanduser() / ".docker") / "config.json"
-    try:
-        auths = json.loads(path.read_text()).get("auths", {})
-        entry = auths.get(registry) or auths.get(f"https://{registry}") or {}
-        user, _, password = base64.b64decode(entry.get("auth", "")).decode().partition(":")
-    except (OSError, ValueError, AttributeError):
+    if not path.is_file():
         return None
-    return (user, password) if user else None
+    try:
+        found = docker.auth.resolve_authconfig(docker.auth.load_config(config_path=str(path)), registry)
+    except Exception:  # an unreadable config or a failing credential helper: ask without credentials
+        return None
+    return (found["username"], found["password"]) if found and found.get("username") else None
 
 
 def _bearer(challenge: str, auth: Optional[tuple[str, str]], timeout_s: float) -> Optional[str]:
