@@ -68,6 +68,15 @@ def client():
     return c
 
 
+@pytest.fixture
+def private_registry(tmp_path):
+    """Debian's docker-registry with its own CA and an htpasswd login (tests/helpers/tls_registry.py)."""
+    from helpers.tls_registry import TlsRegistry
+    reg = TlsRegistry(tmp_path / "registry").start()
+    yield reg
+    reg.stop()
+
+
 @pytest.fixture(scope="session")
 def session_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("project")

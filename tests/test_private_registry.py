@@ -2,7 +2,6 @@
 `docker login`, a wrong password named as such, and a pod's image pulled the way a kubelet pulls it,
 with the credentials of the Secret the manifest's imagePullSecrets names."""
 import json
-import subprocess
 import uuid
 
 import pytest
@@ -10,26 +9,16 @@ import pytest
 from conftest import SPEC, make_settings
 from deploy.targets import k8s
 from helpers import jobs, k8s_docker
-from helpers.tls_registry import TlsRegistry, tiny_image
+from helpers.tls_registry import tiny_image
 from runtime.spec import KubernetesOptions, spec_hash
 from toolchain import pipeline
 from toolchain.errors import RegistryError
 from toolchain.progress import Reporter
 
 
-@pytest.fixture
-def private(tmp_path):
-    reg = TlsRegistry(tmp_path / "registry").start()
-    yield reg
-    reg.stop()
-
-
-def docker_login(config_dir, reg, password):
-    return subprocess.run(["docker", "--config", str(config_dir), "login", reg.address, "-u", reg.user,
-                           "--password-stdin"], input=password, text=True, capture_output=True)
-
-
-def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private, tmp_path, app_dir, monkeypatch):
+def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private_registry, tmp_path, app_dir,
+                                                             monkeypatch):
+    private = private_registry
     """The toolchain's own push of a recorded build (a one-file image: the push path is the same for 7 GiB)."""
     config = tmp_path / "docker-config"
     monkeypatch.setenv("DOCKER_CONFIG", str(config))  # the engine client reads the login from here
@@ -46,10 +35,10 @@ def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private, tmp
         # without a login: refused, with the fix
         with pytest.raises(RegistryError, match="refused the credentials; run `docker login"):
             pipeline.push(s, str(SPEC), "cpu", Reporter())
-        bad = docker_login(config, private, "not-the-password")
+        bad = private.login(config, "not-the-password")
         assert bad.returncode != 0 and "unauthorized" in bad.stderr.lower(), bad.stderr
 
-        assert docker_login(config, private, private.password).returncode == 0
+        assert private.login(config).returncode == 0
         pushed = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
         assert pushed["repo_digest"].startswith(f"{private.address}/") and pushed["registry_scheme"] == "https"
 

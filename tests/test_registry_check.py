@@ -1,25 +1,17 @@
 """Pre-flight at --submit asks the registry for the pinned manifest: a registry that is down, one
 that refuses the login, and one without the digest are each named, against real registries."""
 import json
-import subprocess
 
-import pytest
 
 from deploy import registry_check
-from helpers.tls_registry import TlsRegistry, tiny_image
+from helpers.tls_registry import tiny_image
 from runtime.imageref import ImageRef
 
 MISSING = "sha256:" + "0" * 64
 
 
-@pytest.fixture
-def private(tmp_path):
-    reg = TlsRegistry(tmp_path / "registry").start()
-    yield reg
-    reg.stop()
-
-
-def test_down_unauthorized_unknown_and_present(client, private, tmp_path):
+def test_down_unauthorized_unknown_and_present(client, private_registry, tmp_path):
+    private = private_registry
     config = tmp_path / "docker-config"
     env = {"DOCKER_CONFIG": str(config), "HOME": str(tmp_path)}
     down = registry_check.check(ImageRef.parse(f"127.0.0.1:1/raytrain-cpu@{MISSING}"), "https", None, timeout_s=3)
@@ -33,8 +25,7 @@ def test_down_unauthorized_unknown_and_present(client, private, tmp_path):
     wrong = registry_check.check(ref, "https", (private.user, "guess"))
     assert "answered 401 with the credentials of `docker login" in wrong
 
-    login = subprocess.run(["docker", "--config", str(config), "login", private.address, "-u", private.user,
-                            "--password-stdin"], input=private.password, text=True, capture_output=True)
+    login = private.login(config)
     assert login.returncode == 0, login.stderr
     creds = registry_check.docker_credentials(private.address, env)
     assert creds == (private.user, private.password)

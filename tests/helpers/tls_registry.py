@@ -8,6 +8,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Optional
 
 import bcrypt
 import requests
@@ -62,6 +63,12 @@ class TlsRegistry:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"TLS registry did not start: {(d / 'registry.log').read_text()[-2000:]}")
             time.sleep(0.2)
+
+    def login(self, config_dir: Path, password: Optional[str] = None) -> subprocess.CompletedProcess:
+        """`docker login` with its own config directory (the machine's own login is left alone)."""
+        return subprocess.run(["docker", "--config", str(config_dir), "login", self.address, "-u", self.user,
+                               "--password-stdin"], input=self.password if password is None else password,
+                              text=True, capture_output=True)
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
