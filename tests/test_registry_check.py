@@ -2,7 +2,6 @@
 that refuses the login, and one without the digest are each named, against real registries."""
 import json
 
-
 from deploy import registry_check
 from helpers.tls_registry import tiny_image
 from runtime.imageref import ImageRef
