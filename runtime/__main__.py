@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime import selfcheck
+from runtime import numbers, selfcheck
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.launch import EXIT_HEAD_LOST
 
@@ -20,16 +20,16 @@ def main(argv: list[str] | None = None) -> int:
                                "worker, the driver's code the head published; 2: this node could not start or join "
                                f"(the message says why); {EXIT_HEAD_LOST}: a worker lost the head before the driver's "
                                "code was published (the job's code is the head's).")
-    la.add_argument("--port-base", type=int, default=DEFAULT_PORT_BASE, help=f"GCS port; all of Ray's ports follow it (default {DEFAULT_PORT_BASE}).")
-    la.add_argument("--port-stride", type=int, default=0,
+    la.add_argument("--port-base", type=numbers.arg_whole(1024, 65535), default=DEFAULT_PORT_BASE, help=f"GCS port; all of Ray's ports follow it (default {DEFAULT_PORT_BASE}).")
+    la.add_argument("--port-stride", type=numbers.arg_whole(0, 1000), default=0,
                     help="Offset node k's own ports by k*STRIDE, for several nodes on one host (default 0).")
-    la.add_argument("--barrier-timeout", type=float, default=300, help="Seconds the head waits for all nodes.")
-    la.add_argument("--join-timeout", type=float, default=300, help="Seconds a worker waits for the head.")
+    la.add_argument("--barrier-timeout", type=numbers.arg_finite(0, 7 * 86400, low_open=True), default=300, help="Seconds the head waits for all nodes.")
+    la.add_argument("--join-timeout", type=numbers.arg_finite(0, 7 * 86400, low_open=True), default=300, help="Seconds a worker waits for the head.")
     la.add_argument("--no-auth", action="store_true", help="Run Ray without token authentication (trusted networks only).")
-    la.add_argument("--num-cpus", type=int, default=None, help="CPUs this node offers Ray (default: detected).")
-    la.add_argument("--num-gpus", type=int, default=None, help="GPUs this node offers Ray (default: from the scheduler).")
+    la.add_argument("--num-cpus", type=numbers.arg_whole(1, 100_000), default=None, help="CPUs this node offers Ray (default: detected).")
+    la.add_argument("--num-gpus", type=numbers.arg_whole(0, 1024), default=None, help="GPUs this node offers Ray (default: from the scheduler).")
     la.add_argument("--node-ip", default=None, help="Address other nodes reach this one at (default: detected).")
-    la.add_argument("--warm-hosts", type=int, default=None,
+    la.add_argument("--warm-hosts", type=numbers.arg_whole(0, 1024), default=None,
                     help="Worker hosts started per node while the barrier waits, for the driver's first worker "
                          "group (default: the node's GPUs, or 1; 0: none).")
     la.add_argument("--no-preload", dest="preload", action="store_false",

@@ -23,6 +23,7 @@ import sys
 import time
 from typing import Callable, Optional
 
+from runtime import numbers
 from runtime.identity import NodeIdentity
 from runtime.launch import LaunchError, log
 from runtime.wait import wait_until
@@ -142,16 +143,16 @@ def follow(args, status_fd: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.ray_agent", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--status-fd", type=int, required=True, help="Pipe to report on (inherited from the launcher).")
+    parser.add_argument("--status-fd", type=numbers.arg_whole(0, 65535), required=True, help="Pipe to report on (inherited from the launcher).")
     parser.add_argument("--address", required=True, help="The head's GCS address, host:port.")
     sub = parser.add_subparsers(dest="role", required=True)
     hd = sub.add_parser("head", help="Warm hosts, barrier, then publish the driver's exit code.")
     hd.add_argument("--identity", required=True, help="The node's identity as JSON.")
-    hd.add_argument("--barrier-timeout", type=float, required=True)
-    hd.add_argument("--warm-hosts", type=int, required=True)
-    hd.add_argument("--leave-timeout", type=float, required=True)
+    hd.add_argument("--barrier-timeout", type=numbers.arg_finite(0, 7 * 86400, low_open=True), required=True)
+    hd.add_argument("--warm-hosts", type=numbers.arg_whole(0, 1024), required=True)
+    hd.add_argument("--leave-timeout", type=numbers.arg_finite(0, 7 * 86400), required=True)
     fo = sub.add_parser("follow", help="Wait for the driver's exit code that the head publishes.")
-    fo.add_argument("--lost-after", type=float, required=True)
+    fo.add_argument("--lost-after", type=numbers.arg_finite(0, 7 * 86400, low_open=True), required=True)
     args = parser.parse_args(argv)
     return head(args, args.status_fd) if args.role == "head" else follow(args, args.status_fd)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional, TypeVar
 
+from runtime import numbers
 from runtime.errors import RaytrainError
 
 T = TypeVar("T")
@@ -24,6 +25,9 @@ class WaitTimeout(RaytrainError):
 def wait_until(check: Callable[[], T], *, timeout_s: float, what: str, interval_s: float = 0.2,
                hint: str = "", logs: Optional[Callable[[], str]] = None,
                on_timeout: Optional[Callable[[], BaseException]] = None) -> T:
+    # a NaN deadline never passes and inf overflows sleep: the one bound every caller's timeout meets
+    timeout_s = numbers.finite(timeout_s, f"timeout for {what}", 0, 7 * 86400)
+    interval_s = numbers.finite(interval_s, f"poll interval for {what}", 0, 3600, low_open=True)
     deadline = time.monotonic() + timeout_s
     while True:
         result = check()
