@@ -59,16 +59,27 @@ def expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
-def _int(env: Mapping[str, str], name: str) -> Optional[int]:
+def _int(env: Mapping[str, str], name: str, low: int = 0) -> Optional[int]:
+    """A scheduler's number, or None when unset. '0' nodes is refused (low=1), never replaced by a count
+    of hosts: a scheduler that says 0 is misconfigured, and guessing would wait for the wrong nodes."""
     v = env.get(name)
     if v is None or v == "":
         return None
-    if not (numbers.is_whole(v.strip()) and len(v.strip()) <= 9):
-        raise IdentityError(f"{name}={v[:40]!r} is not a whole number (0-999999999)")
+    if not (numbers.is_whole(v.strip()) and len(v.strip()) <= 9) or int(v) < low:
+        raise IdentityError(f"{name}={v[:40]!r} is not a whole number ({low}-999999999)")
     return int(v)
 
 
-_GPU_COUNT = re.compile(r"(?:[A-Za-z0-9_.-]+:){0,2}(\d{1,4})(?:\([^()]{0,200}\))?")
+def _first(env: Mapping[str, str], names: tuple, low: int = 0) -> Optional[int]:
+    """The first of NAMES that is set (each checked), or None."""
+    for name in names:
+        value = _int(env, name, low)
+        if value is not None:
+            return value
+    return None
+
+
+_GPU_COUNT = re.compile(r"(?:[A-Za-z0-9_.-]+:){0,2}([0-9]{1,4})(?:\([^()]{0,200}\))?")
 
 
 def _gpus(value: Optional[str], name: str = "SLURM_GPUS_ON_NODE") -> int:
@@ -94,7 +105,7 @@ def _slurm(env):
     if not nodelist:
         raise IdentityError("SLURM_JOB_ID is set but SLURM_JOB_NODELIST is not; run inside an allocation (srun/sbatch)")
     hosts = tuple(expand_nodelist(nodelist))
-    n = _int(env, "SLURM_STEP_NUM_NODES") or _int(env, "SLURM_NNODES") or _int(env, "SLURM_JOB_NUM_NODES") or len(hosts)
+    n = _first(env, ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"), low=1) or len(hosts)
     gpus = _gpus(env.get("SLURM_GPUS_ON_NODE") or env.get("SLURM_GPUS_PER_NODE"))
     if n > len(hosts):
         raise IdentityError(f"Slurm says {n} node(s) but the node list {nodelist[:200]!r} has {len(hosts)}")
@@ -108,7 +119,7 @@ def _prefixed(prefix, ips_var, gpus_var, num_var, head_var=None):
         if rank is None:
             return None
         ips = _ips(env.get(ips_var))
-        n = _int(env, num_var) or len(ips)
+        n = _int(env, num_var, low=1) or len(ips)
         if ips and n != len(ips):
             raise IdentityError(f"{num_var}={n} but {ips_var} lists {len(ips)} address(es) ({', '.join(ips[:8])}); "
                                 "the barrier would wait for nodes that do not exist. Make them agree")
@@ -124,14 +135,14 @@ def _kubernetes(env):
         return None
     rank = _int(env, "JOB_COMPLETION_INDEX")
     if rank is None and not env.get(C.NODE_RANK):
-        m = re.search(r"-(\d{1,6})$", env.get("HOSTNAME", "")[-64:])
+        m = re.fullmatch(r".*-([0-9]{1,6})", env.get("HOSTNAME", "")[-64:])
         rank = int(m.group(1)) if m else None
     if rank is None:
         rank = _int(env, C.NODE_RANK)  # e.g. the head's own (non-indexed) Job
     if rank is None:
         raise IdentityError("on Kubernetes: no JOB_COMPLETION_INDEX, no RAYTRAIN_NODE_RANK and HOSTNAME has no "
                             "StatefulSet ordinal (name-N)")
-    return dict(node_rank=rank, num_nodes=_int(env, C.NUM_NODES), head_address=env[C.HEAD_ADDRESS],
+    return dict(node_rank=rank, num_nodes=_int(env, C.NUM_NODES, low=1), head_address=env[C.HEAD_ADDRESS],
                 gpus_per_node=_int(env, C.GPUS_PER_NODE) or 0)
 
 

@@ -34,7 +34,7 @@ class ImageRefError(InputError):
 
 def _registry_ok(registry: str) -> bool:
     if registry.startswith("["):
-        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::(\d{1,5}))?", registry)
+        m = re.fullmatch(r"\[([0-9A-Fa-f:.]+)\](?::([0-9]{1,5}))?", registry)
         if not m:
             return False
         try:

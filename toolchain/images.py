@@ -44,7 +44,7 @@ def profile_script() -> str:
             f'case ":${{PATH}}:" in\n  *:{VENV}/bin:*) ;;\n  *) PATH="{VENV}/bin:${{PATH}}"; export PATH ;;\nesac\n')
 LABEL_PREFIX = "io.raytrain"
 STAGE_LABEL = f"{LABEL_PREFIX}.stage"
-_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./-]+$")
+_SAFE_TOKEN = re.compile(r"[A-Za-z0-9_./-]+")
 
 
 def image_names(spec: ClusterSpec, variant: str, settings: Settings) -> tuple[str, str]:
@@ -71,7 +71,7 @@ class Builder:
         self.stage_repo = f"{settings.image.repository}-stages"
         self.layer_store = settings.build_dir / LAYER_STORE
         for token in (settings.image.user.name, settings.image.python):
-            if not _SAFE_TOKEN.match(token):
+            if not _SAFE_TOKEN.fullmatch(token):
                 raise ConfigError(f"image settings: {token!r} must contain only letters, digits, '_', '.', '/', '-'")
 
     # -- helpers ------------------------------------------------------------------
