@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional
 import re2
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from runtime import k8s_names
+from runtime import k8s_names, strict_json
 from runtime.errors import InputError
 from runtime.imageref import ImageRef, ImageRefError
 
@@ -51,9 +51,13 @@ class Mount(_Strict):
         return ":".join(p for p in (self.source, self.target, self.options) if p)
 
 
+# a Slurm partition or account name, from the spec or a flag (deploy/targets/slurm.py uses this one)
+SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
 class SlurmOptions(_Strict):
-    partition: Optional[str] = Field(None, description="Slurm partition (sbatch --partition).")
-    account: Optional[str] = Field(None, description="Slurm account (sbatch --account).")
+    partition: Optional[str] = Field(None, pattern=SLURM_NAME, description="Slurm partition (sbatch --partition).")
+    account: Optional[str] = Field(None, pattern=SLURM_NAME, description="Slurm account (sbatch --account).")
     pyxis: bool = Field(True, description="Run steps in containers through Pyxis (srun --container-image).")
     env_setup: list[str] = Field(
         default_factory=list,
@@ -222,16 +226,24 @@ def _compile(pattern: str):
     try:
         return _compiled(pattern)
     except Exception as e:  # re2.error, and RE2's limits on program size (e.g. a{100000})
-        raise ValueError(f"key {pattern[:200]!r} is not a regular expression RE2 accepts ({e}); RE2 has no "
+        raise ValueError(f"key {pattern[:200]!r} is not a regular expression RE2 accepts ({_re2_reason(e)}); RE2 has no "
                          "backreferences or look-around, and bounds repetition counts at 1000") from None
 
 
 _CACHE: dict[str, Any] = {}
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # RE2 would also log the error through absl, with its start-up preamble
+
+
+def _re2_reason(e: Exception) -> str:
+    """RE2's reason as text (its error carries bytes)."""
+    arg = e.args[0] if e.args else e
+    return arg.decode("utf-8", "replace") if isinstance(arg, bytes) else str(arg)
 
 
 def _compiled(pattern: str):
     if pattern not in _CACHE:
-        _CACHE[pattern] = re2.compile(pattern)
+        _CACHE[pattern] = re2.compile(pattern, _RE2_OPTIONS)
     return _CACHE[pattern]
 
 
@@ -322,9 +334,11 @@ def load_spec(path: str | Path) -> ClusterSpec:
     except UnicodeDecodeError as e:
         raise SpecError(source, [f"not UTF-8 (byte {e.start}): save the spec as UTF-8 JSON"]) from None
     try:
-        data = json.loads(text)
+        data = strict_json.loads(text)
     except json.JSONDecodeError as e:
         raise SpecError(source, [f"not valid JSON at line {e.lineno} column {e.colno}: {e.msg}"]) from None
+    except strict_json.StrictJSONError as e:
+        raise SpecError(source, [str(e)]) from None
     except (ValueError, RecursionError) as e:  # a 5000-digit number, nesting deeper than Python's stack
         raise SpecError(source, [f"not a usable JSON document: {str(e)[:200] or type(e).__name__}"]) from None
     return parse_spec(data, source)

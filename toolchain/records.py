@@ -15,6 +15,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from runtime import strict_json
 from runtime.errors import InputError
 from runtime.imageref import ImageRef, ImageRefError
 
@@ -90,7 +91,12 @@ def _read(path: Path, model: type[R], made_by: str) -> dict[str, R]:
     if not path.is_file():
         return {}
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+    except OSError as e:  # unreadable (permissions), or gone between the check and the read
+        raise InputError(f"{path}: cannot read it ({e.strerror}); it is written by `{made_by}`: fix its "
+                         f"permissions, or delete it and run `{made_by}` again") from None
+    try:
+        data = strict_json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict):
             raise ValueError("not a JSON object")
         return {str(k): model.model_validate(v) for k, v in data.items()}
