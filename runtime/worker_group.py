@@ -36,15 +36,20 @@ import ray
 
 from runtime.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
 from runtime.contract import RESTARTS
-from runtime import transfer
+from runtime import numbers, transfer
 from runtime.batched import BatchedDataDict
 from runtime.rank_env import rank_env
 from runtime.transfer import ShardLoader
 from runtime.failures import Failure, FailureDetector, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
 from runtime.host_pool import HostPool
+from runtime.errors import InputError
 from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
 
 LB_STRATEGIES = ("round_robin", "least_loaded")
+
+
+class WorkerGroupClosed(RuntimeError):
+    """A call on a worker group after its shutdown()."""
 
 
 class WorkerGroupFuture:
@@ -76,6 +81,16 @@ class RayWorkerGroup:
                  memory_limit=None, async_communication: bool = False, enable_load_balancing: bool = False,
                  load_balancing_strategy: Optional[str] = None, enable_gradient_compression=False,
                  spare_workers: bool = False):
+        # every option checked here, by name, before Ray sees it (Ray's own words name no option)
+        max_restarts = numbers.integer(max_restarts, "max_restarts", 0, 10_000)
+        if call_timeout_s is not None:
+            call_timeout_s = numbers.finite(call_timeout_s, "call_timeout_s", 0, 7 * 86400, low_open=True)
+        init_timeout_s = numbers.finite(init_timeout_s, "init_timeout_s", 0, 7 * 86400, low_open=True)
+        if colocated_share is not None:
+            colocated_share = numbers.finite(colocated_share, "colocated_share", 0, 1, low_open=True)
+        if isinstance(memory_limit, (bool, float)):
+            raise InputError(f"memory_limit: {memory_limit!r} is not a size; give bytes as an int or text such as 8GB")
+        self._closed = False
         self.cluster = virtual_cluster
         self.worker_class = worker_class
         self.init_args, self.init_kwargs = init_args, dict(init_kwargs or {})
@@ -177,7 +192,13 @@ class RayWorkerGroup:
     def _spawn(self, rank: int, slot: BundleSlot):
         return self.spares.in_bundle(rank, slot, self._cpus, self._gpus, self._ray_memory, bool(self.backend))
 
+    def _require_open(self) -> None:
+        if self._closed:
+            raise WorkerGroupClosed("this worker group was shut down (shutdown()); its workers are gone: create a "
+                                    "new RayWorkerGroup to run more work")
+
     def shutdown(self) -> None:
+        self._closed = True
         for w in self.workers:
             try:
                 ray.get(w.shutdown.remote(), timeout=10)
@@ -226,6 +247,7 @@ class RayWorkerGroup:
                ranks: Optional[list[int]] = None) -> list:
         """ray.get the refs; on a failure, the detector finds the rank behind it and _fail reacts.
         `ranks[i]` is the rank refs[i] runs on (default: one ref per rank, in rank order)."""
+        self._require_open()
         refs = make_refs()
         try:
             return ray.get(refs, timeout=timeout)
@@ -269,6 +291,7 @@ class RayWorkerGroup:
         return out
 
     def _call(self, make_refs: Callable[[], list]):
+        self._require_open()
         if self.async_communication:
             return WorkerGroupFuture(self, make_refs(), self.call_timeout_s)
         return self._collect(make_refs(), self.call_timeout_s)
@@ -313,6 +336,7 @@ class RayWorkerGroup:
     def run_work_items(self, method_name: str, items: list, strategy: Optional[str] = None, **kwargs) -> list:
         """Every item through `method_name` on some worker, results in item order. round_robin: item i
         to worker i % n, in order; least_loaded: each worker takes the next item as soon as it is free."""
+        self._require_open()
         strategy = strategy or self.load_balancing_strategy
         if strategy not in LB_STRATEGIES:
             raise ValueError(f"strategy {strategy!r} is not one of {', '.join(LB_STRATEGIES)}")

@@ -38,6 +38,18 @@ def test_colocated_groups_take_turns_on_the_same_bundles(vc):
     b.shutdown()
 
 
+def test_a_group_after_shutdown_refuses_work_instead_of_returning_nothing(vc):
+    from helpers.workers import EnvReporter
+    from runtime.worker_group import WorkerGroupClosed
+    g = RayWorkerGroup(vc, EnvReporter, init_kwargs={"tag": "x"})
+    assert len(g.run_all_workers_single_data("env")) == 4
+    g.shutdown()
+    with pytest.raises(WorkerGroupClosed, match="shut down"):
+        g.run_all_workers_single_data("env")
+    with pytest.raises(WorkerGroupClosed):
+        g.run_work_items("env", [1, 2])
+
+
 def test_options_without_an_honest_meaning_here_are_clear_errors(two_nodes):
     with pytest.raises(ValueError, match='"nccl" needs GPUs'):
         RayVirtualCluster([1], communication_backend="nccl", use_gpus=False)
