@@ -40,17 +40,39 @@ def main(argv: list[str] | None = None) -> int:
                     help="Start each Ray worker as a fresh interpreter that imports torch itself. By default "
                          "every node imports torch once, while it waits, in a zygote that the raylet's Python "
                          "workers are forked from (runtime/zygote.py).")
+    la.add_argument("--serve", action="store_true",
+                    help="Form the cluster and hold it without a driver until SIGTERM (invoke up / invoke down); "
+                         "drivers come with `python -m runtime run` (runtime/serving.py). Give no command.")
     la.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command, run on the head only.")
+    ru = sub.add_parser("run", help="Run a driver on the cluster this head holds (launch --serve), in the code "
+                                    "directory given; Ray ships that directory to every node as the job's working_dir.",
+                        description="On the head of a held cluster: python -m runtime run --code-dir DIR -- python "
+                                    "train.py ...",
+                        epilog="Exit code: the driver's (a driver killed by signal N: 128+N); 2: bad input; 1: no "
+                               "cluster is serving here.")
+    ru.add_argument("--code-dir", required=True, help="The project's code, unpacked (the driver's cwd and the "
+                                                      "job's working_dir on every node).")
+    ru.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command.")
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
         return selfcheck.run(require_cuda=args.require_cuda)
+    if args.command == "run":
+        from pathlib import Path
+        from runtime import serving
+        from runtime.errors import RaytrainError
+        try:
+            return serving.run(Path(args.code_dir), args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+        except RaytrainError as e:
+            print(f"run: error: {e}", file=sys.stderr, flush=True)
+            return getattr(e, "exit_code", 1)
     from runtime.errors import RaytrainError
     from runtime.launch import LaunchOptions, launch
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     opts = LaunchOptions(port_base=args.port_base, port_stride=args.port_stride, barrier_timeout_s=args.barrier_timeout,
                          join_timeout_s=args.join_timeout, auth="disabled" if args.no_auth else "token",
                          num_cpus=args.num_cpus, num_gpus=args.num_gpus, node_ip=args.node_ip,
-                         warm_hosts=args.warm_hosts, preload_driver=args.preload, zygote=args.zygote)
+                         warm_hosts=args.warm_hosts, preload_driver=args.preload, zygote=args.zygote,
+                         serve=args.serve)
     try:
         return launch(cmd, opts)
     except (RaytrainError, ValueError) as e:

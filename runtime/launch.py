@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from runtime import contract as C
-from runtime import lifeline, log_relay, preload, zygote
+from runtime import lifeline, log_relay, preload, serving, zygote
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import RaytrainError
 from runtime.identity import NodeIdentity, detect
@@ -68,6 +68,7 @@ class LaunchOptions:
     warm_hosts: Optional[int] = None  # worker hosts started per node while the barrier waits (None: 1, or the GPUs)
     preload_driver: bool = True   # start a Python driver during the barrier with its imports done (runtime.preload)
     zygote: bool = True           # fork the raylet's Python workers from a process with torch imported (runtime.zygote)
+    serve: bool = False           # head: no driver; hold the formed cluster for `python -m runtime run` (runtime.serving)
 
 
 def routable_ip(ident: NodeIdentity, override: Optional[str] = None) -> str:
@@ -232,11 +233,13 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
     try:
         _wait_started(node, ip, ports.gcs, 120, "ray start --head")
         driver_env = {**env, "RAY_ADDRESS": address}
-        target = preload.target_of(cmd) if opts.preload_driver else None
+        target = preload.target_of(cmd) if opts.preload_driver and not opts.serve else None
         early = (subprocess.Popen(preload.preload_argv(target), env=driver_env, stdin=subprocess.PIPE,
                                   preexec_fn=lifeline.tied_to_me(), **log_relay.streams()) if target else None)
         relayed = log_relay.relay(early) if early else []
         per_node = opts.warm_hosts if opts.warm_hosts is not None else (ident.gpus_per_node or 1)
+        if opts.serve:
+            per_node = 0  # a warm host carries the image's code; each `run` ships its own (runtime.serving)
         try:
             agent = RayAgent(address, driver_env, "head", "--identity", json.dumps(dataclasses.asdict(ident)),
                              "--barrier-timeout", str(opts.barrier_timeout_s), "--warm-hosts", str(per_node),
@@ -250,6 +253,11 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
         log(ident, f"barrier passed: {ident.num_nodes} node(s) alive {time.monotonic() - t0:.2f}s after head start; "
                    f"driver starts {1000 * since_last:.0f} ms after the last node registered "
                    f"(at {time.time():.3f}{', imports preloaded' if early else ''})")
+        if opts.serve:
+            code = serving.hold(address, ip, lambda msg: log(ident, msg), driver_env)
+            agent.send(f"exit {code}")
+            agent.expect("published", node, timeout_s=2 * GCS_RECONNECT_S + 30)
+            return code
         proc = go(early) if early else subprocess.Popen(cmd, env=driver_env, preexec_fn=lifeline.tied_to_me(),
                                                         **log_relay.streams())
         relayed = relayed or log_relay.relay(proc)
@@ -413,8 +421,12 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
                f"gpu type {ident.gpu_type}")
     check_shm(ident)
     ray_cmd = [ray_cli()]  # fail before anything starts
-    if ident.is_head and not cmd:
-        raise LaunchError("no driver command given: python -m runtime launch -- python train.py ...")
+    if ident.is_head and not cmd and not opts.serve:
+        raise LaunchError("no driver command given: python -m runtime launch -- python train.py ... "
+                          "(or --serve, to hold the cluster for `python -m runtime run`)")
+    if cmd and opts.serve:
+        raise LaunchError("--serve holds the cluster without a driver; give no command (drivers come with "
+                          "`python -m runtime run`)")
     # the zygote imports torch while this node waits for the head and the barrier; the raylet forks
     # its Python workers from it (runtime/zygote.py)
     zyg = zygote.start(env, lambda msg: log(ident, msg)) if opts.zygote else None

@@ -15,9 +15,24 @@ import sys
 WAIT_FOR_ZYGOTE_S = 30  # a worker waits this long for a zygote still importing, then starts plainly (Ray allows 60 s)
 
 
-def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[list[str], dict] | None:
-    """(default_worker argv, env vars to add) when `argv` (the trampoline's, after its own name) is a
-    plain Python worker start that a fork can serve; None when it must run as the raylet asked.
+def _cd_prefix(prefix) -> str | None:
+    """The directory of a `cd DIR &&` command prefix, the one Ray's working_dir plugin adds
+    (`["cd", shlex.quote(dir), "&&"]`); None for any other prefix."""
+    if not (isinstance(prefix, list) and len(prefix) == 3 and prefix[0] == "cd" and prefix[2] == "&&"):
+        return None
+    import shlex
+    try:
+        parts = shlex.split(str(prefix[1]))
+    except ValueError:
+        return None
+    return parts[0] if len(parts) == 1 and os.path.isabs(parts[0]) else None
+
+
+def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[list[str], dict, str | None] | None:
+    """(default_worker argv, env vars to add, working directory or None) when `argv` (the trampoline's,
+    after its own name) is a plain Python worker start that a fork can serve; None when it must run
+    as the raylet asked. A job's working_dir arrives as a `cd DIR &&` prefix and PYTHONPATH in the
+    context's env vars; the fork applies both (runtime/zygote.py).
 
     The raylet starts a worker without a runtime environment as `python default_worker.py ARGS`,
     and one with a runtime environment as `python setup_worker.py [-S] default_worker.py ARGS
@@ -25,7 +40,7 @@ def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[li
     execs `py_executable default_worker.py ARGS`)."""
     worker = os.path.join("workers", "default_worker.py")
     if argv and argv[0].endswith(worker):
-        return argv, {}
+        return argv, {}, None
     if len(argv) < 2 or not argv[0].endswith(os.path.join("workers", "setup_worker.py")):
         return None
     if not argv[1].endswith(worker):
@@ -41,14 +56,15 @@ def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[li
         ctx = json.loads(known.serialized_runtime_env_context or "{}")
     except ValueError:
         return None
-    if ctx.get("command_prefix") or ctx.get("override_worker_entrypoint") or ctx.get("java_jars"):
+    cwd = _cd_prefix(ctx["command_prefix"]) if ctx.get("command_prefix") else None
+    if (ctx.get("command_prefix") and cwd is None) or ctx.get("override_worker_entrypoint") or ctx.get("java_jars"):
         return None
     if ctx.get("py_executable") not in (None, real_python, trampoline, sys.executable):
         return None
     env_vars = ctx.get("env_vars") or {}
     if not isinstance(env_vars, dict):
         return None
-    return rest, {str(k): str(v) for k, v in env_vars.items()}
+    return rest, {str(k): str(v) for k, v in env_vars.items()}, cwd
 
 
 def trampoline_main(real_python: str, socket_path: str) -> None:
@@ -65,10 +81,10 @@ def trampoline_main(real_python: str, socket_path: str) -> None:
             conn = None
     if conn is None:
         os.execv(real_python, [real_python, *argv])
-    worker_argv, env_vars = plan
+    worker_argv, env_vars, cwd = plan
     env = dict(os.environ)
     env.update(env_vars)  # what setup_worker.py's RuntimeEnvContext.exec_worker does before its exec
-    request = json.dumps({"argv": worker_argv, "env": env, "cwd": os.getcwd()}).encode()
+    request = json.dumps({"argv": worker_argv, "env": env, "cwd": cwd or os.getcwd()}).encode()
     socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], [0, 1, 2])
     conn.settimeout(WAIT_FOR_ZYGOTE_S)  # it may still be importing
     reader = conn.makefile("rb")

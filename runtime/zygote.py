@@ -98,6 +98,17 @@ def _apply_thread_env() -> None:
     ray_utils.set_omp_num_threads_if_unset = set_omp_num_threads_if_unset
 
 
+def _apply_pythonpath(value: str) -> None:
+    """PYTHONPATH as a new interpreter would read it: its entries right after sys.path[0] (the script's
+    directory, which preload.run sets). The zygote started before the job did, so a job's working_dir
+    (Ray puts it on PYTHONPATH) is not on its sys.path yet."""
+    entries = [p for p in value.split(os.pathsep) if p]
+    for p in reversed(entries):
+        if p in sys.path[1:]:
+            sys.path.remove(p)
+        sys.path.insert(1, p)
+
+
 def _child(req: dict, fds: list[int]) -> None:
     """In the forked child: become the worker the raylet asked for. Never returns."""
     code = 1
@@ -117,6 +128,7 @@ def _child(req: dict, fds: list[int]) -> None:
         os.environ.update(req["env"])
         _apply_thread_env()
         os.chdir(req["cwd"])
+        _apply_pythonpath(req["env"].get("PYTHONPATH", ""))
         try:
             run(Target(req["argv"][0], None, tuple(req["argv"][1:])))  # as `python default_worker.py ARGS`
             code = 0

@@ -124,7 +124,13 @@ def test_trampoline_killed_takes_its_worker_with_it(served, tmp_path):
 def test_argv_plans():
     w = "/x/ray/_private/workers/default_worker.py"
     s = "/x/ray/_private/workers/setup_worker.py"
-    assert trampoline_module._zygote_argv([w, "--a"], PY, "/t") == ([w, "--a"], {})
+    assert trampoline_module._zygote_argv([w, "--a"], PY, "/t") == ([w, "--a"], {}, None)
+    ctx = json.dumps({"command_prefix": ["cd", "'/tmp/ray/wd dir'", "&&"], "env_vars": {"PYTHONPATH": "/tmp/ray/wd dir"}})
+    assert trampoline_module._zygote_argv([s, w, f"--serialized-runtime-env-context={ctx}", "--language=PYTHON"],
+                                          PY, "/t") == ([w], {"PYTHONPATH": "/tmp/ray/wd dir"}, "/tmp/ray/wd dir")
+    other = json.dumps({"command_prefix": ["conda", "activate", "x", "&&"]})
+    assert trampoline_module._zygote_argv([s, w, f"--serialized-runtime-env-context={other}", "--language=PYTHON"],
+                                          PY, "/t") is None
     assert trampoline_module._zygote_argv([s, "-S", w], PY, "/t") is None  # interpreter flags
     assert trampoline_module._zygote_argv([s, w, "--language=JAVA"], PY, "/t") is None
     assert trampoline_module._zygote_argv([s, w, '--serialized-runtime-env-context={"py_executable": "uv run"}',

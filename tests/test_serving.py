@@ -1,0 +1,118 @@
+"""A held cluster (launch --serve) and drivers sent to it (python -m runtime run), on real Ray nodes on
+this host: each run's code reaches every node through Ray's working_dir, its workers are new processes
+forked from the zygote, nothing of an earlier run's code survives, and SIGTERM ends the cluster with 0."""
+import json
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from test_launch import finish, launch, node_env
+
+pytestmark = pytest.mark.cluster  # starts real Ray nodes
+
+DRIVER = r'''
+import json, os, sys, time
+import ray
+t0 = time.monotonic()
+ray.init(address=os.environ["RAY_ADDRESS"])
+import marker
+ids = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
+
+@ray.remote(num_cpus=0.1)
+class Probe:
+    def look(self):
+        import importlib.util
+        try:
+            import marker
+        except ImportError:  # say where this worker looked
+            raise RuntimeError(repr((sys.path[:5], os.environ.get("PYTHONPATH"), os.getcwd())))
+        return {"tag": marker.TAG, "forked": "torch" in sys.modules, "pid": os.getpid(), "cwd": os.getcwd(),
+                "old_module": importlib.util.find_spec("only_in_v1") is not None}
+
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
+actors = [Probe.options(scheduling_strategy=On(i, soft=False)).remote() for i in ids]
+print("RESULT " + json.dumps({"driver_tag": marker.TAG, "driver_cwd": os.getcwd(), "workers": ray.get([a.look.remote() for a in actors]),
+                              "first_call_s": time.monotonic() - t0}), flush=True)
+sys.exit(int(os.environ.get("EXIT", "0")))
+'''
+
+
+def code_dir(root: Path, tag: str, extra: dict | None = None) -> Path:
+    d = root / tag
+    d.mkdir()
+    (d / "drive.py").write_text(DRIVER)
+    (d / "marker.py").write_text(f"TAG = {tag!r}\n")
+    for name, text in (extra or {}).items():
+        (d / name).write_text(text)
+    return d
+
+
+def wait_serving(proc, timeout=180):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc.log.seek(0)
+        if "serving: the cluster is up" in proc.log.read():
+            return
+        assert proc.poll() is None, "the head exited before serving"
+        time.sleep(0.3)
+    raise AssertionError("the head did not start serving")
+
+
+def run(code: Path, token: str, job: str, **env):
+    e = {**node_env(0, 2, token, RAYTRAIN_JOB_NAME=job), **env}
+    return subprocess.run([sys.executable, "-m", "runtime", "run", "--code-dir", str(code), "--", sys.executable,
+                           "drive.py"], env=e, capture_output=True, text=True, timeout=180)
+
+
+def result(r) -> dict:
+    m = re.search(r"^RESULT (.*)$", r.stdout, re.M)
+    assert m, r.stdout[-3000:] + r.stderr[-3000:]
+    return json.loads(m.group(1))
+
+
+def test_runs_on_a_held_cluster_see_their_own_code_and_the_cluster_leaves_on_sigterm(tmp_path):
+    token = secrets.token_hex(32)
+    job = f"serve-{secrets.token_hex(3)}"
+    worker = launch(1, 2, token, RAYTRAIN_JOB_NAME=job)
+    head = launch(0, 2, token, args=["--serve"], RAYTRAIN_JOB_NAME=job)
+    try:
+        wait_serving(head)
+        first = result(run(code_dir(tmp_path, "v1", {"only_in_v1.py": "X = 1\n"}), token, job))
+        second_run = run(code_dir(tmp_path, "v2"), token, job, EXIT="7")
+        assert second_run.returncode == 7  # the driver's exit code is the run's
+        second = result(second_run)
+        for res, tag in ((first, "v1"), (second, "v2")):
+            assert res["driver_tag"] == tag and res["driver_cwd"].endswith(tag)
+            assert len(res["workers"]) == 2 and {w["tag"] for w in res["workers"]} == {tag}
+            assert all(w["forked"] for w in res["workers"]), res  # from the zygote, torch already imported
+            assert all("_ray_pkg_" in w["cwd"] for w in res["workers"])  # Ray's content-addressed working_dir
+        assert [w["old_module"] for w in first["workers"]] == [True, True]
+        assert [w["old_module"] for w in second["workers"]] == [False, False]  # nothing of v1 survives
+        assert not {w["pid"] for w in first["workers"]} & {w["pid"] for w in second["workers"]}
+        assert head.poll() is None and worker.poll() is None  # runs come and go; the cluster stays
+        head.send_signal(signal.SIGTERM)
+        (head_code, head_log), (worker_code, _) = finish([head, worker], timeout=120)
+        assert head_code == 0 and worker_code == 0, head_log[-3000:]
+    finally:
+        for p in (head, worker):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        finish([head, worker], timeout=60)
+
+
+def test_run_without_a_serving_head_says_so(tmp_path):
+    r = run(code_dir(tmp_path, "v1"), "x", f"none-{secrets.token_hex(3)}")
+    assert r.returncode == 1 and "no cluster is serving on this node" in r.stderr and "invoke up" in r.stderr
+
+
+def test_serve_refuses_a_driver_command():
+    r = subprocess.run([sys.executable, "-m", "runtime", "launch", "--serve", "--", "python", "x.py"],
+                       env=node_env(0, 1, "x"), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--serve holds the cluster without a driver" in r.stderr
