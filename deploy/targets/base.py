@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Optional
+from typing import Annotated, Any, Callable, ClassVar, Optional
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.artifacts import write_all
 from deploy.job import IMAGE_WORKDIR, JobSpec, PreflightError
@@ -25,9 +25,28 @@ MAX_SEEDS = 1000
 
 
 class TargetOptions(BaseModel):
-    """Base of every target's options: strict types, unknown flags refused."""
+    """Base of every target's options: strict types, unknown flags refused.
+
+    Every field is a flag of `invoke deploy` (deploy/targets/flags.py): its description is the flag's
+    help (the targets that take it are prefixed), its type and default make the flag, and `ge`/`le`
+    bound a whole number. A field the CLI must not offer: `json_schema_extra={"cli": False}`.
+    """
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-    submit: bool = False
+    submit: bool = Field(False, description=(
+        "start what was written, not only write it: slurm/pyxis: sbatch the script; k8s: create the token "
+        "Secret and kubectl apply; skypilot: sky launch (local runs the job with or without it)."))
+
+
+def is_cli(field) -> bool:
+    """Whether an Options field is a flag of `invoke deploy` (not plumbing the pipeline sets)."""
+    extra = field.json_schema_extra
+    return not (isinstance(extra, dict) and extra.get("cli") is False)
+
+
+# options several targets take: one definition each, so their flags agree
+AllowLocalRegistry = Annotated[bool, Field(False, description=(
+    "accept an image in a loopback registry (only when the nodes are this machine; otherwise push to a "
+    "registry they reach, or use --sqsh)."))]
 
 
 @dataclass(frozen=True)
@@ -84,7 +103,8 @@ class Target:
         try:
             return self.Options.model_validate(flags)
         except ValidationError as e:
-            known = ", ".join("--" + f.replace("_", "-") for f in self.Options.model_fields)
+            known = ", ".join("--" + f.replace("_", "-") for f, info in self.Options.model_fields.items()
+                              if is_cli(info))
             lines = []
             for err in e.errors():
                 flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "(options)"

@@ -32,14 +32,15 @@ from __future__ import annotations
 import re
 import secrets as _secrets
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Annotated, Optional, Sequence
 
 import yaml
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field
 
 from deploy import kubectl
 from deploy.job import DeployError, JobSpec, time_limit_seconds
-from deploy.targets.base import MAX_SEEDS, ApplyContext, Artifacts, File, SiteCheck, Target, TargetOptions
+from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, ApplyContext, Artifacts, File, SiteCheck, Target,
+                                 TargetOptions)
 from runtime import contract as C
 from runtime import k8s_names, numbers
 from runtime.ports import RayPorts
@@ -63,7 +64,7 @@ class Slot:
     @classmethod
     def parse(cls, text: str) -> "Slot":
         """NODE[:GPU]: NODE a DNS-1123 subdomain (kubernetes.io/hostname), GPU an index 0-63."""
-        m = re.fullmatch(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)(?::(\d{1,2}))?", text.strip())
+        m = re.fullmatch(r"([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?)(?::([0-9]{1,2}))?", text.strip())
         if not m or (m.group(3) is not None and int(m.group(3)) > 63):
             raise DeployError(f"--slots: {text[:80]!r} is not NODE or NODE:GPU_INDEX (e.g. phortx1:0)")
         return cls(m.group(1), int(m.group(3)) if m.group(3) is not None else None)
@@ -76,7 +77,7 @@ def names(job: JobSpec) -> dict:
 
 def _quantity(size: str) -> str:
     """docker-style '2g' -> Kubernetes '2Gi'."""
-    m = re.fullmatch(r"(\d+)([kmgKMG]?)", size)
+    m = re.fullmatch(r"([0-9]+)([kmgKMG]?)", size)
     if not m:
         raise DeployError(f"shm size {size!r} is not a number with an optional k/m/g suffix")
     return m.group(1) + {"": "", "k": "Ki", "m": "Mi", "g": "Gi"}[m.group(2).lower()]
@@ -377,20 +378,28 @@ def parse_seeds(text: str) -> list[int]:
     return out
 
 
+def parse_slots(text: str) -> list[Slot]:
+    """'node1:0,node1:1 node2' -> slots (comma- or space-separated NODE[:GPU])."""
+    return [Slot.parse(x) for x in text.replace(",", " ").split()]
+
+
+def _from_text(parse):
+    """The flag's text becomes the list here, and only here; a list is taken as it is."""
+    return BeforeValidator(lambda v: parse(v) if isinstance(v, str) else v)
+
+
+# the options k8s shares with skypilot: one definition, so their flags agree
+Seeds = Annotated[list[int], _from_text(parse_seeds), Field(default_factory=list, max_length=MAX_SEEDS, description=(
+    "one independent run per seed, e.g. '1-4' or '1,5,9' (<name>-s<seed>; --seed is appended)."))]
+Slots = Annotated[list[Slot], _from_text(parse_slots), Field(default_factory=list, max_length=MAX_SEEDS, description=(
+    "with --seeds, NODE[:GPU] slots the runs are pinned to round-robin, e.g. 'node1:0,node1:1,node2'."))]
+
+
 class K8sFlags(TargetOptions):
-    seeds: list[int] = Field(default_factory=list, max_length=MAX_SEEDS)
-    slots: list[Slot] = Field(default_factory=list, max_length=MAX_SEEDS)
-    allow_local_registry: bool = False
-
-    @field_validator("seeds", mode="before")
-    @classmethod
-    def _seeds(cls, v):
-        return parse_seeds(v) if isinstance(v, str) else v
-
-    @field_validator("slots", mode="before")
-    @classmethod
-    def _slots(cls, v):
-        return [Slot.parse(x) for x in v.replace(",", " ").split()] if isinstance(v, str) else v
+    """k8s' options; each description is its flag's help."""
+    seeds: Seeds
+    slots: Slots
+    allow_local_registry: AllowLocalRegistry
 
 
 class Kubernetes(Target):

@@ -11,19 +11,29 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
+from pydantic import Field
+
 from deploy import enroot, sbatch
-from deploy.targets.base import ApplyContext, Artifacts, File, Target
+from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File, Target
 from deploy.targets.slurm import SlurmFlags, partition_account, slurm_notes, slurm_problems, spec_section, submit
 from deploy.job import JobSpec
 from runtime.spec import ClusterSpec
 
 
 class PyxisFlags(SlurmFlags):
-    sqsh: bool = False
-    sqsh_to_fileroot: bool = False
-    allow_local_registry: bool = False
-    allow_http_registry: bool = False
-    sqsh_dir: Optional[str] = None  # where .sqsh files are made and cached (default: <build_dir>/sqsh)
+    """pyxis' options: slurm's and these; each description is its flag's help."""
+    sqsh: bool = Field(False, description=(
+        "convert the image to an enroot .sqsh (cached by digest in build/sqsh) and run from that file. The "
+        "first conversion squashes the deps/base layers once (a minute or two); after a code change only the "
+        "app and spec layers are appended (seconds)."))
+    sqsh_to_fileroot: bool = Field(False, description=(
+        "with --sqsh, also copy the .sqsh to <fileroot>/images/ and point srun at that copy."))
+    allow_local_registry: AllowLocalRegistry
+    allow_http_registry: bool = Field(False, description=(
+        "accept a plain-HTTP registry (the site's enroot.conf has ENROOT_ALLOW_HTTP=yes)."))
+    # not a flag: the pipeline sets it (default: <build_dir>/sqsh)
+    sqsh_dir: Optional[str] = Field(None, description="where .sqsh files are made and cached",
+                                    json_schema_extra={"cli": False})
 
 
 def sqsh_paths(job: JobSpec, opts: PyxisFlags) -> tuple[Path, str]:

@@ -20,11 +20,11 @@ import shlex
 import subprocess
 from typing import Optional
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
 from deploy.job import DeployError, JobSpec
-from deploy.targets.base import MAX_SEEDS, ApplyContext, Artifacts, File, Target, TargetOptions
-from deploy.targets.k8s import _Dumper, parse_seeds
+from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File, Target, TargetOptions
+from deploy.targets.k8s import Seeds, _Dumper
 from runtime import contract as C
 from runtime.spec import ClusterSpec
 
@@ -32,15 +32,13 @@ import yaml
 
 
 class SkyFlags(TargetOptions):
-    seeds: list[int] = Field(default_factory=list, max_length=MAX_SEEDS)
-    accelerator: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    fileroot_store: Optional[str] = Field(None, pattern=r"^(s3|gs|r2|cos|oci|https)://[A-Za-z0-9_./-]{1,500}$")
-    allow_local_registry: bool = False
-
-    @field_validator("seeds", mode="before")
-    @classmethod
-    def _seeds(cls, v):
-        return parse_seeds(v) if isinstance(v, str) else v
+    """skypilot's options; each description is its flag's help."""
+    seeds: Seeds
+    accelerator: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
+        "accelerator name for resources.accelerators (default: the spec's one GPU type)."))
+    fileroot_store: Optional[str] = Field(None, pattern=r"^(s3|gs|r2|cos|oci|https)://[A-Za-z0-9_./-]{1,500}$",
+                                          description="bucket URI mounted at the fileroot (e.g. s3://bucket/runs).")
+    allow_local_registry: AllowLocalRegistry
 
 
 def run_script(job: JobSpec) -> str:

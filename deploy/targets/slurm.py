@@ -14,16 +14,20 @@ from pydantic import Field
 from deploy import sbatch
 from deploy.job import JobSpec
 from deploy.targets.base import ApplyContext, Artifacts, File, Target, TargetOptions
-from runtime.spec import ClusterSpec, SlurmOptions as SpecSlurm
-
-SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+from runtime.spec import SLURM_NAME, ClusterSpec, SlurmOptions as SpecSlurm
 
 
 class SlurmFlags(TargetOptions):
-    partition: Optional[str] = Field(None, pattern=SLURM_NAME)
-    account: Optional[str] = Field(None, pattern=SLURM_NAME)
-    port_stride: int = Field(0, ge=0, le=1000)
-    spare_nodes: int = Field(0, ge=0, le=64)
+    """slurm's options (pyxis takes them too); each description is its flag's help."""
+    partition: Optional[str] = Field(None, pattern=SLURM_NAME, description=(
+        "Slurm partition (overrides slurm.partition; default: the cluster's default partition)."))
+    account: Optional[str] = Field(None, pattern=SLURM_NAME, description="Slurm account (overrides slurm.account).")
+    port_stride: int = Field(0, ge=0, le=1000, description=(
+        "offset between the Ray ports of nodes that share a host (several slurmd per host)."))
+    spare_nodes: int = Field(0, ge=0, le=64, description=(
+        "allocate this many nodes beyond --nodes, with --no-kill: a node that fails leaves the job, and the "
+        "worker group moves its ranks onto a spare without a requeue (default 0: a failed node requeues the "
+        "whole job, which resumes its run from the checkpoint)."))
 
 
 def spec_section(spec: ClusterSpec) -> SpecSlurm:
