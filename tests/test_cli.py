@@ -55,7 +55,7 @@ def test_env_override_reaches_config(tmp_path):
 
 
 @pytest.mark.parametrize("env,needle", [
-    ({"INVOKE_DEPLOY_NODES": "abc"}, "INVOKE_DEPLOY_NODES='abc': not a int"),
+    ({"INVOKE_DEPLOY_NODES": "abc"}, "INVOKE_DEPLOY_NODES: 'abc' is not a whole number"),
     ({"INVOKE_DEPLOY_COMMAND": "python x.py"}, "INVOKE_DEPLOY_COMMAND: command is a list"),
     ({"INVOKE_DEPLOY_PORT_BASE": "x"}, "INVOKE_DEPLOY_PORT_BASE"),
 ])

@@ -37,7 +37,7 @@ def test_local_job_runs_from_digest_and_cleans_up(client, pushed, settings, capf
     s = with_deploy(settings, name=name, command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"])
     dry = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=3, dry_run=True)
     assert {c["image"] for c in dry["objects"]} == {pushed["cpu"]["repo_digest"]}
-    assert {tuple(c["binds"]) for c in dry["objects"]} == {("/tmp/raytrain",)}  # the spec's default_mount
+    assert {tuple(c["binds"]) for c in dry["objects"]} == {("/tmp/raytrain:/tmp/raytrain:rw",)}  # the default_mount
     out = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=3)
     assert out["exit_code"] == 0
     logs = capfd.readouterr().out

@@ -11,14 +11,17 @@ from typing import Any, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from runtime import numbers
 from runtime.contract import DEFAULT_PORT_BASE
+from runtime.errors import InputError
 from toolchain.errors import ConfigError
 
 VARIANTS = ("cpu", "gpu")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # strict as the spec is: `nodes: true` is not 1 and '2' is not 2; NaN and infinity are not numbers
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class BootstrapSettings(_Strict):
@@ -35,8 +38,8 @@ class TorchSettings(_Strict):
 
 class UserSettings(_Strict):
     name: str = "ray"
-    uid: int = Field(1000, ge=1, description="Numeric uid of the image's USER (a kubelet verifies runAsNonRoot by it).")
-    gid: int = Field(1000, ge=1, description="Numeric gid of the image's USER and the pods' fsGroup.")
+    uid: int = Field(1000, ge=1, le=2**31 - 1, description="Numeric uid of the image's USER (a kubelet verifies runAsNonRoot by it).")
+    gid: int = Field(1000, ge=1, le=2**31 - 1, description="Numeric gid of the image's USER and the pods' fsGroup.")
 
 
 class ImageSettings(_Strict):
@@ -57,19 +60,19 @@ class RegistrySettings(_Strict):
     address: str = "127.0.0.1:5000"
     start_local: bool = True
     data_dir: str = ".registry"
-    retries: int = Field(3, ge=0)
-    retry_backoff_s: float = Field(2.0, ge=0)
-    stall_timeout_s: float = Field(300, gt=0, description="A push whose stream says nothing this long is retried.")
+    retries: int = Field(3, ge=0, le=100)
+    retry_backoff_s: float = Field(2.0, ge=0, le=3600)
+    stall_timeout_s: float = Field(300, gt=0, le=86400, description="A push whose stream says nothing this long is retried.")
 
 
 class DeploySettings(_Strict):
     """Defaults of `invoke deploy`; the job's values are validated again as a JobSpec (deploy/job.py)."""
     name: str = "example"
     target: str = "local"
-    nodes: int = Field(3, ge=1, description="Head + workers.")
-    cpus_per_node: int = Field(2, ge=1)
+    nodes: int = Field(3, ge=1, le=100_000, description="Head + workers.")
+    cpus_per_node: int = Field(2, ge=1, le=100_000)
     command: list[str] = Field(default_factory=lambda: ["python", "train.py", "--cpus-per-worker", "0.5"])
-    port_base: int = DEFAULT_PORT_BASE
+    port_base: int = Field(DEFAULT_PORT_BASE, ge=1024, le=65535)
     time_limit: str = "01:00:00"
 
 
@@ -112,33 +115,46 @@ def defaults() -> dict:
     return Settings(root=Path(".")).model_dump(mode="json", exclude={"root"})
 
 
-def check_env(environ: dict, tree: Optional[dict] = None, prefix: str = "INVOKE") -> list[str]:
-    """INVOKE_* variables Invoke could not cast (it would crash with a traceback before any task runs):
-    a list-valued setting, or a number that is not one. One line per variable, with the fix."""
+def check_env(environ: dict, tree: Optional[dict] = None, prefix: str = "INVOKE") -> tuple[list[str], dict[str, str]]:
+    """INVOKE_* variables read the way the settings are: (problems, rewrites).
+
+    Invoke casts them itself, after tasks.py is imported: `int()` takes '٣' and '1_0', `float()`
+    takes 'nan', a list-valued setting crashes it, and any boolean text but '0' and '' is True
+    (so 'false' would mean True). Problems are one line per variable with the fix; rewrites are the
+    booleans spelled as Invoke reads them ('1' or '0'), for the caller to put into the environment.
+    """
     tree = defaults() if tree is None else tree
-    problems = []
+    problems: list[str] = []
+    rewrites: dict[str, str] = {}
     for key, value in tree.items():
         var = f"{prefix}_{key.upper()}"
         if isinstance(value, dict):
-            problems += check_env(environ, value, var)
+            more, fixed = check_env(environ, value, var)
+            problems += more
+            rewrites.update(fixed)
         elif var in environ:
             given = environ[var]
-            if isinstance(value, list):
-                problems.append(f"{var}: {key} is a list, which Invoke cannot read from the environment; "
-                                "set it in an invoke.yaml of the project instead")
-            elif isinstance(value, bool):
-                pass  # Invoke reads any value as a boolean
-            elif isinstance(value, (int, float)):
-                try:
-                    type(value)(given)
-                except ValueError:
-                    problems.append(f"{var}={given[:40]!r}: not a {type(value).__name__}; give a number")
-    return problems
+            try:
+                if isinstance(value, list):
+                    problems.append(f"{var}: {key} is a list, which Invoke cannot read from the environment; "
+                                    "set it in an invoke.yaml of the project instead")
+                elif isinstance(value, bool):
+                    rewrites[var] = "1" if numbers.boolean(given, var) else "0"
+                elif isinstance(value, int):
+                    numbers.whole(given, var, 0, 10**15)
+                elif isinstance(value, float):
+                    numbers.finite(given, var, -1e15, 1e15)
+            except InputError as e:
+                problems.append(str(e))
+    return problems, rewrites
 
 
 def load_settings(config: Any, root: Path) -> Settings:
     data = {k: _plain(config.get(k)) for k in ("project", "image", "registry", "deploy") if config.get(k) is not None}
-    data["quiet"] = bool(config.get("quiet", False))
+    try:
+        data["quiet"] = numbers.boolean(config.get("quiet", False), "quiet")
+    except InputError as e:
+        raise ConfigError(f"invalid toolchain configuration: {e}") from None
     try:
         settings = Settings(root=root, **data)
     except ValidationError as e:

@@ -1,0 +1,329 @@
+"""One parser per kind of value, one error boundary (issue 19, round 2).
+
+Each mechanism gets the kinds of input a hostile probe found: Unicode digits, NaN and infinity,
+duplicate JSON keys, trailing newlines, unwritable --out paths, settings from the environment and
+from a config file. The outcome is a value or a clear refusal (exit 2), within bounded time, never a
+traceback.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings as hsettings, strategies as st
+from invoke import Config
+
+from deploy.artifacts import write_all
+from deploy.job import DeployError
+from runtime import numbers, strict_json
+from runtime.errors import InputError
+from runtime.identity import IdentityError, detect
+from runtime.spec import SpecError, load_spec
+from runtime.wait import wait_until
+from toolchain import boundary, records
+from toolchain.config import ConfigError, check_env, defaults, load_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+RAYTRAIN = [sys.executable, "-m", "toolchain.cli"]
+
+HOSTILE_NUMBERS = ["nan", "NaN", "-nan", "inf", "-inf", "Infinity", "1e308", "1e999", "١٫٥", "²", "1_0", "0x10",
+                   " 5", "5 ", "5\n", "", "--1", "1e", ".", "+"]
+
+
+def raytrain(*args, env=None, cwd=ROOT, timeout=120):
+    return subprocess.run(RAYTRAIN + list(args), cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+# -- finite floats ------------------------------------------------------------------------------
+@given(st.one_of(st.text(max_size=30), st.sampled_from(HOSTILE_NUMBERS)))
+def test_finite_from_text_is_a_bounded_number_or_a_refusal(text):
+    try:
+        value = numbers.finite(text, "--timeout", 0, 3600)
+    except InputError as e:
+        assert str(e).startswith("--timeout: ")
+        return
+    assert text.isascii() and math.isfinite(value) and 0 <= value <= 3600
+
+
+@given(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(), st.booleans(), st.none()))
+def test_finite_from_python_values(value):
+    try:
+        got = numbers.finite(value, "call_timeout_s", 0, 86400, low_open=True)
+    except InputError as e:
+        assert "call_timeout_s" in str(e)
+        assert value is None or isinstance(value, bool) or not (0 < value <= 86400) or not math.isfinite(value)
+        return
+    assert not isinstance(value, bool) and 0 < got <= 86400
+
+
+def test_a_nan_deadline_is_refused_at_once_instead_of_spinning():
+    t0 = time.monotonic()
+    for bad in (float("nan"), float("inf"), 1e308, -1):
+        with pytest.raises(InputError, match="timeout for the thing"):
+            wait_until(lambda: False, timeout_s=bad, what="the thing")
+    assert time.monotonic() - t0 < 1
+
+
+# -- strict booleans ----------------------------------------------------------------------------
+@given(st.one_of(st.text(max_size=10), st.integers(), st.booleans(), st.lists(st.booleans(), max_size=2)))
+def test_boolean_is_true_false_or_a_refusal(value):
+    try:
+        got = numbers.boolean(value, "quiet")
+    except InputError as e:
+        assert str(e).startswith("quiet: ")
+        assert not isinstance(value, bool)
+        return
+    assert got is (value if isinstance(value, bool) else value.strip().lower() in {"1", "true", "yes", "on"})
+
+
+@pytest.mark.parametrize("text,expect", [("false", "0"), ("FALSE", "0"), ("no", "0"), ("0", "0"), ("true", "1"),
+                                         ("yes", "1"), ("1", "1")])
+def test_invoke_booleans_from_the_environment_mean_what_they_say(text, expect):
+    # Invoke itself reads every value but '0' and '' as True: 'false' would mean True
+    problems, rewrites = check_env({"INVOKE_QUIET": text})
+    assert problems == [] and rewrites == {"INVOKE_QUIET": expect}
+
+
+def test_an_unreadable_boolean_in_the_environment_is_refused():
+    problems, _ = check_env({"INVOKE_REGISTRY_START_LOCAL": "maybe"})
+    assert len(problems) == 1 and "INVOKE_REGISTRY_START_LOCAL: 'maybe' is not a boolean" in problems[0]
+
+
+# -- settings from the environment and from a config file ---------------------------------------
+SETTING_VARS = ["INVOKE_DEPLOY_NODES", "INVOKE_DEPLOY_CPUS_PER_NODE", "INVOKE_DEPLOY_PORT_BASE",
+                "INVOKE_REGISTRY_RETRIES", "INVOKE_REGISTRY_RETRY_BACKOFF_S", "INVOKE_REGISTRY_STALL_TIMEOUT_S",
+                "INVOKE_IMAGE_USER_UID", "INVOKE_QUIET", "INVOKE_REGISTRY_START_LOCAL"]
+
+
+@given(st.sampled_from(SETTING_VARS), st.one_of(st.text(max_size=12), st.sampled_from(HOSTILE_NUMBERS)))
+def test_every_invoke_variable_is_checked_the_way_the_settings_are(var, text):
+    problems, rewrites = check_env({var: text})
+    if problems:
+        assert len(problems) == 1 and problems[0].startswith(var)
+        return
+    if var in rewrites:
+        assert rewrites[var] in ("0", "1")
+    elif var.endswith("_S"):
+        assert text.isascii() and math.isfinite(float(text))
+    else:
+        assert text.isascii() and text.isdigit()
+
+
+def _config(tree: dict) -> Config:
+    c = Config(defaults=defaults())
+    c.load_overrides(tree)
+    return c
+
+
+@given(st.sampled_from([("deploy", "nodes"), ("deploy", "cpus_per_node"), ("deploy", "port_base"),
+                        ("registry", "retries"), ("registry", "retry_backoff_s"), ("registry", "stall_timeout_s"),
+                        ("registry", "start_local"), ("image", "user", "uid")]),
+       st.one_of(st.booleans(), st.text(max_size=6), st.integers(-5, 10**6), st.none(),
+                 st.floats(allow_nan=True, allow_infinity=True), st.lists(st.integers(), max_size=2)))
+def test_settings_from_a_config_file_are_strict(path, value):
+    tree: dict = {}
+    node = tree
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    node[path[-1]] = value
+    try:
+        s = load_settings(_config(tree), ROOT)
+    except ConfigError as e:
+        assert ".".join(path) in str(e)
+        return
+    got = s
+    for key in path:
+        got = getattr(got, key)
+    # only a value of the setting's own type got through: True is not 1, '2' is not 2, NaN is no number
+    default = defaults()
+    for key in path:
+        default = default[key]
+    assert type(got) is type(default) or (isinstance(default, float) and type(value) is int)
+    assert got == value and (not isinstance(got, float) or math.isfinite(got))
+
+
+# -- duplicate keys and non-JSON constants --------------------------------------------------------
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=5),
+                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                      max_size=3), max_leaves=8)
+
+
+@given(st.dictionaries(st.text(min_size=1, max_size=6), json_values, min_size=1, max_size=4), st.data(),
+       st.integers(0, 3))
+def test_a_duplicate_key_at_any_depth_is_refused(obj, data, depth):
+    key = data.draw(st.sampled_from(sorted(obj)))
+    text = json.dumps(obj)[:-1] + ", " + json.dumps(key) + ": 0}"
+    for _ in range(depth):
+        text = '{"outer": [' + text + "]}"
+    with pytest.raises(strict_json.StrictJSONError, match="appears twice"):
+        strict_json.loads(text)
+    assert strict_json.loads(json.dumps(obj)) == obj  # the same object without the duplicate reads as before
+
+
+@pytest.mark.parametrize("word", ["NaN", "Infinity", "-Infinity"])
+def test_nan_and_infinity_are_not_json(word):
+    with pytest.raises(strict_json.StrictJSONError, match="not a JSON number"):
+        strict_json.loads('{"a": [1, %s]}' % word)
+
+
+def test_a_spec_whose_first_value_was_invalid_is_not_rescued_by_a_second(tmp_path):
+    good = json.loads((ROOT / "cluster_specs" / "local.json").read_text())
+    text = json.dumps(good)[:-1] + ', "cluster_type": "local"}'
+    text = text.replace('"cluster_type": "local"', '"cluster_type": "mainframe"', 1)
+    spec = tmp_path / "dup.json"
+    spec.write_text(text)
+    with pytest.raises(SpecError, match="'cluster_type' appears twice"):
+        load_spec(spec)
+
+
+def test_a_record_with_a_duplicate_key_or_unreadable_is_refused(tmp_path):
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "images.json").write_text('{"cpu": {}, "cpu": {}}')
+    with pytest.raises(InputError, match="appears twice.*invoke push"):
+        records.read_pushes(build)
+    # a regular file that cannot be read (even by root): /proc/self/mem
+    with pytest.raises(InputError, match="cannot read it"):
+        records._read(Path("/proc/self/mem"), records.PushRecord, "invoke push")
+
+
+# -- scheduler variables: zero is refused, never replaced ---------------------------------------
+@pytest.mark.parametrize("env,needle", [
+    ({"SLURM_JOB_ID": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_NNODES": "0"}, "SLURM_NNODES='0'"),
+    ({"SLURM_JOB_ID": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_STEP_NUM_NODES": "0",
+      "SLURM_NNODES": "3"}, "SLURM_STEP_NUM_NODES='0'"),
+    ({"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "a\nb", "SKYPILOT_NUM_NODES": "0"}, "SKYPILOT_NUM_NODES='0'"),
+    ({"SLURM_JOB_ID": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n1", "SLURM_GPUS_ON_NODE": "gpu:٣"},
+     "SLURM_GPUS_ON_NODE"),
+    ({"KUBERNETES_SERVICE_HOST": "10.0.0.1", "RAYTRAIN_HEAD_ADDRESS": "h", "HOSTNAME": "train-٣",
+      "RAYTRAIN_NUM_NODES": "2"}, "no JOB_COMPLETION_INDEX"),
+])
+def test_scheduler_counts_of_zero_and_unicode_digits_are_refused(env, needle):
+    with pytest.raises(IdentityError, match=needle.replace("[", r"\[").replace("(", r"\(")):
+        detect(env)
+
+
+# -- launcher flags -----------------------------------------------------------------------------
+@pytest.mark.parametrize("flag,value", [("--port-stride", "-1"), ("--port-stride", "²"), ("--barrier-timeout", "nan"),
+                                        ("--join-timeout", "inf"), ("--barrier-timeout", "0"), ("--num-cpus", "0"),
+                                        ("--port-base", "70000"), ("--warm-hosts", "1_0")])
+def test_launcher_flags_are_parsed_by_the_one_parser(flag, value, capsys):
+    from runtime.__main__ import main
+    with pytest.raises(SystemExit) as e:
+        main(["launch", flag, value, "--", "true"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}" in err and "Traceback" not in err
+
+
+# -- writing artifacts: every OSError is one line naming --out ----------------------------------
+def _unwritable(tmp_path: Path, kind: str, name: str) -> Path:
+    if kind == "proc":
+        return Path("/proc") / name
+    if kind == "sys":
+        return Path("/sys") / name / "x"
+    if kind == "under_file":
+        f = tmp_path / "afile"
+        f.write_text("x")
+        return f / name
+    if kind == "long":
+        return tmp_path / (name * 256)[:300]  # over 255 bytes
+    if kind == "artifact_is_dir":
+        (tmp_path / "out" / "job.sbatch").mkdir(parents=True, exist_ok=True)
+        return tmp_path / "out"
+    raise AssertionError(kind)
+
+
+@hsettings(max_examples=30, deadline=None)
+@given(st.sampled_from(["proc", "sys", "under_file", "long", "artifact_is_dir"]),
+       st.text(st.characters(min_codepoint=97, max_codepoint=122), min_size=1, max_size=8))
+def test_unwritable_out_paths_are_one_clear_error_and_write_nothing(tmp_path_factory, kind, name):
+    tmp_path = tmp_path_factory.mktemp("out")
+    out = _unwritable(tmp_path, kind, name)
+    before = sorted(p.name for p in out.parent.iterdir()) if out.parent.is_dir() and kind != "proc" else None
+    with pytest.raises(DeployError) as e:
+        write_all(out, {"job.sbatch": "#!/bin/bash\n", "README": "x"})
+    assert str(e.value).startswith(f"--out {out}: ")
+    if before is not None:
+        assert sorted(p.name for p in out.parent.iterdir()) == before  # no scratch directory left behind
+
+
+def test_a_read_only_mount_is_a_clear_error(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro", "tmpfs", str(ro)], capture_output=True).returncode:
+        pytest.skip("cannot mount a read-only tmpfs here (needs root)")
+    try:
+        with pytest.raises(DeployError, match="Read-only file system.*EROFS"):
+            write_all(ro / "x", {"a": "b"})
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+# -- the error boundary of the whole program ----------------------------------------------------
+def test_the_boundary_names_a_bug_as_one():
+    assert boundary.explain(KeyError("x")) is None
+    assert boundary.explain(InputError("x: bad")).code == 2
+    failure = boundary.explain(PermissionError(13, "Permission denied", "/root/x"))
+    assert failure.code == 2 and "/root/x: Permission denied (EACCES)" in failure.message
+
+
+@pytest.mark.parametrize("files,args,needle", [
+    ({"bad.yaml": "deploy:\n  nodes: [\n"}, ["-f", "bad.yaml", "spec.check", "cluster_specs/local.json"], "line 3"),
+    ({"list.yaml": "deploy: [1, 2]\n"}, ["-f", "list.yaml", "spec.check", "cluster_specs/local.json"],
+     "Can't cleanly merge"),
+    ({"x.txt": "deploy: {}\n"}, ["-f", "x.txt", "spec.check", "cluster_specs/local.json"], "type 'txt'"),
+    ({}, ["-f", "missing.yaml", "spec.check", "cluster_specs/local.json"], "no such file"),
+    ({"n.yaml": "deploy:\n  nodes: true\n"}, ["-f", "n.yaml", "deploy", "--target", "slurm", "--dry-run"],
+     "deploy.nodes"),
+    ({"q.yaml": "deploy:\n  nodes: '2'\n"}, ["-f", "q.yaml", "deploy", "--target", "slurm", "--dry-run"],
+     "deploy.nodes"),
+    ({}, ["deploy", "--target", "", "--dry-run"], "--target: empty"),
+    ({}, ["deploy", "--target", "slurm", "--spec", " ", "--dry-run"], "--spec: empty"),
+    ({}, ["build", "--variant", ""], "--variant: empty"),
+])
+def test_config_files_and_empty_flags_are_one_line_and_exit_2(tmp_path, files, args, needle):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    args = [str(tmp_path / a) if a in files or a == "missing.yaml" else a for a in args]
+    r = raytrain(*args, cwd=tmp_path, env={"INVOKE_PROJECT_BUILD_DIR": str(tmp_path / "build")})
+    assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
+    assert needle in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert not (tmp_path / "build").exists()
+
+
+def test_raytrain_runs_from_any_directory(tmp_path):
+    r = raytrain("spec.check", str(ROOT / "cluster_specs" / "local.json"), "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["cluster_type"] == "local"
+
+
+def test_an_re2_refusal_is_text_without_absl_noise(tmp_path):
+    spec = json.loads((ROOT / "cluster_specs" / "local.json").read_text())
+    spec["node_type_from_node_name"] = {"(?<=a)b": "cpu"}
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    r = raytrain("spec.check", str(tmp_path / "s.json"))
+    assert r.returncode == 2 and "invalid perl operator: (?<=" in r.stderr
+    assert "absl" not in r.stderr and "(b'" not in r.stderr and "E0000" not in r.stderr, r.stderr
+
+
+def test_out_on_proc_through_the_cli(tmp_path):
+    r = raytrain("deploy", "--target", "slurm", "--out", "/proc/raytrain-out",
+                 env={"INVOKE_PROJECT_BUILD_DIR": str(tmp_path / "build")})
+    assert r.returncode == 2 and "--out /proc/raytrain-out: cannot write the artifacts there" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# -- worker-group options: the option's name, before Ray sees the value --------------------------
+@pytest.mark.parametrize("option,value", [("call_timeout_s", float("nan")), ("call_timeout_s", -1),
+                                          ("init_timeout_s", float("inf")), ("max_restarts", -1),
+                                          ("max_restarts", True), ("colocated_share", 1.5),
+                                          ("memory_limit", True), ("memory_limit", 2.5)])
+def test_worker_group_options_are_refused_by_name(option, value):
+    from runtime.worker_group import RayWorkerGroup
+    with pytest.raises(InputError, match=f"^{option}: "):
+        RayWorkerGroup(None, object, **{option: value})  # checked before the cluster is touched
