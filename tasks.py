@@ -10,14 +10,16 @@ from __future__ import annotations
 import json as jsonlib
 import os
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from invoke import Collection, Exit, task
 
 from deploy.targets import TARGETS
+from deploy.targets.flags import FLAGS as TARGET_FLAGS  # the target flags, from the targets' Options models
 from runtime import numbers
-from runtime.errors import InputError, RaytrainError
-from toolchain import pipeline, registry as registry_mod
+from runtime.errors import InputError
+from toolchain import boundary, pipeline, registry as registry_mod
 from toolchain.config import check_env, defaults, load_settings
 from toolchain.progress import Reporter
 
@@ -25,20 +27,38 @@ ROOT = Path(__file__).resolve().parent
 
 # Invoke casts INVOKE_* variables after importing this file and crashes on one it cannot cast:
 # check them first, with the variable and the fix.
-_ENV_PROBLEMS = check_env(dict(os.environ))
+_ENV_PROBLEMS, _ENV_BOOLEANS = check_env(dict(os.environ))
 if _ENV_PROBLEMS:
     print("error: " + "\n  ".join(_ENV_PROBLEMS), file=sys.stderr)
     sys.exit(2)
+os.environ.update(_ENV_BOOLEANS)  # 'false' as Invoke reads it ('0'), not as True
+
+
+@contextmanager
+def _boundary():
+    """The error boundary (toolchain/boundary.py) around a task: what a user can cause becomes one
+    line and its exit code, nothing half-done; anything else is a bug, shown as one."""
+    try:
+        yield
+    except Exit:
+        raise
+    except Exception as e:  # noqa: BLE001 - the boundary decides what is the user's doing
+        failure = boundary.explain(e)
+        if failure is None:
+            raise Exit(code=boundary.report_bug(e)) from None
+        raise Exit(failure.message, code=failure.code) from None
+
+
+def _settings(c):
+    return load_settings(c.config, ROOT)
 
 
 def _run(c, fn, *args, quiet=False, as_json=False, **kwargs):
-    """Run one pipeline step; user errors become Exit(msg, code) with nothing half-done."""
-    try:
-        settings = load_settings(c.config, ROOT)
+    """Run one pipeline step with the validated settings, inside the boundary."""
+    with _boundary():
+        settings = _settings(c)
         rep = Reporter(quiet=quiet or settings.quiet)
         summary = fn(settings, *args, rep=rep, **kwargs)
-    except RaytrainError as e:
-        raise Exit(f"error: {e}", code=e.exit_code)
     if as_json:
         print(jsonlib.dumps(summary, indent=2, sort_keys=True, default=str))
     return summary
@@ -103,32 +123,12 @@ TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
     "resume": "Continue the last run deployed under this --name (its checkpoints) instead of starting a new run. "
               "Without it every deploy is a new run; a scheduler's own restart (requeue, a replaced pod) "
               "always continues its run.",
-    "submit": "slurm/pyxis: sbatch the script; k8s: create the token Secret and kubectl apply; skypilot: sky launch.",
-    "seeds": "k8s/skypilot: one independent run per seed, e.g. '1-4' or '1,5,9' (<name>-s<seed>; --seed is appended).",
-    "slots": "k8s with --seeds: NODE[:GPU] slots the runs are pinned to round-robin, e.g. 'node1:0,node1:1,node2'.",
-    "sqsh": "pyxis: convert the image to an enroot .sqsh (cached by digest in build/sqsh) and run from that file. "
-            "The first conversion squashes the deps/base layers once (a minute or two); after a code change only "
-            "the app and spec layers are appended (seconds).",
-    "sqsh_to_fileroot": "pyxis --sqsh: also copy the .sqsh to <fileroot>/images/ and point srun at that copy.",
-    "spare_nodes": "slurm/pyxis: allocate this many nodes beyond --nodes, with --no-kill: a node that fails leaves the "
-                   "job, and the worker group moves its ranks onto a spare without a requeue (default 0: a failed "
-                   "node requeues the whole job, which resumes its run from the checkpoint).",
-    "port_stride": "slurm/pyxis: offset between the Ray ports of nodes that share a host (several slurmd per host).",
-    "partition": "slurm/pyxis: Slurm partition (overrides slurm.partition; default: the cluster's default partition).",
-    "account": "slurm/pyxis: Slurm account (overrides slurm.account).",
-    "allow_local_registry": "pyxis/k8s/skypilot: accept an image in a loopback registry (only when the nodes are this "
-                            "machine; otherwise push to a registry they reach, or use --sqsh).",
-    "allow_http_registry": "pyxis: accept a plain-HTTP registry (the site's enroot.conf has ENROOT_ALLOW_HTTP=yes).",
-    "accelerator": "skypilot: accelerator name for resources.accelerators (default: the spec's one GPU type).",
-    "fileroot_store": "skypilot: bucket URI mounted at the fileroot (e.g. s3://bucket/runs).",
+    **TARGET_FLAGS.help(),  # every target option: help, type and default from its target's Options model
     **COMMON,
 })
+@TARGET_FLAGS.add_to  # one parameter per target option in place of **options (Invoke reads __signature__)
 def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, resume=False,
-           command=None, submit=False,
-           seeds=None, slots=None, sqsh=False, sqsh_to_fileroot=False, port_stride=None, spare_nodes=None,
-           partition=None, account=None,
-           allow_local_registry=False, allow_http_registry=False, accelerator=None, fileroot_store=None,
-           quiet=False, json=False):
+           command=None, quiet=False, json=False, **options):
     """Render the job for a target from the pushed digest (build/images.json); run it (local) or write it.
 
     Pre-flight checks (the spec baked into the image, registry reachability, job values, the target's
@@ -136,12 +136,10 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
     is written (exit 2). One spec for the whole chain:
     INVOKE_PROJECT_SPEC=cluster_specs/x.json invoke build push deploy --target pyxis
     """
-    given = dict(submit=submit, seeds=seeds, slots=slots, sqsh=sqsh, sqsh_to_fileroot=sqsh_to_fileroot,
-                 port_stride=_count(port_stride, "--port-stride"), spare_nodes=_count(spare_nodes, "--spare-nodes"),
-                 partition=partition, account=account,
-                 allow_local_registry=allow_local_registry, allow_http_registry=allow_http_registry,
-                 accelerator=accelerator, fileroot_store=fileroot_store)
-    flags = {k: v for k, v in given.items() if v not in (None, False)}  # only what the user set
+    try:  # only the flags the user set; whole numbers within the option's bounds
+        flags = TARGET_FLAGS.given(options)
+    except InputError as e:
+        raise Exit(f"error: {e}", code=2) from None
     result = _run(c, pipeline.deploy, spec, target, quiet=quiet, as_json=json, dry_run=dry_run, resume=resume,
                   command=command, name=name, nodes=_count(nodes, "--nodes", 1), gpus=_count(gpus, "--gpus"), out=out, **flags)
     if json:
@@ -168,14 +166,76 @@ def destroy(c, spec=None, name=None):
     print(out["kubectl"].strip() or f"nothing labelled with {out['group']} in {out['namespace']}")
 
 
+# -- held clusters: code moves, the cluster stays (toolchain/held.py) ----------------
+@task(name="up", auto_shortflags=False, help={
+    "target": "Where the cluster goes (default: deploy.target); held clusters: local.",
+    "spec": "Cluster spec JSON (default: project.spec); must be the one baked into the pushed image.",
+    "nodes": "Number of nodes, head included (default: deploy.nodes).",
+    "name": "The cluster's name (default: deploy.name); `invoke run/status/down --name` use it.",
+    **COMMON,
+})
+def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=False):
+    """Start a held cluster: deploy's nodes from the pushed digest, the head serving drivers instead of running one.
+
+    Returns once every node is up and the barrier passed. Then `invoke run` sends code to it (seconds),
+    `invoke status` shows it and `invoke down` ends it.
+    """
+    from toolchain import held
+    out = _run(c, held.up, spec, target, quiet=quiet, as_json=json, name=name, nodes=_count(nodes, "--nodes", 1))
+    if not json:
+        print(f"cluster {out['cluster']['name']} is up ({out['cluster']['target']}, {out['cluster']['image']})")
+
+
+@task(name="run", auto_shortflags=False, help={
+    "name": "The held cluster (default: deploy.name).",
+    "command": "The driver command, as one shell-quoted string (default: deploy.command); it runs on the head "
+               "in the code that was sent.",
+    "spec": "Cluster spec JSON (default: project.spec); a spec other than the cluster's is refused.",
+    **COMMON,
+})
+def held_run(c, name=None, command=None, spec=None, quiet=False, json=False):
+    """Send the project's code (project.app_dir) to a held cluster and run the driver there; its exit code.
+
+    Only the code moves: a change to requirements, the base, the runtime package or the spec is refused
+    (redeploy: invoke build push && invoke down && invoke up). The run is recorded in build/runs.json with
+    the image digest and the code's hash.
+    """
+    from toolchain import held
+    out = _run(c, held.run, spec, quiet=quiet, as_json=json, name=name, command=command)
+    if not json:
+        print(f"run {out['run_id']} finished with exit code {out['exit_code']}")
+
+
+@task(name="status", help={"name": "One held cluster (default: all recorded).", "json": COMMON["json"]})
+def held_status(c, name=None, json=False):
+    """Say what each held cluster (invoke up) is running and whether its nodes are up (exit 1 if one is not)."""
+    from toolchain import held
+    out = _run(c, held.status, as_json=json, name=name)
+    if not json:
+        if not out:
+            print("no held clusters (invoke up starts one)")
+        for cname, st in out.items():
+            print(f"{cname}: {'up' if st['up'] else 'NOT UP'} ({st['target']}, {st['image']}, since {st['started']})")
+            for node, state in st["nodes"].items():
+                print(f"  {node}: {state}")
+    if any(not st["up"] for st in out.values()):
+        raise Exit(code=1)
+
+
+@task(name="down", help={"name": "The held cluster (default: deploy.name).", "quiet": COMMON["quiet"]})
+def held_down(c, name=None, quiet=False):
+    """End a held cluster: the head stops serving, the nodes leave, every container and network is removed."""
+    from toolchain import held
+    out = _run(c, held.down, quiet=quiet, name=name)
+    print(f"cluster {out['cluster']} is down")
+
+
 # -- spec ------------------------------------------------------------------------
 @task(help={"file": "Path to the cluster spec JSON to validate.", "json": COMMON["json"]})
 def check(c, file, json=False):
     """Validate a cluster spec and print what it resolved to (exit 2 if invalid)."""
-    try:
+    with _boundary():
         out = pipeline.check_spec(Path(file))
-    except RaytrainError as e:
-        raise Exit(f"error: {e}", code=e.exit_code)
     if json:
         print(jsonlib.dumps(out, indent=2))
     else:
@@ -186,7 +246,8 @@ def check(c, file, json=False):
 @task(help={"out": "Where to write the JSON Schema (default: cluster_specs/schema.json)."})
 def schema(c, out="cluster_specs/schema.json"):
     """Write the cluster spec's JSON Schema (for editors and CI validation)."""
-    print(pipeline.write_schema(ROOT / out))
+    with _boundary():
+        print(pipeline.write_schema(ROOT / out))
 
 
 # -- base and registry -------------------------------------------------------------
@@ -208,15 +269,16 @@ def start(c, quiet=False):
 @task
 def stop(c):
     """Stop the local registry started by `registry.start` / `push`."""
-    settings = load_settings(c.config, ROOT)
-    print("stopped" if registry_mod.stop_local(settings) else "not running (nothing started by this project)")
+    with _boundary():
+        stopped = registry_mod.stop_local(_settings(c))
+    print("stopped" if stopped else "not running (nothing started by this project)")
 
 
 @task
 def status(c):
     """Say whether the configured registry answers."""
-    settings = load_settings(c.config, ROOT)
-    st = registry_mod.status(settings)
+    with _boundary():
+        st = registry_mod.status(_settings(c))
     print(f"registry {st.address}: {'up' if st.reachable else 'down'}")
     if not st.reachable:
         raise Exit(code=1)
@@ -225,5 +287,5 @@ def status(c):
 spec_ns = Collection("spec", check, schema)
 base_ns = Collection("base", base_bootstrap)
 registry_ns = Collection("registry", start, stop, status)
-ns = Collection(build, push, deploy, destroy, spec_ns, base_ns, registry_ns)
+ns = Collection(build, push, deploy, destroy, held_up, held_run, held_status, held_down, spec_ns, base_ns, registry_ns)
 ns.configure(defaults())  # the one source of defaults (toolchain/config.py); invoke.yaml / INVOKE_* / flags override

@@ -93,6 +93,7 @@ class JobSpec(BaseModel):
     shm_size: str = Field("2g", pattern=r"^[1-9][0-9]{0,6}[kmgKMG]?$")
     fileroot: str = "/tmp/raytrain"
     workdir: Optional[str] = Field(None, description="Directory the command runs in (absolute); None = the image's.")
+    serve: bool = Field(False, description="A held cluster (invoke up): the head serves drivers instead of running one.")
 
     @field_validator("workdir", "fileroot")
     @classmethod
@@ -144,8 +145,9 @@ class JobSpec(BaseModel):
                             port_stride=port_stride)
 
     def launch_argv(self, port_stride: int = 0, driver: bool = False) -> list[str]:
-        """How a node of this job starts; `driver=True`: the head, with the job's command after `--`."""
-        return C.launch_argv(self.launch(port_stride), list(self.command) if driver else None)
+        """How a node of this job starts; `driver=True`: the head, with the job's command after `--`
+        (or, for a held cluster, `--serve` and no command)."""
+        return C.launch_argv(self.launch(port_stride), list(self.command) if driver else None, serve=self.serve)
 
 
 def job_variant(gpus_per_node: int) -> str:

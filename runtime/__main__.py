@@ -41,8 +41,10 @@ def main(argv: list[str] | None = None) -> int:
                          "every node imports torch once, while it waits, in a zygote that the raylet's Python "
                          "workers are forked from (runtime/zygote.py).")
     la.add_argument("--serve", action="store_true",
-                    help="Form the cluster and hold it without a driver until SIGTERM (invoke up / invoke down); "
-                         "drivers come with `python -m runtime run` (runtime/serving.py). Give no command.")
+                    help="A held cluster's node (invoke up / invoke down): the head forms the cluster and holds it "
+                         "without a driver until SIGTERM; drivers come with `python -m runtime run` "
+                         "(runtime/serving.py). No process of the node has the image's project directory on "
+                         "PYTHONPATH: a run's code is only what it sent. Give no command.")
     la.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command, run on the head only.")
     ru = sub.add_parser("run", help="Run a driver on the cluster this head holds (launch --serve), in the code "
                                     "directory given; Ray ships that directory to every node as the job's working_dir.",

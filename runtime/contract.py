@@ -49,8 +49,9 @@ class LaunchArgs:
     port_stride: int = 0
 
 
-def launch_argv(args: LaunchArgs, driver: Optional[list[str]] = None) -> list[str]:
-    """The node's command line; the driver command goes after `--` on the head only."""
+def launch_argv(args: LaunchArgs, driver: Optional[list[str]] = None, serve: bool = False) -> list[str]:
+    """The node's command line; the driver command goes after `--` on the head only. A held cluster's
+    nodes all get `--serve` and no driver (runtime/serving.py)."""
     argv = [*RUNTIME_CMD, "launch", f"--port-base={args.port_base}"]
     if args.num_cpus is not None:
         argv.append(f"--num-cpus={args.num_cpus}")
@@ -58,6 +59,8 @@ def launch_argv(args: LaunchArgs, driver: Optional[list[str]] = None) -> list[st
         argv.append(f"--port-stride={args.port_stride}")
     if args.num_gpus:
         argv.append(f"--num-gpus={args.num_gpus}")
-    if driver:
+    if serve:
+        argv.append("--serve")
+    elif driver:
         argv += ["--", *driver]
     return argv

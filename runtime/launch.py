@@ -414,6 +414,8 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
             os.environ[key] = env[key]
         else:
             os.environ.pop(key, None)
+    if opts.serve:  # every process of a held cluster runs the code its run sent, never the image's copy
+        env["PYTHONPATH"] = serving.without_image_code(env.get("PYTHONPATH", ""))
     ip = routable_ip(ident, opts.node_ip)
     env[C.NODE_IP] = ip  # Ray's workers inherit it: their log prefixes name the node as this line does
     log(ident, f"identity from {ident.source}: node {ident.node_rank} of {ident.num_nodes}, head {ident.head_address}, "

@@ -81,13 +81,22 @@ def read_info(env: dict) -> dict:
         raise RaytrainError(f"{path}: cannot read the serving head's address ({e}); restart the cluster") from None
 
 
+def without_image_code(pythonpath: str) -> str:
+    """PYTHONPATH without the image's project directory: a run's code is only what it was sent, so a
+    module deleted since the image was built cannot be imported from the image's copy."""
+    image_code = os.path.realpath(C.PROJECT_DIR)
+    return os.pathsep.join(p for p in pythonpath.split(os.pathsep) if p and os.path.realpath(p) != image_code)
+
+
 def driver_env(code_dir: Path, env: dict, info: dict) -> dict:
-    """The driver's environment: the held cluster's address and Ray settings, DIR as the job's working_dir."""
+    """The driver's environment: the held cluster's address and Ray settings, DIR as the job's working_dir,
+    the image's project directory off PYTHONPATH (the raylets of a held cluster run without it: launch)."""
     job = json.loads(env.get(JOB_CONFIG_ENV) or "{}")
     if job.get("runtime_env", {}).get("working_dir"):
         raise InputError(f"{JOB_CONFIG_ENV} already names a working_dir; `run` sets it to the code it was sent")
     job.setdefault("runtime_env", {})["working_dir"] = str(code_dir)
-    return {**env, **info.get("ray_env", {}), "RAY_ADDRESS": info["address"], JOB_CONFIG_ENV: json.dumps(job)}
+    return {**env, **info.get("ray_env", {}), "PYTHONPATH": without_image_code(env.get("PYTHONPATH", "")),
+            "RAY_ADDRESS": info["address"], JOB_CONFIG_ENV: json.dumps(job)}
 
 
 def run(code_dir: Path, cmd: list[str], env: dict | None = None) -> int:

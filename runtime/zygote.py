@@ -98,14 +98,22 @@ def _apply_thread_env() -> None:
     ray_utils.set_omp_num_threads_if_unset = set_omp_num_threads_if_unset
 
 
+# what the zygote's own start put on sys.path, which a fresh worker's would not have: its directory
+# (`python -m` puts the cwd first) and its PYTHONPATH
+_OWN_PATHS = [sys.path[0], *(p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p)]
+
+
 def _apply_pythonpath(value: str) -> None:
-    """PYTHONPATH as a new interpreter would read it: its entries right after sys.path[0] (the script's
-    directory, which preload.run sets). The zygote started before the job did, so a job's working_dir
-    (Ray puts it on PYTHONPATH) is not on its sys.path yet."""
+    """PYTHONPATH as a new interpreter would read it: the worker's entries right after sys.path[0] (the
+    script's directory, which preload.run sets), and none of the zygote's own start-up entries.
+    The zygote started before the job did: a job's working_dir (Ray puts it on PYTHONPATH) is not on
+    its sys.path yet, and the image's project directory is, which a held cluster's runs leave out
+    (runtime/serving.py)."""
     entries = [p for p in value.split(os.pathsep) if p]
-    for p in reversed(entries):
-        if p in sys.path[1:]:
+    for p in _OWN_PATHS + entries:
+        while p in sys.path[1:]:
             sys.path.remove(p)
+    for p in reversed(entries):
         sys.path.insert(1, p)
 
 

@@ -80,7 +80,7 @@ def result(r) -> dict:
 def test_runs_on_a_held_cluster_see_their_own_code_and_the_cluster_leaves_on_sigterm(tmp_path):
     token = secrets.token_hex(32)
     job = f"serve-{secrets.token_hex(3)}"
-    worker = launch(1, 2, token, RAYTRAIN_JOB_NAME=job)
+    worker = launch(1, 2, token, args=["--serve"], RAYTRAIN_JOB_NAME=job)
     head = launch(0, 2, token, args=["--serve"], RAYTRAIN_JOB_NAME=job)
     try:
         wait_serving(head)

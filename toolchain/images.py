@@ -28,7 +28,7 @@ from toolchain.hashing import key_of, tree_hash
 from toolchain.records import BuildRecord, write_builds
 from toolchain.progress import Reporter, human_bytes
 from toolchain.templates import dockerfile_str, render, template_hash
-from toolchain.wheelhouse import ensure_wheelhouse
+from toolchain.wheelhouse import ensure_wheelhouse, read_requirements
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
 VENV = "/opt/venv"
@@ -211,7 +211,15 @@ class Builder:
         image = self.client.images.get(ref)
         return BuildRecord(variant=variant, local_ref=ref, human_ref=human_ref, image_id=image.id, spec_sha256=sha,
                            base_ref=base.ref, deps_ref=deps_ref, app_ref=app_ref, torch_source=wh.torch_source,
-                           rebuilt=rebuilt)
+                           rebuilt=rebuilt, **source_keys(self.settings))
+
+
+def source_keys(settings: Settings) -> dict:
+    """What the image's layers were made from, as `invoke run` compares it with the tree (toolchain/held.py):
+    below the code (requirements, base, torch, image settings), the runtime package, and the code."""
+    return {"below_app_key": key_of("below-app", read_requirements(settings), settings.image.model_dump(mode="json")),
+            "runtime_sha256": tree_hash(settings.path(settings.project.runtime_dir)),
+            "code_sha256": tree_hash(settings.path(settings.project.app_dir))}
 
 
 def build_all(client: docker.DockerClient, settings: Settings, variants: list[str], spec_file: Path, rep: Reporter) -> list[BuildRecord]:

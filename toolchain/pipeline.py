@@ -19,8 +19,16 @@ from toolchain.push import push_image
 from toolchain.registry import is_local, scheme, start_local
 
 
+def given(value: str | None, flag: str) -> str | None:
+    """A text flag: None when left out (the default applies); an empty or blank value is an error,
+    never a silent fall-back to the default."""
+    if value is not None and not value.strip():
+        raise ConfigError(f"{flag}: empty; give a value, or leave the flag out to use the default")
+    return value
+
+
 def resolve_spec(settings: Settings, spec: str | None) -> Path:
-    path = settings.path(spec or settings.project.spec)
+    path = settings.path(given(spec, "--spec") or settings.project.spec)
     load_spec(path)  # raises SpecError with every problem listed
     return path
 
@@ -50,9 +58,9 @@ def write_schema(out: Path) -> Path:
 
 
 def pick_variants(settings: Settings, variant: str | None) -> list[str]:
-    if not variant:
+    if given(variant, "--variant") is None:
         return list(settings.image.variants)
-    chosen = [v.strip() for v in variant.split(",") if v.strip()]
+    chosen = [v.strip() for v in variant.split(",")]
     for v in chosen:
         if v not in settings.image.variants:
             raise ConfigError(f"--variant: {v!r} is not one of the configured variants ({', '.join(settings.image.variants)})")
@@ -87,7 +95,7 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
     spec_file = resolve_spec(settings, spec)
     built = read_builds(settings.build_dir)
     sha = spec_hash(spec_file)
-    variants = pick_variants(settings, variant) if variant else _built_for(settings, built, sha, spec_file, rep)
+    variants = pick_variants(settings, variant) if variant is not None else _built_for(settings, built, sha, spec_file, rep)
     missing = [v for v in variants if v not in built]
     if missing:
         have = [v for v in settings.image.variants if v in built]
@@ -148,7 +156,7 @@ def pick_run(settings: Settings, name: str, resume: bool) -> str:
     return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
 
 
-def _now() -> str:
+def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
@@ -167,7 +175,8 @@ def _built_for(settings: Settings, built: dict, sha: str, spec_file: Path, rep: 
 
 def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, dry_run: bool = False,
            name: str | None = None, nodes: int | None = None, gpus: int | None = None, out: str | None = None,
-           env: dict | None = None, resume: bool = False, command: str | None = None, **flags) -> dict:
+           env: dict | None = None, resume: bool = False, command: str | None = None, serve: bool = False,
+           **flags) -> dict:
     """Pre-flight (spec, pushed digest, job values, the target's own checks), render, then apply.
     Each deploy is a new run (RAYTRAIN_RUN_ID, recorded in build/runs.json); `resume` continues the last
     run of this job name instead.
@@ -182,23 +191,24 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     spec_file = resolve_spec(settings, spec)
     cluster = load_spec(spec_file)
     d = settings.deploy
-    target_name = target or d.target
+    target_name = given(target, "--target") or d.target
     if target_name == "pyxis" and flags.get("sqsh") and not flags.get("sqsh_dir"):
         flags["sqsh_dir"] = str(settings.build_dir / "sqsh")
     images = {v: ImageInfo(ref=r.ref, spec_sha256=r.spec_sha256, spec_file=r.spec_file, user=r.user,
                            registry_scheme=r.registry_scheme) for v, r in read_pushes(settings.build_dir).items()}
-    job_name = d.name if name is None else name
+    job_name = d.name if given(name, "--name") is None else name
     run_id = pick_run(settings, job_name, resume)
     job_values = dict(name=job_name, nodes=d.nodes if nodes is None else nodes,
                       command=list(d.command) if command is None else parse_command(command), cpus_per_node=d.cpus_per_node, port_base=d.port_base,
-                      time_limit=d.time_limit, env={C.RUN_ID: run_id})
+                      time_limit=d.time_limit, env={C.RUN_ID: run_id}, serve=serve)
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
                        job_values, gpus, settings.path(settings.project.app_dir))
     artifacts = plan(req)
     job = req.job
-    rep.step(f"run {run_id}" + (" (resumed: its checkpoints are continued)" if resume else
-                                " (a new run; `--resume` continues the last one of this --name)"))
-    out_dir = settings.path(out) if out else settings.build_dir / "deploy" / req.target.name / job.name
+    if not serve:
+        rep.step(f"run {run_id}" + (" (resumed: its checkpoints are continued)" if resume else
+                                    " (a new run; `--resume` continues the last one of this --name)"))
+    out_dir = settings.path(out) if given(out, "--out") else settings.build_dir / "deploy" / req.target.name / job.name
     summary = {"target": req.target.name, "job": job.model_dump(mode="json"), "out_dir": str(out_dir),
                "files": sorted(artifacts.files), "notes": list(artifacts.notes),
                "sqsh": artifacts.extra.get("sqsh_ref")}
@@ -209,8 +219,9 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         if not artifacts.files:
             summary["objects"] = artifacts.objects
         return summary
-    write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
-                                                      image=str(job.image or ""), started=_now()))
+    if not serve:  # a held cluster runs nothing itself; each `invoke run` is a run (toolchain/held.py)
+        write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
+                                                          image=str(job.image or ""), started=now()))
     ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env,
                        layer_store=settings.build_dir / LAYER_STORE)
     summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))

@@ -37,6 +37,11 @@ class BuildRecord(_Record):
     app_ref: str
     torch_source: str
     rebuilt: list[str] = Field(default_factory=list)
+    # what the layers were made from, so a held cluster can tell a code change (run ships it) from a
+    # change below the code (a redeploy): toolchain/held.py
+    below_app_key: str = ""      # requirements, base, torch and image settings
+    runtime_sha256: str = ""     # the runtime package (tree hash, as the app layer's key uses it)
+    code_sha256: str = ""        # the project's code (project.app_dir)
 
 
 class PushRecord(_Record):
@@ -74,6 +79,21 @@ class RunRecord(_Record):
     target: str
     image: str = ""
     started: str
+    code_sha256: str = ""  # `invoke run` on a held cluster: the code it sent (the image holds the rest)
+
+
+class ClusterRecord(_Record):
+    """A held cluster (`invoke up`): what it runs, so that `invoke run` sends only code it can honour."""
+    name: str
+    target: str
+    image: str                   # the pinned image every node runs
+    variant: str
+    spec_sha256: str = Field(..., pattern=SHA256)
+    below_app_key: str
+    runtime_sha256: str
+    project: str                 # the project root that started it
+    started: str
+    handle: dict = Field(default_factory=dict)  # the target's own (local: containers, network)
 
 
 R = TypeVar("R", bound=_Record)
@@ -141,3 +161,19 @@ def read_runs(build_dir: Path) -> dict[str, RunRecord]:
 
 def write_run(build_dir: Path, name: str, record: RunRecord) -> Path:
     return _write(runs_file(build_dir), {**read_runs(build_dir), name: record})
+
+
+def clusters_file(build_dir: Path) -> Path:
+    return build_dir / "clusters.json"
+
+
+def read_clusters(build_dir: Path) -> dict[str, ClusterRecord]:
+    return _read(clusters_file(build_dir), ClusterRecord, "invoke up")
+
+
+def write_cluster(build_dir: Path, record: ClusterRecord) -> Path:
+    return _write(clusters_file(build_dir), {**read_clusters(build_dir), record.name: record})
+
+
+def drop_cluster(build_dir: Path, name: str) -> None:
+    _write(clusters_file(build_dir), {k: v for k, v in read_clusters(build_dir).items() if k != name})

@@ -29,7 +29,15 @@ class NodePlan:
     command: list
     environment: dict
     shm_size: str
-    binds: dict
+    binds: tuple  # "source:target:mode", one per mount, in the spec's order
+
+
+# the mount options a Docker bind honours; any other (noexec, nosuid, ...) would be dropped silently
+BIND_OPTIONS = frozenset({"ro", "rw"})
+
+
+def bind_mode(options: str | None) -> str:
+    return "ro" if "ro" in (options or "").split(",") else "rw"
 
 
 def plan(job: JobSpec, run_id: str) -> list[NodePlan]:
@@ -40,15 +48,19 @@ def plan(job: JobSpec, run_id: str) -> list[NodePlan]:
         cmd = job.launch_argv(driver=rank == 0)
         env = {**job.env, C.NODE_RANK: str(rank), C.NUM_NODES: str(job.nodes), C.HEAD_ADDRESS: head,
                C.JOB_NAME: job.name}
-        binds = {m.source: {"bind": m.target, "mode": "ro" if "ro" in (m.options or "").split(",") else "rw"}
-                 for m in job.mounts}
+        binds = tuple(f"{m.source}:{m.target}:{bind_mode(m.options)}" for m in job.mounts)
         out.append(NodePlan(f"{alias}-{run_id}", alias, job.image.docker(), cmd, env, job.shm_size, binds))
     return out
 
 
 def _stream(container, prefix: str, out) -> None:
+    _relay(container.logs(stream=True, follow=True), prefix, out)
+
+
+def _relay(chunks, prefix: str, out) -> None:
+    """Byte chunks (a container's log, an exec's output) to OUT as lines, each with the prefix."""
     buf = b""
-    for chunk in container.logs(stream=True, follow=True):
+    for chunk in chunks:
         buf += chunk
         *lines, buf = buf.split(b"\n")
         for line in lines:
@@ -58,26 +70,55 @@ def _stream(container, prefix: str, out) -> None:
         out.write(f"[{prefix}] {buf.decode(errors='replace')}\n")
 
 
-def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 3600) -> int:
-    out = out or sys.stdout
-    run_id = secrets.token_hex(4)
-    token = secrets.token_hex(32)  # per job, only in the containers' environment
+LABEL_JOB = "io.raytrain.job"
+LABEL_HELD = "io.raytrain.held"  # a held cluster's containers (invoke up): removed by invoke down
+
+
+def start_nodes(client: docker.DockerClient, job: JobSpec, run_id: str, token: str, labels: dict | None = None):
+    """The job's network and containers, started workers first (they wait for the head); the head last."""
     nodes = plan(job, run_id)
-    network = client.networks.create(f"{job.name}-{run_id}", driver="bridge")
-    containers, threads = [], []
+    network = client.networks.create(f"{job.name}-{run_id}", driver="bridge",
+                                     labels={LABEL_JOB: job.name, **(labels or {})})
+    containers = []
     try:
         for node in reversed(nodes):  # workers first: they wait for the head
             api = client.api
             created = api.create_container(
                 node.image, node.command, name=node.name, environment={**node.environment, C.AUTH_TOKEN: token},
-                labels={"io.raytrain.job": job.name},
+                labels={LABEL_JOB: job.name, **(labels or {})},
                 host_config=api.create_host_config(shm_size=node.shm_size, network_mode=network.name,
-                                                   binds=node.binds),
+                                                   binds=list(node.binds)),
                 networking_config=api.create_networking_config(
                     {network.name: api.create_endpoint_config(aliases=[node.alias])}))
             c = client.containers.get(created["Id"])
             containers.append(c)
             c.start()
+    except BaseException:
+        remove(client, [c.name for c in containers], network.name)
+        raise
+    return network, containers, nodes
+
+
+def remove(client: docker.DockerClient, names: list[str], network: str) -> None:
+    for name in names:
+        try:
+            client.containers.get(name).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+    try:
+        client.networks.get(network).remove()
+    except docker.errors.NotFound:
+        pass
+
+
+def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 3600) -> int:
+    out = out or sys.stdout
+    run_id = secrets.token_hex(4)
+    token = secrets.token_hex(32)  # per job, only in the containers' environment
+    network, containers, nodes = start_nodes(client, job, run_id, token)
+    threads = []
+    try:
+        for c, node in zip(containers, reversed(nodes)):
             t = threading.Thread(target=_stream, args=(c, node.alias, out), daemon=True)
             t.start()
             threads.append(t)
@@ -92,12 +133,77 @@ def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 
             t.join(timeout=5)
         return code
     finally:
-        for c in containers:
+        remove(client, [c.name for c in containers], network.name)
+
+
+SERVING_LINE = "serving: the cluster is up"  # what runtime/serving.py's hold logs once the barrier passed
+
+
+def hold(client: docker.DockerClient, job: JobSpec, progress, timeout_s: float = 300) -> dict:
+    """Start the nodes detached with the head serving; return once it serves (the handle), or remove
+    everything and raise with the head's last lines."""
+    from deploy.job import DeployError
+    from runtime.wait import wait_until
+    run_id = secrets.token_hex(4)
+    network, containers, nodes = start_nodes(client, job, run_id, secrets.token_hex(32), labels={LABEL_HELD: job.name})
+    head = containers[-1]
+    progress(f"local: {job.nodes} node(s) of {job.image} starting; waiting for the head to serve")
+
+    def serving() -> bool:
+        head.reload()
+        if head.status == "exited":
+            raise DeployError(f"the head exited ({head.attrs['State'].get('ExitCode')}) before it served:\n    "
+                              + "\n    ".join(head.logs(tail=15).decode(errors="replace").splitlines()))
+        return SERVING_LINE in head.logs(tail=50).decode(errors="replace")
+    try:
+        wait_until(serving, timeout_s=timeout_s, interval_s=0.2, what=f"the head {head.name} to serve",
+                   hint="the nodes did not form a cluster", logs=lambda: head.logs(tail=15).decode(errors="replace"))
+    except BaseException:
+        remove(client, [c.name for c in containers], network.name)
+        raise
+    return {"network": network.name, "head": head.name, "containers": [c.name for c in containers],
+            "aliases": [n.alias for n in reversed(nodes)]}
+
+
+def held_status(client: docker.DockerClient, handle: dict) -> dict:
+    states = {}
+    for name in handle.get("containers", []):
+        try:
+            states[name] = client.containers.get(name).status
+        except docker.errors.NotFound:
+            states[name] = "gone"
+    up = bool(states) and all(v == "running" for v in states.values())
+    return {"up": up, "nodes": states}
+
+
+def held_run(client: docker.DockerClient, handle: dict, code_tar: bytes, parent: str, rel_dir: str, argv: list[str],
+             env: dict, out=None) -> int:
+    """Unpack the code (a tar under REL_DIR) in PARENT on the head and run the driver there; its exit code."""
+    out = out or sys.stdout
+    head = client.containers.get(handle["head"])
+    head.put_archive(parent, code_tar)
+    api = client.api
+    ex = api.exec_create(head.id, [*C.RUNTIME_CMD, "run", "--code-dir", f"{parent}/{rel_dir}", "--", *argv],
+                         environment=env, stdout=True, stderr=True)
+    _relay(api.exec_start(ex["Id"], stream=True), "run", out)
+    return api.exec_inspect(ex["Id"])["ExitCode"]
+
+
+def held_down(client: docker.DockerClient, handle: dict, grace_s: float = 20) -> list[str]:
+    """SIGTERM to the head (it stops serving and publishes 0, the workers leave), then remove everything."""
+    names = handle.get("containers", [])
+    try:
+        head = client.containers.get(handle["head"])
+        head.stop(timeout=int(grace_s))
+        for name in names:
             try:
-                c.remove(force=True)
-            except docker.errors.NotFound:
+                client.containers.get(name).wait(timeout=grace_s)
+            except Exception:  # noqa: BLE001 - removed below in any case
                 pass
-        network.remove()
+    except docker.errors.NotFound:
+        pass
+    remove(client, names, handle.get("network", ""))
+    return names
 
 
 class Local(Target):
@@ -108,6 +214,11 @@ class Local(Target):
     def preflight(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> list[str]:
         problems = []
         uid, _ = job.uid_gid
+        for m in job.mounts:
+            unsupported = sorted(set((m.options or "").split(",")) - BIND_OPTIONS - {""})
+            if unsupported:
+                problems.append(f"mount {m.as_string()}: option(s) {', '.join(unsupported)} cannot be honoured by a "
+                                "Docker bind on the local target (it takes ro or rw); drop them for local runs")
         for m in job.mounts:
             src = Path(m.source)
             if m.target == job.fileroot and not src.exists():
@@ -129,6 +240,14 @@ class Local(Target):
 
     def apply(self, artifacts: Artifacts, job: JobSpec, spec, opts, ctx: ApplyContext) -> dict:
         client = ctx.engine()
+        self._materialise(client, job, ctx)
+        if job.serve:
+            return {"held": hold(client, job, ctx.progress)}
+        ctx.progress(f"local: {job.nodes} node(s) of {job.image}")
+        return {"exit_code": run(client, job)}
+
+    def _materialise(self, client, job: JobSpec, ctx: ApplyContext) -> None:
+        """The image here and the fileroot's directory made, before any container starts."""
         try:
             client.images.get(job.image.docker())
         except docker.errors.ImageNotFound:
@@ -139,8 +258,17 @@ class Local(Target):
                 Path(m.source).mkdir(parents=True)
                 Path(m.source).chmod(0o1777)
                 ctx.progress(f"created the fileroot {m.source} (mode 1777)")
-        ctx.progress(f"local: {job.nodes} node(s) of {job.image}")
-        return {"exit_code": run(client, job)}
+
+    # -- a held cluster (invoke up / run / status / down) ----------------------------------------
+    def held_status(self, handle: dict, engine) -> dict:
+        return held_status(engine(), handle)
+
+    def held_run(self, handle: dict, engine, code_tar: bytes, parent: str, rel_dir: str, argv: list[str], env: dict,
+                 out=None) -> int:
+        return held_run(engine(), handle, code_tar, parent, rel_dir, argv, env, out)
+
+    def held_down(self, handle: dict, engine) -> list[str]:
+        return held_down(engine(), handle)
 
 
 TARGET = Local()

@@ -1,0 +1,160 @@
+"""Held clusters: code moves, the cluster stays.
+
+    up      deploy's pre-flight and artifacts, the head serving instead of running a driver; recorded
+            in build/clusters.json (what image, what is below the code, which project)
+    run     the project's code only (project.app_dir, as the app layer's key hashes it), sent to the
+            head and run as a driver there; Ray ships it to every node as the job's working_dir
+    status  what the target says of the held nodes
+    down    the head is told to stop (the nodes leave with 0), everything is removed
+
+`run` refuses what the running image cannot honour: a change below the code (requirements, base,
+torch, image settings), in the runtime package, or in the spec; a cluster started by another
+project; an image that is no longer the one the spec's build recorded. Each refusal says to
+redeploy. Each run is recorded (build/runs.json) with the image digest and the code's hash, so
+`invoke build` from that code makes the image the run ran (the app layer's key is that hash).
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Optional
+
+from runtime import contract as C
+from runtime.spec import load_spec, spec_hash
+from toolchain.config import Settings
+from toolchain.errors import ConfigError, ToolchainError
+from toolchain.hashing import tree_hash
+from toolchain.progress import Reporter
+from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, write_cluster,
+                               write_run)
+
+CODE_PARENT = "/tmp"  # the head keeps each code version it was sent, by content, in CODE_PARENT/CODE_DIR/<hash>
+CODE_DIR = "raytrain-code"
+
+
+def _target(name: str):
+    from deploy.targets import TARGETS
+    target = TARGETS.get(name)
+    if target is None or not hasattr(target, "held_run"):
+        held = ", ".join(n for n, t in TARGETS.items() if hasattr(t, "held_run"))
+        raise ConfigError(f"--target {name}: held clusters (invoke up/run/status/down) are available for: {held}; "
+                          f"use `invoke deploy --target {name}` for a one-off job")
+    return target
+
+
+def _engine():
+    from toolchain.docker_client import engine
+    return engine()
+
+
+def _cluster(settings: Settings, name: Optional[str]) -> ClusterRecord:
+    name = settings.deploy.name if name is None else name
+    record = read_clusters(settings.build_dir).get(name)
+    if record is None:
+        raise ConfigError(f"no held cluster named {name!r} (build/clusters.json); start one with `invoke up --name {name}`")
+    return record
+
+
+def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, name: str | None = None,
+       nodes: int | None = None, **flags) -> dict:
+    from toolchain import pipeline
+    job_name = settings.deploy.name if name is None else name
+    if job_name in read_clusters(settings.build_dir):
+        raise ConfigError(f"a held cluster named {job_name!r} is already recorded; `invoke status --name {job_name}`, "
+                          f"`invoke down --name {job_name}` first, or give another --name")
+    target_name = pipeline.given(target, "--target") or settings.deploy.target
+    _target(target_name)
+    summary = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True, **flags)
+    image = summary["job"]["image"]
+    builds = read_builds(settings.build_dir)
+    variant = "gpu" if summary["job"]["gpus_per_node"] else "cpu"
+    built = builds.get(variant)
+    if built is None or not built.below_app_key:
+        raise ToolchainError(f"build/build.json has no source keys for {variant}: run `invoke build` (this "
+                             "toolchain records them) before `invoke up`")
+    record = ClusterRecord(name=job_name, target=target_name, image=image, variant=variant,
+                           spec_sha256=built.spec_sha256, below_app_key=built.below_app_key,
+                           runtime_sha256=built.runtime_sha256, project=str(settings.root.resolve()),
+                           started=pipeline.now(), handle=summary["held"])
+    write_cluster(settings.build_dir, record)
+    rep.step(f"held cluster {job_name}: {summary['job']['nodes']} node(s) of {image}; `invoke run` sends code to it, "
+             f"`invoke down --name {job_name}` ends it")
+    return {"cluster": record.model_dump(), "out_dir": summary["out_dir"]}
+
+
+def guard(settings: Settings, record: ClusterRecord, spec_file: Path) -> list[str]:
+    """Why this tree's code cannot run on the held cluster (each with the fix); [] when it can."""
+    from toolchain.images import source_keys
+    keys = source_keys(settings)
+    redeploy = f"rebuild and redeploy: invoke build push && invoke down --name {record.name} && invoke up"
+    problems = []
+    if record.project != str(settings.root.resolve()):
+        problems.append(f"the held cluster {record.name!r} was started by the project at {record.project}, not this "
+                        "one; give another --name, or run from that project")
+    if keys["below_app_key"] != record.below_app_key:
+        problems.append(f"requirements, the base or the image settings changed since the cluster's image was built; {redeploy}")
+    if keys["runtime_sha256"] != record.runtime_sha256:
+        problems.append(f"the runtime package ({settings.project.runtime_dir}) changed; it is part of the image, "
+                        f"not of the code `run` sends; {redeploy}")
+    if spec_hash(spec_file) != record.spec_sha256:
+        problems.append(f"the cluster spec {spec_file} is not the one baked into the cluster's image; {redeploy}")
+    return problems
+
+
+def code_archive(app_dir: Path, rel_dir: str) -> bytes:
+    """The project's code as a tar under REL_DIR (relative: unpacked in CODE_PARENT, whose own mode the
+    tar must not carry), the app layer's files with the same bytes."""
+    from toolchain import layers
+    return layers.make_layer(layers.files_under(app_dir, rel_dir)).data
+
+
+def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None = None,
+        command: str | None = None) -> dict:
+    from toolchain import pipeline
+    t0 = time.monotonic()
+    record = _cluster(settings, name)
+    target = _target(record.target)
+    state = target.held_status(record.handle, _engine)
+    if not state["up"]:
+        raise ToolchainError(f"the held cluster {record.name!r} is not running ({state['nodes']}); "
+                             f"`invoke down --name {record.name}` clears its record, then `invoke up`")
+    spec_file = pipeline.resolve_spec(settings, spec)
+    problems = guard(settings, record, spec_file)
+    if problems:
+        raise ConfigError(f"`invoke run` cannot send this code to {record.name!r}:\n  - " + "\n  - ".join(problems))
+    app_dir = settings.path(settings.project.app_dir)
+    code_sha = tree_hash(app_dir)
+    rel_dir = f"{CODE_DIR}/{code_sha[:16]}"
+    argv = list(settings.deploy.command) if command is None else pipeline.parse_command(command)
+    run_id = pipeline.pick_run(settings, record.name, resume=False)
+    tar = code_archive(app_dir, rel_dir)
+    rep.step(f"run {run_id}: code {code_sha[:12]} ({len(tar) // 1024} KiB) to {record.name} "
+             f"({time.monotonic() - t0:.2f}s to send)")
+    write_run(settings.build_dir, record.name, RunRecord(run_id=run_id, target=record.target, image=record.image,
+                                                         started=pipeline.now(), code_sha256=code_sha))
+    code = target.held_run(record.handle, _engine, tar, CODE_PARENT, rel_dir, argv, {C.RUN_ID: run_id})
+    if code != 0:
+        raise ToolchainError(f"the run {run_id} on {record.name!r} failed: the driver exited with {code}")
+    return {"run_id": run_id, "cluster": record.name, "image": record.image, "code_sha256": code_sha,
+            "exit_code": code}
+
+
+def status(settings: Settings, *, rep: Reporter, name: str | None = None) -> dict:
+    records = read_clusters(settings.build_dir)
+    wanted = [records[name]] if name is not None and name in records else (
+        list(records.values()) if name is None else [])
+    if name is not None and not wanted:
+        raise ConfigError(f"no held cluster named {name!r} (build/clusters.json)")
+    out = {}
+    for record in wanted:
+        state = _target(record.target).held_status(record.handle, _engine)
+        out[record.name] = {"target": record.target, "image": record.image, "started": record.started, **state}
+    return out
+
+
+def down(settings: Settings, *, rep: Reporter, name: str | None = None) -> dict:
+    record = _cluster(settings, name)
+    removed = _target(record.target).held_down(record.handle, _engine)
+    drop_cluster(settings.build_dir, record.name)
+    rep.step(f"held cluster {record.name} is down: removed {len(removed)} node(s)")
+    return {"cluster": record.name, "removed": removed}
