@@ -435,6 +435,8 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
     try:
         if zyg:
             ray_cmd = zyg.ray_argv()
+            if opts.serve:  # a held cluster's drivers are forked from it too (runtime/serving.py)
+                env[serving.ZYGOTE_ENV] = zyg.socket
         if ident.is_head:
             return run_head(ident, opts, cmd, env, ip, ray_cmd)
         return run_worker(ident, opts, env, ip, ray_cmd)

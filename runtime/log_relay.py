@@ -8,6 +8,7 @@ this process, line by line, so the order within a stream is kept and nothing wai
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -43,6 +44,16 @@ def relay(proc: subprocess.Popen) -> list[threading.Thread]:
             t = threading.Thread(target=_copy, args=(src, dst), daemon=True)
             t.start()
             threads.append(t)
+    return threads
+
+
+def relay_fds(stdout_fd: int, stderr_fd: int) -> list[threading.Thread]:
+    """The same for a process started another way (forked by a zygote): the read ends of its pipes."""
+    threads = []
+    for fd, dst in ((stdout_fd, sys.stdout.buffer), (stderr_fd, sys.stderr.buffer)):
+        t = threading.Thread(target=_copy, args=(os.fdopen(fd, "rb"), dst), daemon=True)
+        t.start()
+        threads.append(t)
     return threads
 
 

@@ -13,7 +13,8 @@ gives it (the job config in RAY_JOB_CONFIG_JSON_ENV_VAR), so the driver's `ray.i
 the GCS once, content-addressed (gcs://_ray_pkg_<hash>.zip), and every node's runtime-env agent
 fetches it once and starts this job's workers in it. Workers are new processes of this job (forked
 from the node's zygote with the working directory applied, runtime/trampoline.py): no module of an
-earlier run survives in them. A held cluster starts no warm hosts for the same reason: they would
+earlier run survives in them. A `python script.py` driver is forked from the head's zygote as well
+(its imports done), so a run's first step comes without a torch import on the way. A held cluster starts no warm hosts for the same reason: they would
 hold the image's code.
 """
 from __future__ import annotations
@@ -29,10 +30,11 @@ from pathlib import Path
 from typing import Callable
 
 from runtime import contract as C
-from runtime import lifeline, log_relay
+from runtime import lifeline, log_relay, preload, trampoline
 from runtime.errors import InputError, RaytrainError
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.constants: what the job supervisor sets
+ZYGOTE_ENV = "RAYTRAIN_ZYGOTE_SOCKET"  # the head's zygote, which forks drivers as it forks workers (launch sets it)
 
 
 def info_path(env: dict) -> Path:
@@ -57,7 +59,7 @@ def hold(address: str, ip: str, log: Callable[[str], None], env: dict) -> int:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         json.dump({"address": address, "node_ip": ip, "pid": os.getpid(), "since": time.time(),
-                   "ray_env": _ray_settings(env)}, f)
+                   "ray_env": _ray_settings(env), "zygote": env.get(ZYGOTE_ENV)}, f)
     os.replace(tmp, path)
     log(f"serving: the cluster is up at {address}; send drivers with `python -m runtime run` (invoke run); "
         "SIGTERM (invoke down) ends it")
@@ -107,11 +109,33 @@ def run(code_dir: Path, cmd: list[str], env: dict | None = None) -> int:
     if not code_dir.is_dir():
         raise InputError(f"--code-dir {code_dir}: not a directory; `invoke run` unpacks the project's code there")
     info = read_info(env)
-    proc = subprocess.Popen(cmd, cwd=code_dir, env=driver_env(code_dir, env, info),
-                            preexec_fn=lifeline.tied_to_me(), **log_relay.streams())
-    relayed = log_relay.relay(proc)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda s, _f: proc.send_signal(s))
-    code = proc.wait()
-    log_relay.finish(relayed)
+    denv = driver_env(code_dir, env, info)
+    code = _forked(code_dir, cmd, denv, info.get("zygote"))
+    if code is None:
+        proc = subprocess.Popen(cmd, cwd=code_dir, env=denv, preexec_fn=lifeline.tied_to_me(), **log_relay.streams())
+        relayed = log_relay.relay(proc)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda s, _f: proc.send_signal(s))
+        code = proc.wait()
+        log_relay.finish(relayed)
     return 128 - code if code < 0 else code
+
+
+def _forked(code_dir: Path, cmd: list[str], env: dict, socket_path: str | None) -> int | None:
+    """A `python script.py ...` driver forked from the head's zygote (torch already imported: the
+    first step comes seconds sooner), its output through the log relay; None when it cannot be
+    (another command form, no zygote, the zygote refused): then it starts as a new process."""
+    target = preload.target_of(cmd)
+    if socket_path is None or target is None or target.script is None:
+        return None
+    script = str(code_dir / target.script) if not os.path.isabs(target.script) else target.script
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    relayed = log_relay.relay_fds(out_r, err_r)
+    try:
+        return trampoline.fork_from_zygote(socket_path, [script, *target.args], env, str(code_dir),
+                                           fds=(0, out_w, err_w))
+    finally:
+        os.close(out_w)  # the child holds its own copies: the relay ends when the child's close
+        os.close(err_w)
+        log_relay.finish(relayed)

@@ -67,34 +67,28 @@ def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[li
     return rest, {str(k): str(v) for k, v in env_vars.items()}, cwd
 
 
-def trampoline_main(real_python: str, socket_path: str) -> None:
-    """The raylet's worker command runs this; see runtime/zygote.py's docstring."""
-    me, argv = sys.argv[0], sys.argv[1:]
-    plan = _zygote_argv(argv, real_python, me)
-    conn = None
-    if plan is not None:
-        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            conn.connect(socket_path)
-        except OSError:
-            conn.close()
-            conn = None
-    if conn is None:
-        os.execv(real_python, [real_python, *argv])
-    worker_argv, env_vars, cwd = plan
-    env = dict(os.environ)
-    env.update(env_vars)  # what setup_worker.py's RuntimeEnvContext.exec_worker does before its exec
-    request = json.dumps({"argv": worker_argv, "env": env, "cwd": cwd or os.getcwd()}).encode()
-    socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], [0, 1, 2])
+def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds=(0, 1, 2)) -> int | None:
+    """Have the zygote at SOCKET_PATH fork `python ARGV` with ENV in CWD, on FDS as its stdio; wait for it.
+    Its exit status (negative: the signal that killed it), or None when no zygote took it (none there,
+    it refused because it found a thread, or it was not ready in time): start it plainly then. Signals
+    sent to this process are forwarded to the child."""
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(socket_path)
+    except OSError:
+        conn.close()
+        return None
+    request = json.dumps({"argv": argv, "env": env, "cwd": cwd}).encode()
+    socket.send_fds(conn, [len(request).to_bytes(8, "big") + request], list(fds))
     conn.settimeout(WAIT_FOR_ZYGOTE_S)  # it may still be importing
     reader = conn.makefile("rb")
     try:
         line = reader.readline()
     except OSError:
         line = b""
-    if not line.startswith(b"pid "):  # refused (it found a thread), gone, or not ready in time: start plainly
+    if not line.startswith(b"pid "):
         conn.close()  # first, so that the zygote sees the hang-up before it would fork for this request
-        os.execv(real_python, [real_python, *argv])
+        return None
     conn.settimeout(None)
     pid = int(line.split()[1])
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
@@ -105,7 +99,22 @@ def trampoline_main(real_python: str, socket_path: str) -> None:
             break
         except InterruptedError:
             continue
-    status = int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
+    conn.close()
+    return int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
+
+
+def trampoline_main(real_python: str, socket_path: str) -> None:
+    """The raylet's worker command runs this; see runtime/zygote.py's docstring."""
+    me, argv = sys.argv[0], sys.argv[1:]
+    plan = _zygote_argv(argv, real_python, me)
+    status = None
+    if plan is not None:
+        worker_argv, env_vars, cwd = plan
+        env = dict(os.environ)
+        env.update(env_vars)  # what setup_worker.py's RuntimeEnvContext.exec_worker does before its exec
+        status = fork_from_zygote(socket_path, worker_argv, env, cwd or os.getcwd())
+    if status is None:
+        os.execv(real_python, [real_python, *argv])
     if status < 0:  # killed by a signal: die the same way, as the worker would have
         if -status not in (signal.SIGKILL, signal.SIGSTOP):
             signal.signal(-status, signal.SIG_DFL)

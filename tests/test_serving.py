@@ -19,6 +19,7 @@ pytestmark = pytest.mark.cluster  # starts real Ray nodes
 
 DRIVER = r'''
 import json, os, sys, time
+FORKED = "torch" in sys.modules  # before any import of this script: forked from the head's zygote
 import ray
 t0 = time.monotonic()
 ray.init(address=os.environ["RAY_ADDRESS"])
@@ -38,7 +39,7 @@ class Probe:
 
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
 actors = [Probe.options(scheduling_strategy=On(i, soft=False)).remote() for i in ids]
-print("RESULT " + json.dumps({"driver_tag": marker.TAG, "driver_cwd": os.getcwd(), "workers": ray.get([a.look.remote() for a in actors]),
+print("RESULT " + json.dumps({"driver_tag": marker.TAG, "driver_cwd": os.getcwd(), "driver_forked": FORKED, "workers": ray.get([a.look.remote() for a in actors]),
                               "first_call_s": time.monotonic() - t0}), flush=True)
 sys.exit(int(os.environ.get("EXIT", "0")))
 '''
@@ -89,7 +90,7 @@ def test_runs_on_a_held_cluster_see_their_own_code_and_the_cluster_leaves_on_sig
         assert second_run.returncode == 7  # the driver's exit code is the run's
         second = result(second_run)
         for res, tag in ((first, "v1"), (second, "v2")):
-            assert res["driver_tag"] == tag and res["driver_cwd"].endswith(tag)
+            assert res["driver_tag"] == tag and res["driver_cwd"].endswith(tag) and res["driver_forked"]
             assert len(res["workers"]) == 2 and {w["tag"] for w in res["workers"]} == {tag}
             assert all(w["forked"] for w in res["workers"]), res  # from the zygote, torch already imported
             assert all("_ray_pkg_" in w["cwd"] for w in res["workers"])  # Ray's content-addressed working_dir
