@@ -206,3 +206,15 @@ def test_submit_asks_the_registry_first_and_writes_nothing(settings, tmp_path, s
     assert not out.exists()
     written = deploy(settings, spec, target, recorded=False, out=str(out), allow_local_registry=True)
     assert written["written"]
+
+
+def test_a_deploy_whose_submission_fails_keeps_the_last_run_for_resume(settings, tmp_path):
+    """sbatch refused (here: not on PATH): nothing ran, so `--resume` must still continue the run before."""
+    from toolchain.errors import ToolchainError
+    from toolchain.records import read_runs
+    first = deploy(settings, "slurm.json", "slurm", out=str(tmp_path / "a"))
+    assert first["written"]
+    before = read_runs(settings.build_dir)["job1"]
+    with pytest.raises((ToolchainError, DeployError)):
+        deploy(settings, "slurm.json", "slurm", out=str(tmp_path / "b"), submit=True, env={"PATH": str(tmp_path)})
+    assert read_runs(settings.build_dir)["job1"] == before

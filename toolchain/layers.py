@@ -73,8 +73,11 @@ def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labe
         cfg["Env"] = kept + [f"{k}={v}" for k, v in env.items()]
     if labels:
         cfg["Labels"] = {**cfg.get("Labels", {}), **labels}
+    # one history entry per layer: a registry that converts a manifest to schema 1 for a client asking
+    # without an Accept header (distribution 2.8 does, for enroot's pulls by tag) refuses an empty history
+    history = [{"created": CREATED, "created_by": "raytrain layer"} for _ in diff_ids]
     doc = {"architecture": lower.get("Architecture", "amd64"), "os": lower.get("Os", "linux"), "created": CREATED,
-           "config": cfg, "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+           "config": cfg, "history": history, "rootfs": {"type": "layers", "diff_ids": diff_ids}}
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -13,7 +13,8 @@ from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.images import LAYER_STORE, build_all
 from runtime import contract as C
-from toolchain.records import PushRecord, RunRecord, read_builds, read_pushes, read_runs, runs_file, write_push, write_run
+from toolchain.records import (PushRecord, RunRecord, read_builds, read_pushes, read_runs, restore_run, runs_file,
+                               write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import push_image
 from toolchain.registry import is_local, scheme, start_local
@@ -219,12 +220,18 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         if not artifacts.files:
             summary["objects"] = artifacts.objects
         return summary
+    previous = read_runs(settings.build_dir).get(job.name)
     if not serve:  # a held cluster runs nothing itself; each `invoke run` is a run (toolchain/held.py)
         write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
                                                           image=str(job.image or ""), started=now()))
     ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env,
                        layer_store=settings.build_dir / LAYER_STORE)
-    summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))
+    try:
+        summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))
+    except Exception:  # nothing ran (no engine for the .sqsh, sbatch refused): --resume keeps the last run
+        if not serve:
+            restore_run(settings.build_dir, job.name, previous)
+        raise
     if summary.get("exit_code") not in (None, 0):
         raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}")
     return summary

@@ -163,6 +163,12 @@ def write_run(build_dir: Path, name: str, record: RunRecord) -> Path:
     return _write(runs_file(build_dir), {**read_runs(build_dir), name: record})
 
 
+def restore_run(build_dir: Path, name: str, previous: RunRecord | None) -> Path:
+    """Put back what NAME's record was before a deploy that started nothing (None: no record)."""
+    runs = {k: v for k, v in read_runs(build_dir).items() if k != name}
+    return _write(runs_file(build_dir), {**runs, **({name: previous} if previous else {})})
+
+
 def clusters_file(build_dir: Path) -> Path:
     return build_dir / "clusters.json"
 
