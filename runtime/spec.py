@@ -52,7 +52,7 @@ class Mount(_Strict):
 
 
 # a Slurm partition or account name, from the spec or a flag (deploy/targets/slurm.py uses this one)
-SLURM_NAME = r"^[A-Za-z0-9_.-]{1,64}$"
+SLURM_NAME = r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$"  # not '-' first: it would read as an option
 
 
 class SlurmOptions(_Strict):
@@ -120,7 +120,8 @@ class ClusterSpec(_Strict):
     cluster_type: Literal["slurm", "kubernetes", "local"] = Field(
         ..., description="Scheduler the cluster runs: slurm, kubernetes or local (Docker engine)."
     )
-    cluster_name: str = Field(..., min_length=1, description="Name of the cluster. Arbitrary.")
+    cluster_name: str = Field(..., min_length=1, max_length=253, pattern=r"^[^\x00-\x1f\x7f]+$",
+                              description="Name of the cluster. Arbitrary text on one line (it becomes an image label).")
     fileroot: str = Field(..., description="Absolute path shared by all nodes for logs and checkpoints.")
     default_mount: str = Field(
         "", description="Comma-separated src:dst[:opts] mounts for every node; should include fileroot."

@@ -90,6 +90,10 @@ class RayWorkerGroup:
             colocated_share = numbers.finite(colocated_share, "colocated_share", 0, 1, low_open=True)
         if isinstance(memory_limit, (bool, float)):
             raise InputError(f"memory_limit: {memory_limit!r} is not a size; give bytes as an int or text such as 8GB")
+        from runtime.virtual_cluster import parse_bytes
+        self.memory_limit = parse_bytes(memory_limit, "memory_limit")
+        if self.memory_limit is not None and self.memory_limit <= 0:
+            raise InputError(f"memory_limit: {memory_limit!r} must be a positive size such as 8GB")
         self._closed = False
         self.cluster = virtual_cluster
         self.worker_class = worker_class
@@ -106,10 +110,6 @@ class RayWorkerGroup:
         if compression and not self.backend:
             raise ValueError("enable_gradient_compression compresses DDP gradients; it needs a backend (nccl/gloo)")
         self.compression = compression
-        from runtime.virtual_cluster import parse_bytes
-        self.memory_limit = parse_bytes(memory_limit, "memory_limit")
-        if self.memory_limit is not None and self.memory_limit <= 0:
-            raise ValueError(f"memory_limit: {memory_limit!r} must be a positive size such as 8GB")
         # Ray reserves the limit where the cluster reserves memory (memory_per_bundle); every worker's
         # RSS is held to it in any case (runtime.usage.enforce_memory_limit): over it, the worker stops
         reserved = virtual_cluster.memory_per_bundle

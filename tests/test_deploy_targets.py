@@ -218,3 +218,7 @@ def test_a_deploy_whose_submission_fails_keeps_the_last_run_for_resume(settings,
     with pytest.raises((ToolchainError, DeployError)):
         deploy(settings, "slurm.json", "slurm", out=str(tmp_path / "b"), submit=True, env={"PATH": str(tmp_path)})
     assert read_runs(settings.build_dir)["job1"] == before
+    (settings.build_dir / "runs.json").unlink()  # and a first deploy that fails leaves no record file at all
+    with pytest.raises((ToolchainError, DeployError)):
+        deploy(settings, "slurm.json", "slurm", out=str(tmp_path / "c"), submit=True, env={"PATH": str(tmp_path)})
+    assert not (settings.build_dir / "runs.json").exists()

@@ -278,6 +278,10 @@ def test_the_boundary_names_a_bug_as_one():
      "Can't cleanly merge"),
     ({"x.txt": "deploy: {}\n"}, ["-f", "x.txt", "spec.check", "cluster_specs/local.json"], "type 'txt'"),
     ({}, ["-f", "missing.yaml", "spec.check", "cluster_specs/local.json"], "no such file"),
+    ({"dup.yaml": "deploy:\n  nodes: 0\n  nodes: 2\n"}, ["-f", "dup.yaml", "deploy", "--target", "slurm", "--dry-run"],
+     "key 'nodes' appears twice"),
+    ({}, ["deploy", "--target", "slurm", "--nodes", " 7", "--dry-run"], "--nodes: ' 7' is not a whole number"),
+    ({}, ["deploy", "--target", "slurm", "--partition", "-rf", "--dry-run"], "--partition"),
     ({"n.yaml": "deploy:\n  nodes: true\n"}, ["-f", "n.yaml", "deploy", "--target", "slurm", "--dry-run"],
      "deploy.nodes"),
     ({"q.yaml": "deploy:\n  nodes: '2'\n"}, ["-f", "q.yaml", "deploy", "--target", "slurm", "--dry-run"],
@@ -290,7 +294,10 @@ def test_config_files_and_empty_flags_are_one_line_and_exit_2(tmp_path, files, a
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     args = [str(tmp_path / a) if a in files or a == "missing.yaml" else a for a in args]
-    r = raytrain(*args, cwd=tmp_path, env={"INVOKE_PROJECT_BUILD_DIR": str(tmp_path / "build")})
+    env = {"INVOKE_PROJECT_BUILD_DIR": str(tmp_path / "build")}
+    if "slurm" in args:
+        env["INVOKE_PROJECT_SPEC"] = str(ROOT / "cluster_specs" / "slurm.json")
+    r = raytrain(*args, cwd=tmp_path, env=env)
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert needle in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "build").exists()
@@ -321,9 +328,17 @@ def test_out_on_proc_through_the_cli(tmp_path):
 # -- worker-group options: the option's name, before Ray sees the value --------------------------
 @pytest.mark.parametrize("option,value", [("call_timeout_s", float("nan")), ("call_timeout_s", -1),
                                           ("init_timeout_s", float("inf")), ("max_restarts", -1),
-                                          ("max_restarts", True), ("colocated_share", 1.5),
+                                          ("max_restarts", True), ("colocated_share", 1.5), ("memory_limit", -5),
                                           ("memory_limit", True), ("memory_limit", 2.5)])
 def test_worker_group_options_are_refused_by_name(option, value):
     from runtime.worker_group import RayWorkerGroup
     with pytest.raises(InputError, match=f"^{option}: "):
         RayWorkerGroup(None, object, **{option: value})  # checked before the cluster is touched
+
+
+def test_a_cluster_name_is_one_line_of_text(tmp_path):
+    spec = json.loads((ROOT / "cluster_specs" / "local.json").read_text())
+    spec["cluster_name"] = "a\nb"
+    (tmp_path / "s.json").write_text(json.dumps(spec))
+    with pytest.raises(SpecError, match="cluster_name"):
+        load_spec(tmp_path / "s.json")

@@ -20,6 +20,32 @@ from toolchain import __version__, boundary
 PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where tasks.py and the project's invoke.yaml live
 
 
+def _refuse_duplicate_keys(path: Path) -> None:
+    """A YAML configuration file whose mapping names a key twice: Invoke (and YAML) keep the last one
+    silently, so the first value vanishes unseen. Refused, as duplicate keys in specs and records are."""
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        return
+    import yaml
+
+    class Strict(yaml.SafeLoader):
+        pass
+
+    def mapping(loader, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise boundary.ConfigFileError(f"{path}: line {key_node.start_mark.line + 1}: key {key!r} appears twice "
+                                               "in one mapping; keep one (YAML keeps the last silently)")
+            seen.add(key)
+        return loader.construct_mapping(node, deep)
+    Strict.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, mapping)
+    try:
+        yaml.load(path.read_text(encoding="utf-8"), Loader=Strict)  # noqa: S506 - a SafeLoader subclass
+    except (yaml.YAMLError, UnicodeDecodeError, OSError):
+        return  # Invoke's own loading reports these, through the boundary
+
+
 def _config_error(phase: str, e: Exception) -> boundary.ConfigFileError:
     detail = " ".join(str(e).split())[:400] or type(e).__name__
     return boundary.ConfigFileError(
@@ -37,6 +63,8 @@ class RaytrainProgram(Program):
             raise _config_error("/etc/invoke.* or ~/.invoke.*", e) from None
 
     def load_collection(self) -> None:
+        for name in ("invoke.yaml", "invoke.yml"):
+            _refuse_duplicate_keys(PROJECT_ROOT / name)
         try:
             self.config.set_project_location(str(PROJECT_ROOT))
             self.config.load_project()
@@ -54,6 +82,8 @@ class RaytrainProgram(Program):
         if runtime_file and not Path(runtime_file).is_file():
             raise boundary.ConfigFileError(f"-f {runtime_file}: no such file (Invoke would ignore it silently); "
                                            "give an existing YAML, JSON or .py configuration file")
+        if runtime_file:
+            _refuse_duplicate_keys(Path(runtime_file))
         try:
             super().update_config(merge=merge)
         except Exception as e:  # noqa: BLE001

@@ -220,7 +220,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         if not artifacts.files:
             summary["objects"] = artifacts.objects
         return summary
-    previous = read_runs(settings.build_dir).get(job.name)
+    previous, runs_existed = read_runs(settings.build_dir).get(job.name), runs_file(settings.build_dir).exists()
     if not serve:  # a held cluster runs nothing itself; each `invoke run` is a run (toolchain/held.py)
         write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
                                                           image=str(job.image or ""), started=now()))
@@ -230,7 +230,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))
     except Exception:  # nothing ran (no engine for the .sqsh, sbatch refused): --resume keeps the last run
         if not serve:
-            restore_run(settings.build_dir, job.name, previous)
+            restore_run(settings.build_dir, job.name, previous, runs_existed)
         raise
     if summary.get("exit_code") not in (None, 0):
         raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}")

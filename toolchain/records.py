@@ -163,10 +163,16 @@ def write_run(build_dir: Path, name: str, record: RunRecord) -> Path:
     return _write(runs_file(build_dir), {**read_runs(build_dir), name: record})
 
 
-def restore_run(build_dir: Path, name: str, previous: RunRecord | None) -> Path:
-    """Put back what NAME's record was before a deploy that started nothing (None: no record)."""
+def restore_run(build_dir: Path, name: str, previous: RunRecord | None, existed: bool = True) -> None:
+    """Put back what NAME's record was before a deploy that started nothing (None: no record; a file
+    that did not exist before is removed again)."""
     runs = {k: v for k, v in read_runs(build_dir).items() if k != name}
-    return _write(runs_file(build_dir), {**runs, **({name: previous} if previous else {})})
+    if previous:
+        runs[name] = previous
+    if runs or existed:
+        _write(runs_file(build_dir), runs)
+    else:
+        runs_file(build_dir).unlink(missing_ok=True)
 
 
 def clusters_file(build_dir: Path) -> Path:

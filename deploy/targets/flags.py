@@ -110,7 +110,7 @@ class TargetFlag:
         naming the flag otherwise), anything else as given (the Options model validates it)."""
         if self.kind == "whole":
             low, high = self.bounds
-            return numbers.whole(str(value).strip(), self.flag, low, high)
+            return numbers.whole(str(value), self.flag, low, high)
         return value
 
 
