@@ -13,9 +13,9 @@ gives it (the job config in RAY_JOB_CONFIG_JSON_ENV_VAR), so the driver's `ray.i
 the GCS once, content-addressed (gcs://_ray_pkg_<hash>.zip), and every node's runtime-env agent
 fetches it once and starts this job's workers in it. Workers are new processes of this job (forked
 from the node's zygote with the working directory applied, runtime/trampoline.py): no module of an
-earlier run survives in them. A `python script.py` driver is forked from the head's zygote as well
-(its imports done), so a run's first step comes without a torch import on the way. A held cluster starts no warm hosts for the same reason: they would
-hold the image's code.
+earlier run survives in them. A held cluster starts no warm hosts, since they would hold the
+image's code. A `python script.py` driver is forked from the head's zygote as well (its imports
+done), so a run's first step comes without a torch import on the way.
 """
 from __future__ import annotations
 

@@ -141,9 +141,11 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
 
 def status(settings: Settings, *, rep: Reporter, name: str | None = None) -> dict:
     records = read_clusters(settings.build_dir)
-    wanted = [records[name]] if name is not None and name in records else (
-        list(records.values()) if name is None else [])
-    if name is not None and not wanted:
+    if name is None:
+        wanted = list(records.values())
+    elif name in records:
+        wanted = [records[name]]
+    else:
         raise ConfigError(f"no held cluster named {name!r} (build/clusters.json)")
     out = {}
     for record in wanted:
