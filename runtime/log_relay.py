@@ -29,11 +29,20 @@ def streams() -> dict:
     return {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE} if wanted() else {}
 
 
-def _copy(src: IO[bytes], dst: IO[bytes]) -> None:
-    for line in iter(src.readline, b""):
-        dst.write(ANSI.sub(b"", line))
-        dst.flush()
-    src.close()
+def _copy(src: IO[bytes], dst: IO[bytes], close_dst: bool = False) -> None:
+    writing = True
+    try:
+        for line in iter(src.readline, b""):
+            if writing:
+                try:
+                    dst.write(ANSI.sub(b"", line))
+                    dst.flush()
+                except OSError:  # the reader went away (an interrupted client): keep draining, write no more
+                    writing = False
+    finally:
+        src.close()
+        if close_dst:
+            dst.close()
 
 
 def relay(proc: subprocess.Popen) -> list[threading.Thread]:
@@ -47,11 +56,14 @@ def relay(proc: subprocess.Popen) -> list[threading.Thread]:
     return threads
 
 
-def relay_fds(stdout_fd: int, stderr_fd: int) -> list[threading.Thread]:
-    """The same for a process started another way (forked by a zygote): the read ends of its pipes."""
+def relay_fds(stdout_fd: int, stderr_fd: int, out: Optional[IO[bytes]] = None,
+              err: Optional[IO[bytes]] = None) -> list[threading.Thread]:
+    """The same for a process started another way (forked by a zygote): the read ends of its pipes,
+    copied to OUT and ERR (default: this process's own stdout and stderr)."""
     threads = []
-    for fd, dst in ((stdout_fd, sys.stdout.buffer), (stderr_fd, sys.stderr.buffer)):
-        t = threading.Thread(target=_copy, args=(os.fdopen(fd, "rb"), dst), daemon=True)
+    for fd, dst, given in ((stdout_fd, out or sys.stdout.buffer, out is not None),
+                           (stderr_fd, err or sys.stderr.buffer, err is not None)):
+        t = threading.Thread(target=_copy, args=(os.fdopen(fd, "rb"), dst, given), daemon=True)
         t.start()
         threads.append(t)
     return threads

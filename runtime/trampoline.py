@@ -67,11 +67,12 @@ def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[li
     return rest, {str(k): str(v) for k, v in env_vars.items()}, cwd
 
 
-def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds=(0, 1, 2)) -> int | None:
+def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds=(0, 1, 2), on_pid=None,
+                     forward_signals: bool = True) -> int | None:
     """Have the zygote at SOCKET_PATH fork `python ARGV` with ENV in CWD, on FDS as its stdio; wait for it.
     Its exit status (negative: the signal that killed it), or None when no zygote took it (none there,
-    it refused because it found a thread, or it was not ready in time): start it plainly then. Signals
-    sent to this process are forwarded to the child."""
+    it refused because it found a thread, or it was not ready in time): start it plainly then. ON_PID
+    gets the child's pid; with FORWARD_SIGNALS (main thread only) signals to this process go to it."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(socket_path)
@@ -91,8 +92,11 @@ def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds
         return None
     conn.settimeout(None)
     pid = int(line.split()[1])
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(sig, lambda s, _f: os.kill(pid, s))
+    if on_pid is not None:
+        on_pid(pid)
+    if forward_signals:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, lambda s, _f: os.kill(pid, s))
     while True:
         try:
             line = reader.readline()

@@ -122,6 +122,18 @@ def pushed(built, registry, settings):
 
 
 @pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real Slurm on this host (tests/helpers/slurm.py: munged, slurmctld, three slurmd), per module."""
+    from helpers.slurm import SlurmCluster
+    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
 def two_nodes():
     import ray  # here, not at the top: the engine-free tests run without ray (and torch) importable
     from ray.cluster_utils import Cluster

@@ -10,7 +10,6 @@ import pytest
 from deploy import sbatch
 from helpers import jobs
 from conftest import make_settings
-from helpers.slurm import SlurmCluster
 from toolchain import pipeline
 from toolchain.progress import Reporter
 
@@ -21,13 +20,8 @@ VENV_ACTIVATE = Path(sys.executable).parent / "activate"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    c = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    try:
-        c.start()
-        yield c
-    finally:
-        c.stop()
+def cluster(slurm):
+    return slurm
 
 
 def submit(cluster, tmp_path, name, command, nodes=3, port_base=24000, **job_kw):

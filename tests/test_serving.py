@@ -41,7 +41,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
 actors = [Probe.options(scheduling_strategy=On(i, soft=False)).remote() for i in ids]
 print("RESULT " + json.dumps({"driver_tag": marker.TAG, "driver_cwd": os.getcwd(), "driver_forked": FORKED, "workers": ray.get([a.look.remote() for a in actors]),
                               "first_call_s": time.monotonic() - t0}), flush=True)
-sys.exit(int(os.environ.get("EXIT", "0")))
+sys.exit(int(os.environ.get("RAYTRAIN_TEST_EXIT", "0")))  # a run passes on RAYTRAIN_* only
 '''
 
 
@@ -68,6 +68,7 @@ def wait_serving(proc, timeout=180):
 
 def run(code: Path, token: str, job: str, **env):
     e = {**node_env(0, 2, token, RAYTRAIN_JOB_NAME=job), **env}
+    e.pop("RAY_AUTH_TOKEN")  # the run needs no token: the head's driver gets its own
     return subprocess.run([sys.executable, "-m", "runtime", "run", "--code-dir", str(code), "--", sys.executable,
                            "drive.py"], env=e, capture_output=True, text=True, timeout=180)
 
@@ -86,7 +87,7 @@ def test_runs_on_a_held_cluster_see_their_own_code_and_the_cluster_leaves_on_sig
     try:
         wait_serving(head)
         first = result(run(code_dir(tmp_path, "v1", {"only_in_v1.py": "X = 1\n"}), token, job))
-        second_run = run(code_dir(tmp_path, "v2"), token, job, EXIT="7")
+        second_run = run(code_dir(tmp_path, "v2"), token, job, RAYTRAIN_TEST_EXIT="7")
         assert second_run.returncode == 7  # the driver's exit code is the run's
         second = result(second_run)
         for res, tag in ((first, "v1"), (second, "v2")):

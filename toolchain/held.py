@@ -15,12 +15,13 @@ redeploy. Each run is recorded (build/runs.json) with the image digest and the c
 """
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Optional
 
 from runtime import contract as C
-from runtime.spec import load_spec, spec_hash
+from runtime.spec import spec_hash
 from toolchain.config import Settings
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.hashing import tree_hash
@@ -28,23 +29,23 @@ from toolchain.progress import Reporter
 from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, write_cluster,
                                write_run)
 
-CODE_PARENT = "/tmp"  # the head keeps each code version it was sent, by content, in CODE_PARENT/CODE_DIR/<hash>
-CODE_DIR = "raytrain-code"
+CODE_DIR = "raytrain-code"  # each code version a cluster was sent, by content: <where the target unpacks>/CODE_DIR/<hash>
 
 
 def _target(name: str):
     from deploy.targets import TARGETS
     target = TARGETS.get(name)
-    if target is None or not hasattr(target, "held_run"):
-        held = ", ".join(n for n, t in TARGETS.items() if hasattr(t, "held_run"))
+    if target is None or not target.holds_clusters:
+        held = ", ".join(n for n, t in TARGETS.items() if t.holds_clusters)
         raise ConfigError(f"--target {name}: held clusters (invoke up/run/status/down) are available for: {held}; "
                           f"use `invoke deploy --target {name}` for a one-off job")
     return target
 
 
-def _engine():
+def _context(env: dict | None, out=None):
+    from deploy.targets.base import HeldContext
     from toolchain.docker_client import engine
-    return engine()
+    return HeldContext(engine=engine, env=dict(os.environ if env is None else env), out=out)
 
 
 def _cluster(settings: Settings, name: Optional[str]) -> ClusterRecord:
@@ -56,29 +57,35 @@ def _cluster(settings: Settings, name: Optional[str]) -> ClusterRecord:
 
 
 def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, name: str | None = None,
-       nodes: int | None = None, **flags) -> dict:
+       nodes: int | None = None, env: dict | None = None, **flags) -> dict:
     from toolchain import pipeline
+    from toolchain.images import source_keys
     job_name = settings.deploy.name if name is None else name
     if job_name in read_clusters(settings.build_dir):
         raise ConfigError(f"a held cluster named {job_name!r} is already recorded; `invoke status --name {job_name}`, "
                           f"`invoke down --name {job_name}` first, or give another --name")
     target_name = pipeline.given(target, "--target") or settings.deploy.target
-    _target(target_name)
-    summary = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True, **flags)
-    image = summary["job"]["image"]
-    builds = read_builds(settings.build_dir)
-    variant = "gpu" if summary["job"]["gpus_per_node"] else "cpu"
-    built = builds.get(variant)
-    if built is None or not built.below_app_key:
-        raise ToolchainError(f"build/build.json has no source keys for {variant}: run `invoke build` (this "
-                             "toolchain records them) before `invoke up`")
-    record = ClusterRecord(name=job_name, target=target_name, image=image, variant=variant,
-                           spec_sha256=built.spec_sha256, below_app_key=built.below_app_key,
-                           runtime_sha256=built.runtime_sha256, project=str(settings.root.resolve()),
+    held_target = _target(target_name)
+    variant = None
+    if held_target.needs_image:  # the nodes run the image: what it was built from is what run compares with
+        variant = "gpu" if (flags.get("gpus") or 0) else "cpu"
+        built = read_builds(settings.build_dir).get(variant)
+        if built is None or not built.below_app_key:
+            raise ToolchainError(f"build/build.json has no source keys for {variant}: run `invoke build` (this "
+                                 "toolchain records them) before `invoke up`")
+        keys, spec_sha = {"below_app_key": built.below_app_key, "runtime_sha256": built.runtime_sha256}, built.spec_sha256
+    else:  # the nodes run this tree's environment (plain Slurm): what it is now
+        keys = source_keys(settings)
+        spec_sha = spec_hash(pipeline.resolve_spec(settings, spec))
+    summary = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True,
+                              env=_context(env).env, **{"submit": True, **flags})
+    record = ClusterRecord(name=job_name, target=target_name, image=summary["job"]["image"] or "", variant=variant or "",
+                           spec_sha256=spec_sha, below_app_key=keys["below_app_key"],
+                           runtime_sha256=keys["runtime_sha256"], project=str(settings.root.resolve()),
                            started=pipeline.now(), handle=summary["held"])
     write_cluster(settings.build_dir, record)
-    rep.step(f"held cluster {job_name}: {summary['job']['nodes']} node(s) of {image}; `invoke run` sends code to it, "
-             f"`invoke down --name {job_name}` ends it")
+    rep.step(f"held cluster {job_name}: {summary['job']['nodes']} node(s) of {record.image or 'the nodes environment'}; "
+             f"`invoke run` sends code to it, `invoke down --name {job_name}` ends it")
     return {"cluster": record.model_dump(), "out_dir": summary["out_dir"]}
 
 
@@ -102,19 +109,20 @@ def guard(settings: Settings, record: ClusterRecord, spec_file: Path) -> list[st
 
 
 def code_archive(app_dir: Path, rel_dir: str) -> bytes:
-    """The project's code as a tar under REL_DIR (relative: unpacked in CODE_PARENT, whose own mode the
-    tar must not carry), the app layer's files with the same bytes."""
+    """The project's code as a tar under REL_DIR (relative: the target unpacks it in a directory whose
+    own mode the tar must not carry), the app layer's files with the same bytes."""
     from toolchain import layers
     return layers.make_layer(layers.files_under(app_dir, rel_dir)).data
 
 
 def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None = None,
-        command: str | None = None) -> dict:
+        command: str | None = None, env: dict | None = None, out=None) -> dict:
     from toolchain import pipeline
     t0 = time.monotonic()
     record = _cluster(settings, name)
     target = _target(record.target)
-    state = target.held_status(record.handle, _engine)
+    ctx = _context(env, out)
+    state = target.held_status(record.handle, ctx)
     if not state["up"]:
         raise ToolchainError(f"the held cluster {record.name!r} is not running ({state['nodes']}); "
                              f"`invoke down --name {record.name}` clears its record, then `invoke up`")
@@ -132,14 +140,14 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
              f"({time.monotonic() - t0:.2f}s to send)")
     write_run(settings.build_dir, record.name, RunRecord(run_id=run_id, target=record.target, image=record.image,
                                                          started=pipeline.now(), code_sha256=code_sha))
-    code = target.held_run(record.handle, _engine, tar, CODE_PARENT, rel_dir, argv, {C.RUN_ID: run_id})
+    code = target.held_run(record.handle, ctx, tar, rel_dir, argv, {C.RUN_ID: run_id, C.JOB_NAME: record.name})
     if code != 0:
         raise ToolchainError(f"the run {run_id} on {record.name!r} failed: the driver exited with {code}")
     return {"run_id": run_id, "cluster": record.name, "image": record.image, "code_sha256": code_sha,
             "exit_code": code}
 
 
-def status(settings: Settings, *, rep: Reporter, name: str | None = None) -> dict:
+def status(settings: Settings, *, rep: Reporter, name: str | None = None, env: dict | None = None) -> dict:
     records = read_clusters(settings.build_dir)
     if name is None:
         wanted = list(records.values())
@@ -149,14 +157,14 @@ def status(settings: Settings, *, rep: Reporter, name: str | None = None) -> dic
         raise ConfigError(f"no held cluster named {name!r} (build/clusters.json)")
     out = {}
     for record in wanted:
-        state = _target(record.target).held_status(record.handle, _engine)
+        state = _target(record.target).held_status(record.handle, _context(env))
         out[record.name] = {"target": record.target, "image": record.image, "started": record.started, **state}
     return out
 
 
-def down(settings: Settings, *, rep: Reporter, name: str | None = None) -> dict:
+def down(settings: Settings, *, rep: Reporter, name: str | None = None, env: dict | None = None) -> dict:
     record = _cluster(settings, name)
-    removed = _target(record.target).held_down(record.handle, _engine)
+    removed = _target(record.target).held_down(record.handle, _context(env))
     drop_cluster(settings.build_dir, record.name)
     rep.step(f"held cluster {record.name} is down: removed {len(removed)} node(s)")
     return {"cluster": record.name, "removed": removed}

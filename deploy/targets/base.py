@@ -74,6 +74,14 @@ class SiteCheck:
 
 
 @dataclass
+class HeldContext:
+    """What a held cluster's operations get (toolchain/held.py): no state of their own but the handle."""
+    engine: Callable[[], Any]                 # docker client factory (local)
+    env: dict                                 # environment for scheduler CLIs (srun, squeue, scancel)
+    out: Any = None                           # where a run's output goes (default: stdout)
+
+
+@dataclass
 class ApplyContext:
     out_dir: Path
     engine: Callable[[], Any]                 # docker client factory (only targets that need one call it)
@@ -138,3 +146,21 @@ class Target:
     def apply(self, artifacts: Artifacts, job: JobSpec, spec: ClusterSpec, opts: TargetOptions,
               ctx: ApplyContext) -> dict:
         return {"written": [str(p) for p in ctx.write(artifacts)]}
+
+    # -- a held cluster (invoke up / run / status / down): apply of a `job.serve` job returns
+    # {"held": handle}, a JSON-able dict these operations get back (build/clusters.json keeps it)
+    holds_clusters: ClassVar[bool] = False
+
+    def held_status(self, handle: dict, ctx: HeldContext) -> dict:
+        """{"up": bool, "nodes": {name: state}}"""
+        raise NotImplementedError
+
+    def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
+                 run_env: dict) -> int:
+        """Unpack CODE_TAR (paths under REL_DIR) where the head reads it and run ARGV there through
+        `python -m runtime run` with RUN_ENV; the driver's exit code."""
+        raise NotImplementedError
+
+    def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
+        """End it (the head stops serving, the nodes leave) and remove what it left; what was removed."""
+        raise NotImplementedError

@@ -16,8 +16,9 @@ from pathlib import Path
 import docker
 
 from deploy.job import JobSpec
-from deploy.targets.base import ApplyContext, Artifacts, Target, TargetOptions
+from deploy.targets.base import ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
+from runtime import serving as serving_module
 from runtime.spec import ClusterSpec
 
 
@@ -136,9 +137,6 @@ def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 
         remove(client, [c.name for c in containers], network.name)
 
 
-SERVING_LINE = "serving: the cluster is up"  # what runtime/serving.py's hold logs once the barrier passed
-
-
 def hold(client: docker.DockerClient, job: JobSpec, progress, timeout_s: float = 300) -> dict:
     """Start the nodes detached with the head serving; return once it serves (the handle), or remove
     everything and raise with the head's last lines."""
@@ -154,7 +152,7 @@ def hold(client: docker.DockerClient, job: JobSpec, progress, timeout_s: float =
         if head.status == "exited":
             raise DeployError(f"the head exited ({head.attrs['State'].get('ExitCode')}) before it served:\n    "
                               + "\n    ".join(head.logs(tail=15).decode(errors="replace").splitlines()))
-        return SERVING_LINE in head.logs(tail=50).decode(errors="replace")
+        return serving_module.SERVING_LINE in head.logs(tail=50).decode(errors="replace")
     try:
         wait_until(serving, timeout_s=timeout_s, interval_s=0.2, what=f"the head {head.name} to serve",
                    hint="the nodes did not form a cluster", logs=lambda: head.logs(tail=15).decode(errors="replace"))
@@ -176,12 +174,16 @@ def held_status(client: docker.DockerClient, handle: dict) -> dict:
     return {"up": up, "nodes": states}
 
 
-def held_run(client: docker.DockerClient, handle: dict, code_tar: bytes, parent: str, rel_dir: str, argv: list[str],
+CODE_PARENT = "/tmp"  # in the head container: the code of each run, by content, under CODE_PARENT/<rel_dir>
+
+
+def held_run(client: docker.DockerClient, handle: dict, code_tar: bytes, rel_dir: str, argv: list[str],
              env: dict, out=None) -> int:
-    """Unpack the code (a tar under REL_DIR) in PARENT on the head and run the driver there; its exit code."""
+    """Unpack the code (a tar under REL_DIR) in the head container and run the driver there; its exit code."""
     out = out or sys.stdout
+    parent = CODE_PARENT
     head = client.containers.get(handle["head"])
-    head.put_archive(parent, code_tar)
+    head.put_archive(parent, code_tar)  # relative paths: /tmp's own mode is not in the tar
     api = client.api
     ex = api.exec_create(head.id, [*C.RUNTIME_CMD, "run", "--code-dir", f"{parent}/{rel_dir}", "--", *argv],
                          environment=env, stdout=True, stderr=True)
@@ -260,15 +262,17 @@ class Local(Target):
                 ctx.progress(f"created the fileroot {m.source} (mode 1777)")
 
     # -- a held cluster (invoke up / run / status / down) ----------------------------------------
-    def held_status(self, handle: dict, engine) -> dict:
-        return held_status(engine(), handle)
+    holds_clusters = True
 
-    def held_run(self, handle: dict, engine, code_tar: bytes, parent: str, rel_dir: str, argv: list[str], env: dict,
-                 out=None) -> int:
-        return held_run(engine(), handle, code_tar, parent, rel_dir, argv, env, out)
+    def held_status(self, handle: dict, ctx: HeldContext) -> dict:
+        return held_status(ctx.engine(), handle)
 
-    def held_down(self, handle: dict, engine) -> list[str]:
-        return held_down(engine(), handle)
+    def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
+                 run_env: dict) -> int:
+        return held_run(ctx.engine(), handle, code_tar, rel_dir, argv, run_env, ctx.out)
+
+    def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
+        return held_down(ctx.engine(), handle)
 
 
 TARGET = Local()

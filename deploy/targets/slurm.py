@@ -11,9 +11,9 @@ from typing import Optional
 
 from pydantic import Field
 
-from deploy import sbatch
+from deploy import sbatch, slurm_held as held
 from deploy.job import JobSpec
-from deploy.targets.base import ApplyContext, Artifacts, File, Target, TargetOptions
+from deploy.targets.base import ApplyContext, Artifacts, File, HeldContext, Target, TargetOptions
 from runtime.spec import SLURM_NAME, ClusterSpec, SlurmOptions as SpecSlurm
 
 
@@ -63,6 +63,8 @@ def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext) -> dict:
     job_id = sbatch.submit(written[0], job, env=ctx.env)
     ctx.progress(f"submitted: Slurm job {job_id}; output in {sbatch.log_dir(job)}")
     out["slurm_job_id"] = job_id
+    if job.serve:
+        out["held"] = held.wait_serving(job, job_id, ctx.env, ctx.progress)
     return out
 
 
@@ -96,6 +98,19 @@ class Slurm(Target):
         if opts.submit:
             return submit(artifacts, job, ctx)
         return super().apply(artifacts, job, spec, opts, ctx)
+
+    # a held cluster is a running Slurm job (deploy/slurm_held.py)
+    holds_clusters = True
+
+    def held_status(self, handle: dict, ctx: HeldContext) -> dict:
+        return held.status(handle, ctx.env)
+
+    def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
+                 run_env: dict) -> int:
+        return held.run(handle, ctx.env, code_tar, rel_dir, argv, run_env, ctx.out)
+
+    def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
+        return held.down(handle, ctx.env)
 
 
 TARGET = Slurm()

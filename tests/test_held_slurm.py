@@ -1,0 +1,66 @@
+"""A held cluster on a real Slurm (three slurmd on this host): `invoke up --target slurm` submits the
+job with its head serving, `invoke run` sends a one-line change and it shows in the first step, the
+run needs no Ray token outside the job, a runtime change is refused, and `invoke down` ends the job."""
+import json
+import os
+import shutil
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, make_settings
+from toolchain import held
+from toolchain.errors import ConfigError
+from toolchain.hashing import tree_hash
+from toolchain.progress import Reporter
+from toolchain.records import read_clusters, read_runs
+
+pytestmark = pytest.mark.cluster  # a real Slurm and real Ray nodes
+
+OLD_PRINT = 'print(f"step {self.step} loss {loss.item():.5f}", flush=True)'
+NEW_PRINT = 'print(f"step {self.step} loss {loss.item():.5f} CHANGED-ON-SLURM", flush=True)'
+
+
+def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):
+    cluster = slurm
+    fileroot = tmp_path / "fileroot"
+    spec = tmp_path / "seed.json"
+    spec.write_text(json.dumps({
+        "cluster_type": "slurm", "cluster_name": "seed", "fileroot": str(fileroot), "cpu_image": "raytrain-cpu",
+        "gpu_image": "raytrain-gpu", "node_type_from_node_name": {"n\\d$": "cpu"}, "node_name_prefix": "n"}))
+    app = tmp_path / "app"
+    shutil.copytree(ROOT / "examples" / "train", app, ignore=shutil.ignore_patterns("__pycache__"))
+    s = make_settings(tmp_path / "proj", app, runtime_dir=ROOT / "runtime")
+    name = f"held-{uuid.uuid4().hex[:6]}"
+    s = s.model_copy(update={"deploy": s.deploy.model_copy(update={"port_base": 26000, "time_limit": "10:00"})})
+    monkeypatch.setenv("SLURM_CONF", str(cluster.conf))
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    held.up(s, str(spec), "slurm", rep=Reporter(), name=name, nodes=3, port_stride=200, env=cluster.env)
+    try:
+        record = read_clusters(s.build_dir)[name]
+        assert held.status(s, rep=Reporter(), name=name, env=cluster.env)[name]["up"]
+        train = app / "train.py"
+        train.write_text(train.read_text().replace(OLD_PRINT, NEW_PRINT))
+        capfd.readouterr()
+        out = held.run(s, str(spec), rep=Reporter(), name=name, env=cluster.env,
+                       command=f"python train.py --steps 3 --cpus-per-worker 0.5 --no-spares --fileroot {fileroot}")
+        logs = capfd.readouterr().out
+        assert out["exit_code"] == 0, logs[-4000:] + cluster.logs()
+        assert any("step 1 loss" in line and "CHANGED-ON-SLURM" in line for line in logs.splitlines()), logs[-4000:]
+        assert '"trained_steps": 3' in logs and '"ranks_reported": [0, 1, 2]' in logs
+        assert (fileroot / "raytrain-code").is_dir()
+        assert read_runs(s.build_dir)[name].code_sha256 == tree_hash(app)
+        runtime_copy = tmp_path / "runtime"  # a runtime other than the one the nodes run: refused
+        shutil.copytree(ROOT / "runtime", runtime_copy, ignore=shutil.ignore_patterns("__pycache__"))
+        (runtime_copy / "numbers.py").write_text((runtime_copy / "numbers.py").read_text() + "\n# changed\n")
+        other = s.model_copy(update={"project": s.project.model_copy(update={"runtime_dir": str(runtime_copy)})})
+        with pytest.raises(ConfigError, match="the runtime package"):
+            held.run(other, str(spec), rep=Reporter(), name=name, env=cluster.env)
+    finally:
+        held.down(s, rep=Reporter(), name=name, env=cluster.env)
+    fields = cluster.wait(record.handle["job_id"], timeout_s=120)
+    assert fields["JobState"] in ("CANCELLED", "COMPLETED"), fields
+    assert name not in read_clusters(s.build_dir)
