@@ -61,8 +61,8 @@ def cases(canary: str):
             # --out is a path: any non-empty text is a name (never run through a shell)
             expect = "accept" if (flag == "--out" and v.strip() and len(v) < 256) else "refuse"
             argv = ["deploy", "--target", "slurm", flag, t(v)] if flag != "--target" else ["deploy", flag, t(v), "--dry-run"]
-            if flag == "--out" and v == "../../etc":
-                argv[-1] = "{dir}/x/../../etc-out"
+            if flag == "--out" and expect == "accept":  # written for real: inside the case's directory
+                argv[-1] = "{dir}/x/../../etc-out" if v == "../../etc" else "{dir}/" + t(v)
             yield f"flag {flag}={v[:30]!r}", argv, {}, {}, expect
     for v in ("python 'unclosed", "", "   ", "python train.py $(touch {canary})", "python train.py; touch {canary}"):
         yield (f"flag --command={v[:30]!r}", ["deploy", "--target", "slurm", "--command", t(v)], {}, {},
