@@ -74,6 +74,14 @@ def _count(value, flag: str, low: int = 0):
         raise Exit(f"error: {e}", code=2) from None
 
 
+def _target_flags(options: dict) -> dict:
+    """Only the target flags the user set, whole numbers within the option's bounds; exit 2 otherwise."""
+    try:
+        return TARGET_FLAGS.given(options)
+    except InputError as e:
+        raise Exit(f"error: {e}", code=2) from None
+
+
 COMMON = {
     "quiet": "Print only errors (for CI logs); the result summary still prints.",
     "json": "Print a machine-readable JSON summary on stdout.",
@@ -136,10 +144,7 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
     is written (exit 2). One spec for the whole chain:
     INVOKE_PROJECT_SPEC=cluster_specs/x.json invoke build push deploy --target pyxis
     """
-    try:  # only the flags the user set; whole numbers within the option's bounds
-        flags = TARGET_FLAGS.given(options)
-    except InputError as e:
-        raise Exit(f"error: {e}", code=2) from None
+    flags = _target_flags(options)
     result = _run(c, pipeline.deploy, spec, target, quiet=quiet, as_json=json, dry_run=dry_run, resume=resume,
                   command=command, name=name, nodes=_count(nodes, "--nodes", 1), gpus=_count(gpus, "--gpus"), out=out, **flags)
     if json:
@@ -168,20 +173,25 @@ def destroy(c, spec=None, name=None):
 
 # -- held clusters: code moves, the cluster stays (toolchain/held.py) ----------------
 @task(name="up", auto_shortflags=False, help={
-    "target": "Where the cluster goes (default: deploy.target); held clusters: local.",
+    "target": "Where the cluster goes (default: deploy.target); held clusters: local, slurm.",
     "spec": "Cluster spec JSON (default: project.spec); must be the one baked into the pushed image.",
     "nodes": "Number of nodes, head included (default: deploy.nodes).",
     "name": "The cluster's name (default: deploy.name); `invoke run/status/down --name` use it.",
+    **TARGET_FLAGS.help(),  # the same target options as deploy (a Slurm partition, a port stride, ...)
     **COMMON,
 })
-def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=False):
-    """Start a held cluster: deploy's nodes from the pushed digest, the head serving drivers instead of running one.
+@TARGET_FLAGS.add_to
+def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=False, **options):
+    """Start a held cluster: deploy's nodes (from the pushed digest, or the nodes' own environment on plain
+    Slurm), the head serving drivers instead of running one.
 
-    Returns once every node is up and the barrier passed. Then `invoke run` sends code to it (seconds),
-    `invoke status` shows it and `invoke down` ends it.
+    Returns once every node is up and the barrier passed (on Slurm: once the job runs and its head serves).
+    Then `invoke run` sends code to it (seconds), `invoke status` shows it and `invoke down` ends it.
     """
     from toolchain import held
-    out = _run(c, held.up, spec, target, quiet=quiet, as_json=json, name=name, nodes=_count(nodes, "--nodes", 1))
+    flags = _target_flags(options)
+    out = _run(c, held.up, spec, target, quiet=quiet, as_json=json, name=name, nodes=_count(nodes, "--nodes", 1),
+               **flags)
     if not json:
         print(f"cluster {out['cluster']['name']} is up ({out['cluster']['target']}, {out['cluster']['image']})")
 
