@@ -23,6 +23,7 @@ from typing import Callable
 
 from deploy.job import DeployError, JobSpec
 from runtime import contract as C
+from runtime import log_relay
 from runtime.serving import SERVING_LINE
 from runtime.wait import wait_until
 
@@ -86,9 +87,7 @@ def run(handle: dict, env: dict, code_tar: bytes, rel_dir: str, argv: list[str],
         proc = subprocess.Popen(step, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except FileNotFoundError:
         raise DeployError("srun is not on PATH: run on a Slurm login node") from None
-    for line in proc.stdout:
-        out.write(f"[run] {line.decode(errors='replace')}")
-        out.flush()
+    log_relay.prefixed(proc.stdout, "run", out)
     return proc.wait()
 
 

@@ -73,3 +73,17 @@ def finish(threads: list[threading.Thread], timeout_s: Optional[float] = 10) -> 
     """Wait for the last lines (a grandchild still holding the pipe is not waited for beyond timeout_s)."""
     for t in threads:
         t.join(timeout_s)
+
+
+def prefixed(chunks, prefix: str, out) -> None:
+    """Byte chunks (a container's log, an exec's or a step's output) to OUT as text lines, each with
+    `[PREFIX] ` before it."""
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            out.write(f"[{prefix}] {line.decode(errors='replace')}\n")
+            out.flush()
+    if buf:
+        out.write(f"[{prefix}] {buf.decode(errors='replace')}\n")

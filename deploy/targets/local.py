@@ -18,7 +18,7 @@ import docker
 from deploy.job import JobSpec
 from deploy.targets.base import ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
-from runtime import serving as serving_module
+from runtime import log_relay, serving as serving_module
 from runtime.spec import ClusterSpec
 
 
@@ -55,20 +55,7 @@ def plan(job: JobSpec, run_id: str) -> list[NodePlan]:
 
 
 def _stream(container, prefix: str, out) -> None:
-    _relay(container.logs(stream=True, follow=True), prefix, out)
-
-
-def _relay(chunks, prefix: str, out) -> None:
-    """Byte chunks (a container's log, an exec's output) to OUT as lines, each with the prefix."""
-    buf = b""
-    for chunk in chunks:
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            out.write(f"[{prefix}] {line.decode(errors='replace')}\n")
-            out.flush()
-    if buf:
-        out.write(f"[{prefix}] {buf.decode(errors='replace')}\n")
+    log_relay.prefixed(container.logs(stream=True, follow=True), prefix, out)
 
 
 LABEL_JOB = "io.raytrain.job"
@@ -187,7 +174,7 @@ def held_run(client: docker.DockerClient, handle: dict, code_tar: bytes, rel_dir
     api = client.api
     ex = api.exec_create(head.id, [*C.RUNTIME_CMD, "run", "--code-dir", f"{parent}/{rel_dir}", "--", *argv],
                          environment=env, stdout=True, stderr=True)
-    _relay(api.exec_start(ex["Id"], stream=True), "run", out)
+    log_relay.prefixed(api.exec_start(ex["Id"], stream=True), "run", out)
     return api.exec_inspect(ex["Id"])["ExitCode"]
 
 
