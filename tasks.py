@@ -69,7 +69,7 @@ def _count(value, flag: str, low: int = 0):
     if value is None:
         return None
     try:
-        return numbers.whole(str(value), flag, low, 999_999_999)
+        return numbers.whole(str(value), flag, low, numbers.COUNT_MAX)
     except InputError as e:
         raise Exit(f"error: {e}", code=2) from None
 

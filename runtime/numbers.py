@@ -14,6 +14,7 @@ from typing import Optional
 
 from runtime.errors import InputError
 
+COUNT_MAX = 999_999_999  # a count given as a flag with no bound of its own (nodes, GPUs, a target option)
 _DIGITS = re.compile(r"[0-9]{1,18}")
 _DECIMAL = re.compile(r"[+-]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][+-]?[0-9]{1,3})?")
 

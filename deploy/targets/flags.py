@@ -31,7 +31,7 @@ from pydantic.fields import FieldInfo
 from deploy.targets.base import is_cli
 from runtime import numbers
 
-WHOLE_MAX = 999_999_999  # a whole-number flag without a `le` bound (as tasks._count)
+WHOLE_MAX = numbers.COUNT_MAX  # a whole-number flag without a `le` bound
 
 
 class FlagConflict(TypeError):
