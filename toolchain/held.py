@@ -20,11 +20,11 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from deploy.job import job_variant
 from runtime import contract as C
-from runtime.spec import spec_hash
+from runtime.spec import load_spec, spec_hash
 from toolchain.config import Settings
 from toolchain.errors import ConfigError, ToolchainError
-from toolchain.hashing import tree_hash
 from toolchain.progress import Reporter
 from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, write_cluster,
                                write_run)
@@ -68,7 +68,7 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
     held_target = _target(target_name)
     variant = None
     if held_target.needs_image:  # the nodes run the image: what it was built from is what run compares with
-        variant = "gpu" if (flags.get("gpus") or 0) else "cpu"
+        variant = job_variant(held_target.spec_gpus(load_spec(pipeline.resolve_spec(settings, spec))))
         built = read_builds(settings.build_dir).get(variant)
         if built is None or not built.below_app_key:
             raise ToolchainError(f"build/build.json has no source keys for {variant}: run `invoke build` (this "
@@ -89,10 +89,9 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
     return {"cluster": record.model_dump(), "out_dir": summary["out_dir"]}
 
 
-def guard(settings: Settings, record: ClusterRecord, spec_file: Path) -> list[str]:
-    """Why this tree's code cannot run on the held cluster (each with the fix); [] when it can."""
-    from toolchain.images import source_keys
-    keys = source_keys(settings)
+def guard(settings: Settings, record: ClusterRecord, spec_file: Path, keys: dict) -> list[str]:
+    """Why this tree (KEYS: toolchain.images.source_keys) cannot run on the held cluster (each with the
+    fix); [] when it can."""
     redeploy = f"rebuild and redeploy: invoke build push && invoke down --name {record.name} && invoke up"
     problems = []
     if record.project != str(settings.root.resolve()):
@@ -127,11 +126,13 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
         raise ToolchainError(f"the held cluster {record.name!r} is not running ({state['nodes']}); "
                              f"`invoke down --name {record.name}` clears its record, then `invoke up`")
     spec_file = pipeline.resolve_spec(settings, spec)
-    problems = guard(settings, record, spec_file)
+    from toolchain.images import source_keys
+    keys = source_keys(settings)  # the tree hashed once: the guard's keys and the code's hash
+    problems = guard(settings, record, spec_file, keys)
     if problems:
         raise ConfigError(f"`invoke run` cannot send this code to {record.name!r}:\n  - " + "\n  - ".join(problems))
     app_dir = settings.path(settings.project.app_dir)
-    code_sha = tree_hash(app_dir)
+    code_sha = keys["code_sha256"]
     rel_dir = f"{CODE_DIR}/{code_sha[:16]}"
     argv = list(settings.deploy.command) if command is None else pipeline.parse_command(command)
     run_id = pipeline.pick_run(settings, record.name, resume=False)

@@ -141,13 +141,13 @@ class Builder:
         rebuilt.append("deps")
         return ref, key, wh
 
-    def app(self, deps_ref: str, deps_key: str, rebuilt: list) -> tuple[str, str]:
+    def app(self, deps_ref: str, deps_key: str, sources: dict, rebuilt: list) -> tuple[str, str]:
         """The runtime package and the user's code as one layer, assembled directly (toolchain/layers.py)."""
         app_dir = self.settings.path(self.settings.project.app_dir)
         if not app_dir.is_dir():
             raise ConfigError(f"project.app_dir: {app_dir} is not a directory; point it at your training code")
         runtime_dir = self.settings.path(self.settings.project.runtime_dir)
-        key = key_of("app", deps_key, tree_hash(runtime_dir), tree_hash(app_dir), layers.LAYER_FORMAT)
+        key = key_of("app", deps_key, sources["runtime_sha256"], sources["code_sha256"], layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:app-{key[:16]}"
 
         def make() -> layers.Layer:
@@ -206,12 +206,13 @@ class Builder:
             rebuilt.append("base")
         pyver = self._python_version(base)
         deps_ref, deps_key, wh = self.deps(base, variant, pyver, rebuilt)
-        app_ref, app_key = self.app(deps_ref, deps_key, rebuilt)
+        sources = source_keys(self.settings)  # the trees hashed once: the app layer's key and the record's
+        app_ref, app_key = self.app(deps_ref, deps_key, sources, rebuilt)
         ref, human_ref, sha = self.spec_layer(app_ref, app_key, spec_file, variant, wh.torch_source, rebuilt)
         image = self.client.images.get(ref)
         return BuildRecord(variant=variant, local_ref=ref, human_ref=human_ref, image_id=image.id, spec_sha256=sha,
                            base_ref=base.ref, deps_ref=deps_ref, app_ref=app_ref, torch_source=wh.torch_source,
-                           rebuilt=rebuilt, **source_keys(self.settings))
+                           rebuilt=rebuilt, **sources)
 
 
 def source_keys(settings: Settings) -> dict:
