@@ -96,11 +96,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         program.run(argv)
     except (SystemExit, KeyboardInterrupt, Exit):
         raise
-    except AmbiguousMergeError as e:  # raised while the files are merged, just before the first task
-        failure = boundary.explain(_config_error("a file's value where the defaults have a mapping", e))
-        print(failure.message, file=sys.stderr)
-        sys.exit(failure.code)
     except Exception as e:  # noqa: BLE001 - the boundary decides what is the user's doing
+        if isinstance(e, AmbiguousMergeError):  # raised while the files are merged, just before the first task
+            e = _config_error("a file's value where the defaults have a mapping", e)
         failure = boundary.explain(e)
         if failure is None:
             sys.exit(boundary.report_bug(e))
