@@ -54,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
                                "cluster is serving here.")
     ru.add_argument("--code-dir", required=True, help="The project's code, unpacked (the driver's cwd and the "
                                                       "job's working_dir on every node).")
+    ru.add_argument("--unpack-stdin", metavar="ROOT",
+                    help="The code comes as a tar on stdin, its members under --code-dir's path below ROOT "
+                         "(invoke run into a container: Pyxis, Kubernetes); unpacked unless --code-dir exists "
+                         "(it is named by the code's hash). The driver's stdin is then /dev/null.")
     ru.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command.")
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
@@ -63,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         from runtime import serving
         from runtime.errors import RaytrainError
         try:
-            return serving.run(Path(args.code_dir), args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd)
+            return serving.run(Path(args.code_dir), args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd,
+                               unpack_root=Path(args.unpack_stdin) if args.unpack_stdin else None)
         except RaytrainError as e:
             print(f"run: error: {e}", file=sys.stderr, flush=True)
             return getattr(e, "exit_code", 1)

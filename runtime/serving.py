@@ -23,11 +23,15 @@ run's first step comes without a torch import on the way.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
+import sys
+import tarfile
 import tempfile
 import threading
 from pathlib import Path
@@ -43,6 +47,7 @@ ZYGOTE_ENV = "RAYTRAIN_ZYGOTE_SOCKET"  # the head's zygote, which forks drivers 
 
 SERVING_LINE = "serving: the cluster is up"  # what hold logs once the barrier passed: targets wait for it
 MAX_REQUEST = 1 << 20
+MAX_CODE = 1 << 30  # the most a run's code on stdin may be (the app layer is code, not data)
 RUN_ENV_PREFIX = "RAYTRAIN_"  # what a run passes on from its own environment (its run id, say); nothing else
 
 
@@ -154,12 +159,50 @@ def _start_driver(code_dir: Path, cmd: list[str], env: dict, fds: list[int], on_
         log_relay.finish(relayed)
 
 
-def run(code_dir: Path, cmd: list[str], env: dict | None = None) -> int:
+def unpack_code(root: Path, code_dir: Path, stream) -> None:
+    """The code a run brings on STREAM (its stdin: `kubectl exec -i`, an srun step into a container),
+    a tar whose members lie under CODE_DIR's path below ROOT; unpacked once, since CODE_DIR is named
+    by the code's hash (a version already there is the same bytes). Unpacked beside it and renamed
+    into place, so a run never sees half a tree."""
+    root, code_dir = root.resolve(), code_dir.resolve()
+    if not code_dir.is_relative_to(root) or code_dir == root:
+        raise InputError(f"--code-dir {code_dir}: must lie below --unpack-stdin {root}")
+    data = stream.read(MAX_CODE + 1)
+    if len(data) > MAX_CODE:
+        raise InputError(f"the code on stdin is over {MAX_CODE >> 20} MiB; keep data out of project.app_dir")
+    if code_dir.is_dir():
+        return
+    code_dir.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".unpack-", dir=code_dir.parent))
+    try:
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+                tf.extractall(scratch, filter="data")
+        except tarfile.FilterError as e:
+            raise InputError(f"the tar on stdin has a member outside its directory: {e}") from None
+        except (tarfile.TarError, EOFError) as e:
+            raise InputError(f"the code on stdin is not a tar archive ({e})") from None
+        unpacked = scratch / code_dir.relative_to(root)
+        if not unpacked.is_dir():
+            raise InputError(f"the tar on stdin holds nothing under {code_dir.relative_to(root)}")
+        try:
+            unpacked.rename(code_dir)
+        except OSError:
+            if not code_dir.is_dir():  # another run of the same code may have put it there first
+                raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run(code_dir: Path, cmd: list[str], env: dict | None = None, unpack_root: Path | None = None) -> int:
     """Run CMD as a driver on the cluster this head holds, in CODE_DIR; its exit code (128+N for a signal).
-    Signals this process gets (Ctrl-C, scancel of the step) go to the driver."""
+    With UNPACK_ROOT the code comes as a tar on stdin first (`unpack_code`) and the driver's stdin is
+    /dev/null. Signals this process gets (Ctrl-C, scancel of the step) go to the driver."""
     env = dict(os.environ if env is None else env)
     if not cmd:
         raise InputError("no driver command: python -m runtime run --code-dir DIR -- python train.py ...")
+    if unpack_root is not None:
+        unpack_code(unpack_root, code_dir, sys.stdin.buffer)
     if not code_dir.is_dir():
         raise InputError(f"--code-dir {code_dir}: not a directory; `invoke run` unpacks the project's code there")
     path = socket_path(env)
@@ -172,7 +215,12 @@ def run(code_dir: Path, cmd: list[str], env: dict | None = None) -> int:
                             "`invoke up` (launch --serve), or run this on its head") from None
     request = {"code_dir": str(code_dir.resolve()), "cmd": cmd,
                "env": {k: v for k, v in env.items() if k.startswith(RUN_ENV_PREFIX)}}
-    socket.send_fds(conn, [json.dumps(request).encode()], [0, 1, 2])
+    stdin = os.open(os.devnull, os.O_RDONLY) if unpack_root is not None else 0  # stdin was the code
+    try:
+        socket.send_fds(conn, [json.dumps(request).encode()], [stdin, 1, 2])
+    finally:
+        if stdin:
+            os.close(stdin)
     reader = conn.makefile("rb")
     pid = None
     for raw in reader:

@@ -1,6 +1,7 @@
 """A held cluster (launch --serve) and drivers sent to it (python -m runtime run), on real Ray nodes on
 this host: each run's code reaches every node through Ray's working_dir, its workers are new processes
 forked from the zygote, nothing of an earlier run's code survives, and SIGTERM ends the cluster with 0."""
+import io
 import json
 import re
 import secrets
@@ -8,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -66,11 +68,23 @@ def wait_serving(proc, timeout=180):
     raise AssertionError("the head did not start serving")
 
 
-def run(code: Path, token: str, job: str, **env):
+def run(code: Path, token: str, job: str, unpack: tuple[Path, bytes] | None = None, **env):
+    """`python -m runtime run` of CODE; UNPACK (root, tar): the code comes on stdin instead."""
     e = {**node_env(0, 2, token, RAYTRAIN_JOB_NAME=job), **env}
     e.pop("RAY_AUTH_TOKEN")  # the run needs no token: the head's driver gets its own
-    return subprocess.run([sys.executable, "-m", "runtime", "run", "--code-dir", str(code), "--", sys.executable,
-                           "drive.py"], env=e, capture_output=True, text=True, timeout=180)
+    extra = ["--unpack-stdin", str(unpack[0])] if unpack else []
+    r = subprocess.run([sys.executable, "-m", "runtime", "run", "--code-dir", str(code), *extra, "--",
+                        sys.executable, "drive.py"], env=e, capture_output=True, timeout=180,
+                       input=unpack[1] if unpack else b"")
+    return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"),
+                                       r.stderr.decode(errors="replace"))
+
+
+def code_tar(src: Path, rel: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        tf.add(src, arcname=rel)
+    return buf.getvalue()
 
 
 def result(r) -> dict:
@@ -98,6 +112,14 @@ def test_runs_on_a_held_cluster_see_their_own_code_and_the_cluster_leaves_on_sig
         assert [w["old_module"] for w in first["workers"]] == [True, True]
         assert [w["old_module"] for w in second["workers"]] == [False, False]  # nothing of v1 survives
         assert not {w["pid"] for w in first["workers"]} & {w["pid"] for w in second["workers"]}
+        # into a container the code comes on the run's stdin (Pyxis, Kubernetes): unpacked once, by its name
+        root = tmp_path / "unpacked"
+        (tmp_path / "src").mkdir()
+        tar = code_tar(code_dir(tmp_path / "src", "v3"), "code/h3")
+        third = result(run(root / "code" / "h3", token, job, unpack=(root, tar)))
+        assert third["driver_tag"] == "v3" and {w["tag"] for w in third["workers"]} == {"v3"}
+        assert (root / "code" / "h3" / "marker.py").read_text() == "TAG = 'v3'\n"
+        assert [p.name for p in (root / "code").iterdir()] == ["h3"]  # nothing half-unpacked left beside it
         assert head.poll() is None and worker.poll() is None  # runs come and go; the cluster stays
         head.send_signal(signal.SIGTERM)
         (head_code, head_log), (worker_code, _) = finish([head, worker], timeout=120)
@@ -112,6 +134,24 @@ def test_runs_on_a_held_cluster_see_their_own_code_and_the_cluster_leaves_on_sig
 def test_run_without_a_serving_head_says_so(tmp_path):
     r = run(code_dir(tmp_path, "v1"), "x", f"none-{secrets.token_hex(3)}")
     assert r.returncode == 1 and "no cluster is serving on this node" in r.stderr and "invoke up" in r.stderr
+
+
+def test_code_on_stdin_is_unpacked_once_below_its_root_and_bad_input_changes_nothing(tmp_path):
+    from runtime.errors import InputError
+    from runtime.serving import unpack_code
+    src = code_dir(tmp_path, "v1")
+    root = tmp_path / "root"
+    unpack_code(root, root / "c" / "h1", io.BytesIO(code_tar(src, "c/h1")))
+    assert (root / "c" / "h1" / "marker.py").read_text() == "TAG = 'v1'\n"
+    unpack_code(root, root / "c" / "h1", io.BytesIO(b"not read as a tar: the version is already there"))
+    for stream, where, message in ((io.BytesIO(b"junk" * 100), root / "c" / "h2", "not a tar archive"),
+                                   (io.BytesIO(code_tar(src, "c/other")), root / "c" / "h2", "nothing under c/h2"),
+                                   (io.BytesIO(code_tar(src, "c/h2")), tmp_path / "elsewhere", "must lie below"),
+                                   (io.BytesIO(code_tar(src, "../c/h2")), root / "c" / "h2", "outside")):
+        with pytest.raises(InputError, match=message):
+            unpack_code(root, where, stream)
+    assert sorted(p.name for p in (root / "c").iterdir()) == ["h1"] and not (tmp_path / "elsewhere").exists()
+    assert not (tmp_path / "c").exists()  # a member naming ../ did not land above the root
 
 
 def test_serve_refuses_a_driver_command():
