@@ -255,8 +255,11 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
                    f"(at {time.time():.3f}{', imports preloaded' if early else ''})")
         if opts.serve:
             code = serving.hold(address, ip, lambda msg: log(ident, msg), driver_env)
-            agent.send(f"exit {code}")
-            agent.expect("published", node, timeout_s=2 * GCS_RECONNECT_S + 30)
+            try:
+                agent.send(f"exit {code}")
+                agent.expect("published", node, timeout_s=2 * GCS_RECONNECT_S + 30)
+            except LaunchError:  # Slurm signals every process of the step, the agent too: the nodes got
+                pass             # the same signal and leave with the same code
             return code
         proc = go(early) if early else subprocess.Popen(cmd, env=driver_env, preexec_fn=lifeline.tied_to_me(),
                                                         **log_relay.streams())
@@ -388,22 +391,24 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         _stop_node(node)
 
 
-def _leave_on_sigterm() -> None:
+def _leave_on_sigterm(held: bool) -> None:
     """SIGTERM (a pod deleted or evicted, scancel, docker stop) ends this node at once, through the same
-    cleanup as any exit, with the code a shell gives (143). Needed because in a container this process is
-    often PID 1, for which the kernel ignores signals that have no handler: the kubelet would wait its
-    whole grace period and then SIGKILL. The head replaces the handler with one that forwards to the driver."""
+    cleanup as any exit, with the code a shell gives (143); a HELD cluster's node with 0, since SIGTERM is
+    how `invoke down` ends it (on Slurm every step's processes get it). Needed because in a container this
+    process is often PID 1, for which the kernel ignores signals that have no handler: the kubelet would
+    wait its whole grace period and then SIGKILL. The head replaces the handler with one that forwards to
+    the driver (or, held, stops serving)."""
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, lambda sig, _frame: _terminated(0 if held else 128 + sig))
 
 
-def _terminated(sig: int, _frame) -> None:
+def _terminated(code: int) -> None:
     TERMINATING.set()
-    sys.exit(128 + sig)
+    sys.exit(code)
 
 
 def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -> int:
-    _leave_on_sigterm()
+    _leave_on_sigterm(opts.serve)
     env_in = dict(os.environ if env_in is None else env_in)
     spec = load_spec(env_in[C.SPEC_PATH]) if env_in.get(C.SPEC_PATH) else None
     ident = detect(env_in, spec)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from typing import Callable, Optional
@@ -44,6 +45,9 @@ def head(args, status_fd: int) -> int:
         # log_to_driver: the warm hosts belong to this process's job, and their output (once a group
         # adopts them, the ranks') is printed on the head's output, as the driver's own workers' is
         ray.init(address=args.address, log_to_driver=True, logging_level="ERROR")
+        # SIGTERM (the launcher going, or a scheduler that signals every process of the step, as
+        # Slurm's scancel does) ends this process quietly, not through Ray's crash report
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM))
         warm = warmer(ident, args.warm_hosts)  # held until the driver exits: it holds the warm hosts' handles
         last = barrier(ident, args.address, args.barrier_timeout, warm)
     except LaunchError as e:
