@@ -41,6 +41,17 @@ TOKEN_LINES = [
 ]
 
 
+HEAD_CONTAINER = "raytrain-head-"  # + the Slurm job id: a held Pyxis head's named container
+
+
+def head_container(job_id: str) -> str:
+    """The Pyxis container name of a held cluster's head: `invoke run`'s step attaches to it
+    (`--container-name=NAME:exec` joins the running container's namespaces, so it reaches the head's
+    socket and /tmp). Named by job id: with Pyxis' default container_scope=global a name outlives
+    its job, and a later job must never reuse another's root filesystem."""
+    return HEAD_CONTAINER + job_id
+
+
 def squashfs_ref(path: str) -> str:
     """Pyxis takes a .sqsh by absolute path or a ./-relative one; anything else it reads as an image name."""
     if not (path.startswith("/") or path.startswith("./")) or not path.endswith(".sqsh") or "," in path:
@@ -123,7 +134,9 @@ def render(job: JobSpec, *, partition: Optional[str] = None, account: Optional[s
               + (f' + {spare_nodes} spare' if spare_nodes else '') + ' restart ${SLURM_RESTART_COUNT:-0}"', ""]
     ctr = container_flags(job, image, mount_home) if image else []
     head = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", f"--export=ALL,{C.NODE_RANK}=0", *ctr]
-    lines.append(shlex.join(head) + ' -w "$head_node" ' + shlex.join(job.launch_argv(port_stride, driver=True)) + " &")
+    named = image and job.serve  # a held head's container, which `invoke run` attaches to
+    lines.append(shlex.join(head) + (f' "--container-name={HEAD_CONTAINER}$SLURM_JOB_ID"' if named else "")
+                 + ' -w "$head_node" ' + shlex.join(job.launch_argv(port_stride, driver=True)) + " &")
     lines.append("head_pid=$!")
     others = job.nodes - 1 + spare_nodes
     if others:
@@ -141,6 +154,14 @@ def render(job: JobSpec, *, partition: Optional[str] = None, account: Optional[s
                   'wrc=0',
                   'wait "$workers_pid" || wrc=$?',
                   'echo "raytrain: workers step exited with $wrc"']
+    if named:
+        # Pyxis removes a named container at the job's end only with container_scope=job; under the
+        # default (global) its root filesystem would stay on the node. `invoke down` signals the steps
+        # (the head leaves with 0), so this runs; a job killed at its time limit cannot run it.
+        lines += ["# the head's named container: removed here unless Pyxis (container_scope=job) does it",
+                  'srun --overlap --nodes=1 --ntasks=1 -w "$head_node" sh -c '
+                  + shlex.quote('enroot list 2>/dev/null | grep -qx "$0" && enroot remove -f "$0" >/dev/null; true')
+                  + f' "pyxis_{HEAD_CONTAINER}$SLURM_JOB_ID" || true']
     if job.retries:
         lines += [f'if [ "$rc" -ne 0 ] && [ "${{SLURM_RESTART_COUNT:-0}}" -lt {job.retries} ]; then',
                   '  echo "raytrain: driver exited with $rc; requeueing (restart ${SLURM_RESTART_COUNT:-0})"',

@@ -1,32 +1,35 @@
-"""A held cluster on Slurm: the job `invoke up` submitted, with its head serving drivers.
+"""A held cluster on Slurm (plain or Pyxis): the job `invoke up` submitted, its head serving drivers.
 
     wait_serving  after sbatch: the job's output says the head serves (or the job ended: its log)
-    run           the code unpacked on the shared fileroot; `srun --jobid J --overlap -w HEAD
-                  python -m runtime run` hands the driver to the head (runtime/serving.py), whose
-                  own environment holds the job's Ray token: nothing secret leaves the job
+    run           `srun --jobid J --overlap -w HEAD python -m runtime run --unpack-stdin /tmp`, the
+                  code as a tar on the step's stdin: unpacked once on the head (by its hash) and handed
+                  to the head (runtime/serving.py), whose own environment holds the job's Ray token:
+                  nothing secret leaves the job. With Pyxis the step attaches to the head's running
+                  container (`--container-name=raytrain-head-J:exec`: its namespaces, so its /tmp and
+                  socket), without importing the image again
     status        squeue's state of the job
-    down          scancel: the head stops serving, the nodes leave, Slurm ends the job
-
-The fileroot is shared by the login node and the compute nodes (Slurm writes the job's output
-there already), so the code of each run goes to <fileroot>/raytrain-code/<hash>/ once.
+    down          `scancel --signal=TERM` of the steps: the head stops serving and leaves with 0, the
+                  nodes follow, the script removes the head's named container (Pyxis) and ends; if the
+                  job is still there after GRACE_S, scancel
 """
 from __future__ import annotations
 
-import io
 import re
 import subprocess
 import sys
-import tarfile
 import time
 from pathlib import Path
 from typing import Callable
 
 from deploy.job import DeployError, JobSpec
+from deploy.sbatch import head_container
 from runtime import contract as C
 from runtime import log_relay
 from runtime.serving import SERVING_LINE
 from runtime.wait import wait_until
 
+UNPACK_ROOT = "/tmp"  # where a run's code is unpacked on the head (in its container, with Pyxis)
+GRACE_S = 120  # how long down waits for the job to end on its own before it cancels it
 HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")  # what the sbatch script echoes (deploy/sbatch.py)
 
 
@@ -37,13 +40,23 @@ def _cli(argv: list[str], env: dict, timeout_s: float = 60) -> subprocess.Comple
         raise DeployError(f"{argv[0]} is not on PATH: run on a Slurm login node") from None
 
 
+ENDED = ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
+         "DEADLINE")  # squeue's states of a job that is over ('': no longer listed)
+
+
+def ended(st: str) -> bool:
+    return st in ENDED
+
+
 def state(job_id: str, env: dict) -> str:
     """squeue's state of the job ('' once it has left the queue)."""
     return _cli(["squeue", "-h", "-j", job_id, "-o", "%T"], env).stdout.strip()
 
 
-def wait_serving(job: JobSpec, job_id: str, env: dict, progress: Callable[[str], None], timeout_s: float = 600) -> dict:
-    """The handle once the job's head serves; if the job ends first, its log's last lines."""
+def wait_serving(job: JobSpec, job_id: str, env: dict, progress: Callable[[str], None], timeout_s: float = 600,
+                 container: bool = False) -> dict:
+    """The handle once the job's head serves; if the job ends first, its log's last lines. CONTAINER:
+    the head runs in Pyxis' named container (deploy/sbatch.head_container)."""
     log = Path(job.fileroot) / "logs" / f"{job.name}-{job_id}.out"
     progress(f"slurm: waiting for job {job_id} to start and its head to serve ({log})")
 
@@ -51,7 +64,7 @@ def wait_serving(job: JobSpec, job_id: str, env: dict, progress: Callable[[str],
         return log.read_text(errors="replace") if log.exists() else ""
 
     def serving():
-        if state(job_id, env) in ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+        if ended(state(job_id, env)):
             raise DeployError(f"Slurm job {job_id} ended before its head served:\n    "
                               + "\n    ".join(text().splitlines()[-15:]))
         t = text()
@@ -64,8 +77,10 @@ def wait_serving(job: JobSpec, job_id: str, env: dict, progress: Callable[[str],
     except BaseException:
         _cli(["scancel", job_id], env)
         raise
-    return {"job_id": job_id, "head_node": head, "log": str(log), "code_root": str(Path(job.fileroot)),
-            "job_name": job.name}
+    handle = {"job_id": job_id, "head_node": head, "log": str(log), "job_name": job.name}
+    if container:
+        handle["container"] = head_container(job_id)
+    return handle
 
 
 def status(handle: dict, env: dict) -> dict:
@@ -73,27 +88,48 @@ def status(handle: dict, env: dict) -> dict:
     return {"up": st == "RUNNING", "nodes": {f"job {handle['job_id']} (head {handle['head_node']})": st or "gone"}}
 
 
-def run(handle: dict, env: dict, code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict, out=None) -> int:
-    out = out or sys.stdout
-    root = Path(handle["code_root"])
-    code_dir = root / rel_dir
-    if not code_dir.is_dir():  # content-addressed: a version already there is the same bytes
-        with tarfile.open(fileobj=io.BytesIO(code_tar)) as tf:
-            tf.extractall(root, filter="data")
+def run_step(handle: dict, code_dir: str, argv: list[str], run_env: dict) -> list[str]:
+    """The srun step that runs ARGV on the held cluster's head, its code coming on stdin."""
     exports = ",".join(["ALL", *(f"{k}={v}" for k, v in sorted(run_env.items()))])
     step = ["srun", f"--jobid={handle['job_id']}", "--overlap", "--nodes=1", "--ntasks=1", "-w", handle["head_node"],
-            f"--export={exports}", *C.RUNTIME_CMD, "run", "--code-dir", str(code_dir), "--", *argv]
+            f"--export={exports}"]
+    if handle.get("container"):  # join the head's running container; its image's variables lose to these
+        step += [f"--container-name={handle['container']}:exec", "--container-env=" + ",".join(sorted(run_env))]
+    return [*step, *C.RUNTIME_CMD, "run", "--code-dir", code_dir, "--unpack-stdin", UNPACK_ROOT, "--", *argv]
+
+
+def run(handle: dict, env: dict, code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict, out=None) -> int:
+    out = out or sys.stdout
+    step = run_step(handle, f"{UNPACK_ROOT}/{rel_dir}", argv, run_env)
     try:
-        proc = subprocess.Popen(step, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(step, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
     except FileNotFoundError:
         raise DeployError("srun is not on PATH: run on a Slurm login node") from None
+    try:
+        proc.stdin.write(code_tar)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the step ended early: its output says why
     log_relay.prefixed(proc.stdout, "run", out)
     return proc.wait()
 
 
-def down(handle: dict, env: dict, timeout_s: float = 120) -> list[str]:
-    _cli(["scancel", handle["job_id"]], env)
+def _gone(job_id: str, env: dict, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    while state(handle["job_id"], env) and time.monotonic() < deadline:
+    while not ended(state(job_id, env)):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.5)
-    return [f"Slurm job {handle['job_id']}"]
+    return True
+
+
+def down(handle: dict, env: dict, timeout_s: float = 120) -> list[str]:
+    """The steps get SIGTERM (the batch script does not): the head leaves serving with 0, the script
+    cleans up and ends. A job still there after GRACE_S is cancelled."""
+    job_id = handle["job_id"]
+    _cli(["scancel", "--signal=TERM", job_id], env)
+    if not _gone(job_id, env, GRACE_S):
+        _cli(["scancel", job_id], env)
+        _gone(job_id, env, timeout_s)
+    return [f"Slurm job {job_id}"]

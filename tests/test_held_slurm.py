@@ -51,8 +51,11 @@ def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):
         assert out["exit_code"] == 0, logs[-4000:] + cluster.logs()
         assert any("step 1 loss" in line and "CHANGED-ON-SLURM" in line for line in logs.splitlines()), logs[-4000:]
         assert '"trained_steps": 3' in logs and '"ranks_reported": [0, 1, 2]' in logs
-        assert (fileroot / "raytrain-code").is_dir()
-        assert read_runs(s.build_dir)[name].code_sha256 == tree_hash(app)
+        code_sha = read_runs(s.build_dir)[name].code_sha256
+        assert code_sha == tree_hash(app)
+        # the code came on the run step's stdin, unpacked on the head (every slurmd here is this host)
+        assert (Path("/tmp/raytrain-code") / code_sha[:16] / "train.py").read_text() == train.read_text()
+        assert not (fileroot / "raytrain-code").exists()
         runtime_copy = tmp_path / "runtime"  # a runtime other than the one the nodes run: refused
         shutil.copytree(ROOT / "runtime", runtime_copy, ignore=shutil.ignore_patterns("__pycache__"))
         (runtime_copy / "numbers.py").write_text((runtime_copy / "numbers.py").read_text() + "\n# changed\n")
@@ -62,5 +65,6 @@ def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):
     finally:
         held.down(s, rep=Reporter(), name=name, env=cluster.env)
     fields = cluster.wait(record.handle["job_id"], timeout_s=120)
-    assert fields["JobState"] in ("CANCELLED", "COMPLETED"), fields
+    # down signals the steps: the head leaves serving with 0 and the script ends the job itself
+    assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", fields
     assert name not in read_clusters(s.build_dir)

@@ -83,6 +83,37 @@ def test_pyxis_flags_on_every_role_srun_and_never_on_sbatch(tmp_path):
     assert "RAY_AUTH_TOKEN=" not in script.replace("export RAY_AUTH_TOKEN=\"$(", "")  # generated at run time only
 
 
+def test_a_held_pyxis_head_runs_in_a_container_named_by_its_job_which_runs_attach_to(tmp_path):
+    """`invoke up --target pyxis`: only the head's step names its container (by the Slurm job id, so no
+    later job reuses its root filesystem), the script removes it after the head leaves, and `invoke
+    run`'s step attaches to that running container with the code on its stdin, never importing the
+    image again. Plain Slurm: no container anywhere."""
+    from deploy import slurm_held
+    job, opts = spec_job("slurm-pyxis", serve=True)
+    job = job.model_copy(update={"command": ["python", "-m", "runtime", "--unused"]})
+    script = render(job, opts, PYXIS_IMAGE)
+    bash_n(script, tmp_path)
+    head, workers = srun_lines(script)[:2]
+    assert "--container-name=raytrain-head-$SLURM_JOB_ID" in head  # expanded by the job's shell
+    assert not [a for a in workers if a.startswith("--container-name")]
+    assert head[head.index("--serve") + 1:] == []  # a held head runs no driver
+    cleanup = next(l for l in script.splitlines() if "enroot remove" in l)
+    assert script.index(cleanup) > script.index('wait "$head_pid"') and '"pyxis_raytrain-head-$SLURM_JOB_ID"' in cleanup
+    assert "--container" not in cleanup  # on the node, outside the container it removes
+    plain = render(job, opts)
+    assert "--container" not in plain and "enroot" not in plain
+
+    handle = {"job_id": "77", "head_node": "n1", "container": sbatch.head_container("77")}
+    step = slurm_held.run_step(handle, "/tmp/raytrain-code/abc", ["python", "train.py"], {"RAYTRAIN_RUN_ID": "r1"})
+    assert {"--jobid=77", "--overlap", "--container-name=raytrain-head-77:exec",
+            "--container-env=RAYTRAIN_RUN_ID", "--export=ALL,RAYTRAIN_RUN_ID=r1"} <= set(step)
+    assert not [a for a in step if a.startswith(("--container-image", "--container-mounts"))]
+    assert step[step.index("run"):] == ["run", "--code-dir", "/tmp/raytrain-code/abc", "--unpack-stdin", "/tmp", "--",
+                                        "python", "train.py"]
+    bare = slurm_held.run_step({"job_id": "78", "head_node": "n1"}, "/tmp/raytrain-code/abc", ["python"], {})
+    assert not [a for a in bare if "container" in a]
+
+
 def test_node_failure_policy_requeue_or_spares(tmp_path):
     """Always --requeue (a failed node requeues the job, which resumes its run); with spare nodes the
     allocation is larger, --no-kill, and the workers' step survives losing a node."""

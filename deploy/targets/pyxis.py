@@ -14,8 +14,9 @@ from typing import Optional
 from pydantic import Field
 
 from deploy import enroot, sbatch
-from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File, Target
-from deploy.targets.slurm import SlurmFlags, partition_account, slurm_notes, slurm_problems, spec_section, submit
+from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File
+from deploy.targets.slurm import (SlurmFlags, SlurmJobTarget, partition_account, slurm_notes, slurm_problems,
+                                  spec_section, submit)
 from deploy.job import JobSpec
 from runtime.spec import ClusterSpec
 
@@ -43,7 +44,7 @@ def sqsh_paths(job: JobSpec, opts: PyxisFlags) -> tuple[Path, str]:
     return local, sbatch.squashfs_ref(str(where))
 
 
-class Pyxis(Target):
+class Pyxis(SlurmJobTarget):
     name = "pyxis"
     summary = "sbatch with srun --container-image (Pyxis + enroot): from the registry digest or an enroot .sqsh"
     Options = PyxisFlags
@@ -99,7 +100,7 @@ class Pyxis(Target):
                 ctx.progress(f"squashfs at {dest}")
                 out["sqsh"] = str(dest)
         if opts.submit:
-            return {**out, **submit(artifacts, job, ctx)}
+            return {**out, **submit(artifacts, job, ctx, container=True)}
         return {**out, **super().apply(artifacts, job, spec, opts, ctx)}
 
 

@@ -57,18 +57,35 @@ def slurm_notes(job: JobSpec, spec: ClusterSpec, opts: SlurmFlags) -> list[str]:
     return notes
 
 
-def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext) -> dict:
+def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext, container: bool = False) -> dict:
+    """sbatch the script; for a held cluster, wait until its head serves (CONTAINER: in Pyxis' named
+    container, which runs attach to)."""
     written = ctx.write(artifacts)
     out = {"written": [str(w) for w in written]}
     job_id = sbatch.submit(written[0], job, env=ctx.env)
     ctx.progress(f"submitted: Slurm job {job_id}; output in {sbatch.log_dir(job)}")
     out["slurm_job_id"] = job_id
     if job.serve:
-        out["held"] = held.wait_serving(job, job_id, ctx.env, ctx.progress)
+        out["held"] = held.wait_serving(job, job_id, ctx.env, ctx.progress, container=container)
     return out
 
 
-class Slurm(Target):
+class SlurmJobTarget(Target):
+    """A target whose held cluster is one running Slurm job (deploy/slurm_held.py): plain and Pyxis."""
+    holds_clusters = True
+
+    def held_status(self, handle: dict, ctx: HeldContext) -> dict:
+        return held.status(handle, ctx.env)
+
+    def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
+                 run_env: dict) -> int:
+        return held.run(handle, ctx.env, code_tar, rel_dir, argv, run_env, ctx.out)
+
+    def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
+        return held.down(handle, ctx.env)
+
+
+class Slurm(SlurmJobTarget):
     name = "slurm"
     summary = "plain sbatch: Ray head + workers over srun in the nodes' own environment (slurm.env_setup)"
     Options = SlurmFlags
@@ -98,19 +115,6 @@ class Slurm(Target):
         if opts.submit:
             return submit(artifacts, job, ctx)
         return super().apply(artifacts, job, spec, opts, ctx)
-
-    # a held cluster is a running Slurm job (deploy/slurm_held.py)
-    holds_clusters = True
-
-    def held_status(self, handle: dict, ctx: HeldContext) -> dict:
-        return held.status(handle, ctx.env)
-
-    def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
-                 run_env: dict) -> int:
-        return held.run(handle, ctx.env, code_tar, rel_dir, argv, run_env, ctx.out)
-
-    def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
-        return held.down(handle, ctx.env)
 
 
 TARGET = Slurm()
