@@ -2,6 +2,7 @@
 
     launch(objs, ...)    create each job's token Secret (fresh value, sent on stdin) and apply the objects
     destroy(group, ...)  delete exactly what launch created, by label
+    pods, logs           what a held cluster's wait and status read (deploy/k8s_held.py)
     look(namespace, ...) the namespace (with its Pod Security labels) and which of the named Secrets exist;
                          None when the cluster cannot be asked (no kubectl, no kubeconfig, unreachable)
 """
@@ -18,12 +19,27 @@ from typing import Callable, Optional, Sequence
 from deploy.job import DeployError
 
 KINDS = "jobs.batch,services,secrets"
+# the labels every object of a job carries (deploy/targets/k8s.py): what selectors are made of
+LABEL_JOB = "raytrain.io/job"
+LABEL_ROLE = "raytrain.io/role"
+LABEL_SEED = "raytrain.io/seed"
+LABEL_GROUP = "raytrain.io/group"  # the name given to deploy: one job, or every seed of a fan-out
+
+
+def group_selector(group: str) -> str:
+    return f"{LABEL_GROUP}={group}"
+
+
+def head_selector(job_name: str) -> str:
+    return f"{LABEL_JOB}={job_name},{LABEL_ROLE}=head"
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 
 
-def run(args: list[str], stdin: Optional[str] = None, kubectl: str = "kubectl", timeout_s: float = 300) -> str:
+def run(args: list[str], stdin: Optional[str] = None, kubectl: str = "kubectl", timeout_s: float = 300,
+        env: Optional[dict] = None) -> str:
     try:
-        res = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, timeout=timeout_s)
+        res = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, timeout=timeout_s,
+                             env=env)
     except FileNotFoundError:
         raise DeployError(f"{kubectl} is not on PATH; install kubectl or apply the written manifests yourself") from None
     except subprocess.TimeoutExpired:
@@ -41,10 +57,23 @@ def launch(secrets: list[dict], objs: list[dict], namespace: str, kubectl: str =
                json.dumps({"apiVersion": "v1", "kind": "List", "items": secrets + objs}), kubectl)
 
 
-def destroy(selector: str, namespace: str, kubectl: str = "kubectl") -> str:
+def destroy(selector: str, namespace: str, kubectl: str = "kubectl", env: Optional[dict] = None) -> str:
     """Delete the Jobs (with their pods), Services and Secrets that carry the label selector."""
     return run(["delete", KINDS, "-n", namespace, "-l", selector, "--cascade=foreground", "--ignore-not-found"],
-               kubectl=kubectl)
+               kubectl=kubectl, env=env)
+
+
+def pods(selector: str, namespace: str, env: Optional[dict] = None) -> list[dict]:
+    """The pods that carry the label selector, as the API server describes them."""
+    return json.loads(run(["get", "pods", "-n", namespace, "-l", selector, "-o", "json", "--request-timeout=20s"],
+                          timeout_s=30, env=env)).get("items", [])
+
+
+def logs(pod: str, namespace: str, container: str, env: Optional[dict] = None) -> str:
+    try:
+        return run(["logs", "-n", namespace, pod, "-c", container, "--request-timeout=20s"], timeout_s=30, env=env)
+    except DeployError:
+        return ""  # not started yet, or already gone
 
 
 @dataclass(frozen=True)

@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Callable
 
+from deploy import held_step
 from deploy.job import DeployError, JobSpec
 from deploy.sbatch import head_container
-from runtime import contract as C
-from runtime import log_relay
 from runtime.serving import SERVING_LINE
 from runtime.wait import wait_until
 
-UNPACK_ROOT = "/tmp"  # where a run's code is unpacked on the head (in its container, with Pyxis)
 GRACE_S = 120  # how long down waits for the job to end on its own before it cancels it
 HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")  # what the sbatch script echoes (deploy/sbatch.py)
 
@@ -88,31 +85,19 @@ def status(handle: dict, env: dict) -> dict:
     return {"up": st == "RUNNING", "nodes": {f"job {handle['job_id']} (head {handle['head_node']})": st or "gone"}}
 
 
-def run_step(handle: dict, code_dir: str, argv: list[str], run_env: dict) -> list[str]:
+def run_step(handle: dict, rel_dir: str, argv: list[str], run_env: dict) -> list[str]:
     """The srun step that runs ARGV on the held cluster's head, its code coming on stdin."""
     exports = ",".join(["ALL", *(f"{k}={v}" for k, v in sorted(run_env.items()))])
     step = ["srun", f"--jobid={handle['job_id']}", "--overlap", "--nodes=1", "--ntasks=1", "-w", handle["head_node"],
             f"--export={exports}"]
     if handle.get("container"):  # join the head's running container; its image's variables lose to these
         step += [f"--container-name={handle['container']}:exec", "--container-env=" + ",".join(sorted(run_env))]
-    return [*step, *C.RUNTIME_CMD, "run", "--code-dir", code_dir, "--unpack-stdin", UNPACK_ROOT, "--", *argv]
+    return [*step, *held_step.runtime_run(rel_dir, argv)]
 
 
 def run(handle: dict, env: dict, code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict, out=None) -> int:
-    out = out or sys.stdout
-    step = run_step(handle, f"{UNPACK_ROOT}/{rel_dir}", argv, run_env)
-    try:
-        proc = subprocess.Popen(step, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
-    except FileNotFoundError:
-        raise DeployError("srun is not on PATH: run on a Slurm login node") from None
-    try:
-        proc.stdin.write(code_tar)
-        proc.stdin.close()
-    except BrokenPipeError:
-        pass  # the step ended early: its output says why
-    log_relay.prefixed(proc.stdout, "run", out)
-    return proc.wait()
+    return held_step.stream(run_step(handle, rel_dir, argv, run_env), env, code_tar, out,
+                            "run on a Slurm login node")
 
 
 def _gone(job_id: str, env: dict, timeout_s: float) -> bool:

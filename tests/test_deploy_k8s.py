@@ -56,6 +56,30 @@ def test_manifests_validate_in_strict_mode():
         assert o["metadata"]["labels"][k8s.LABEL_GROUP] == "train"
 
 
+def test_a_held_cluster_serves_from_every_pod_and_runs_exec_into_the_head():
+    """`invoke up --target k8s`: the same objects, every pod `launch --serve` and no driver; `invoke run`
+    is a `kubectl exec -i` into the head pod with the code on stdin and only RAYTRAIN_* values given."""
+    from deploy import k8s_held
+    job, opts = spec_job(serve=True)
+    objs = k8s.render(job, opts)
+    validate_all(objs)
+    _, head, workers = objs
+    head_args = head["spec"]["template"]["spec"]["containers"][0]["args"]
+    worker_args = workers["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert head_args[-1] == "--serve" and worker_args[-1] == "--serve" and "--" not in head_args
+    assert "train.py" not in json.dumps(objs)  # the driver comes with each run
+    flags = k8s.TARGET.parse_options({"seeds": "1-2"})
+    assert any("--seeds: a held cluster" in p for p in k8s.TARGET.preflight(job, load_spec(
+        ROOT / "cluster_specs" / "kubernetes.json"), flags))
+    handle = {"namespace": "ml", "job_name": "train", "head_pod": "train-head-x7"}
+    step = k8s_held.run_step(handle, "raytrain-code/abc", ["python", "train.py"], {"RAYTRAIN_RUN_ID": "r1"})
+    assert step[:step.index("--") + 1] == ["kubectl", "exec", "-i", "-n", "ml", "train-head-x7", "-c", "ray", "--"]
+    after = step[step.index("--") + 1:]
+    assert after[:2] == ["env", "RAYTRAIN_RUN_ID=r1"]
+    assert after[after.index("run"):] == ["run", "--code-dir", "/tmp/raytrain-code/abc", "--unpack-stdin", "/tmp",
+                                          "--", "python", "train.py"]
+
+
 def test_pods_pass_the_kubelets_non_root_check_and_the_yaml_has_no_aliases():
     job, opts = spec_job()
     objs = k8s.render(job, opts)

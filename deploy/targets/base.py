@@ -148,19 +148,23 @@ class Target:
         return {"written": [str(p) for p in ctx.write(artifacts)]}
 
     # -- a held cluster (invoke up / run / status / down): apply of a `job.serve` job returns
-    # {"held": handle}, a JSON-able dict these operations get back (build/clusters.json keeps it)
+    # {"held": handle}, a JSON-able dict these operations get back (build/clusters.json keeps it).
+    # A target that reaches its nodes through a CLI names the module that does it (`held`:
+    # status(handle, env), run(handle, env, code_tar, rel_dir, argv, run_env, out), down(handle, env));
+    # one that needs more (the local target's Docker engine) overrides the three methods.
     holds_clusters: ClassVar[bool] = False
+    held: ClassVar[Any] = None
 
     def held_status(self, handle: dict, ctx: HeldContext) -> dict:
         """{"up": bool, "nodes": {name: state}}"""
-        raise NotImplementedError
+        return self.held.status(handle, ctx.env)
 
     def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
                  run_env: dict) -> int:
         """Unpack CODE_TAR (paths under REL_DIR) where the head reads it and run ARGV there through
         `python -m runtime run` with RUN_ENV; the driver's exit code."""
-        raise NotImplementedError
+        return self.held.run(handle, ctx.env, code_tar, rel_dir, argv, run_env, ctx.out)
 
     def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
         """End it (the head stops serving, the nodes leave) and remove what it left; what was removed."""
-        raise NotImplementedError
+        return self.held.down(handle, ctx.env)

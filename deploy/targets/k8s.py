@@ -37,7 +37,9 @@ from typing import Annotated, Optional, Sequence
 import yaml
 from pydantic import BeforeValidator, Field
 
+from deploy import k8s_held as held
 from deploy import kubectl
+from deploy.kubectl import LABEL_GROUP, LABEL_JOB, LABEL_ROLE, LABEL_SEED
 from deploy.job import DeployError, JobSpec, time_limit_seconds
 from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, ApplyContext, Artifacts, File, SiteCheck, Target,
                                  TargetOptions)
@@ -46,10 +48,6 @@ from runtime import k8s_names, numbers
 from runtime.ports import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
 
-LABEL_JOB = "raytrain.io/job"
-LABEL_ROLE = "raytrain.io/role"
-LABEL_SEED = "raytrain.io/seed"
-LABEL_GROUP = "raytrain.io/group"  # the name given to deploy: one job, or every seed of a fan-out
 TOKEN_KEY = "token"
 EXIT_NODE_CANNOT_START = 2  # the launcher's: configuration, not luck; retrying does not help
 EXIT_HEAD_LOST = 3          # the launcher's: a worker that lost the head rejoins the head's next pod
@@ -209,7 +207,7 @@ def render(job: JobSpec, opts: KubernetesOptions, *, seed: Optional[int] = None,
         "apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(n["head"], opts.namespace, head_labels),
         "spec": {"completions": 1, "parallelism": 1, "backoffLimit": job.retries, "activeDeadlineSeconds": deadline,
                  "podFailurePolicy": failure_policy("head"),
-                 "template": _pod(job, opts, "head", head_labels, [*launch, "--", *job.command],
+                 "template": _pod(job, opts, "head", head_labels, job.launch_argv(driver=True)[len(C.RUNTIME_CMD):],
                                   {**common, C.NODE_RANK: "0"}, slot)},
     }]
     if job.nodes > 1:
@@ -289,10 +287,10 @@ def launch(objs: list[dict], namespace: str, token_factory, kubectl_bin: str = "
     return kubectl.launch(secrets_for(objs, namespace, token_factory), objs, namespace, kubectl_bin)
 
 
-def destroy(group: str, namespace: str, kubectl_bin: str = "kubectl") -> str:
+def destroy(group: str, namespace: str, kubectl_bin: str = "kubectl", env: Optional[dict] = None) -> str:
     """Delete exactly what launch created, by label: the Jobs (with their pods), Services and Secrets
     of the job, or of every seed run when GROUP is a fan-out's name."""
-    return kubectl.destroy(f"{LABEL_GROUP}={group}", namespace, kubectl_bin)
+    return kubectl.destroy(kubectl.group_selector(group), namespace, kubectl_bin, env=env)
 
 
 def _labels_of(objs: list[dict], name: str) -> dict:
@@ -430,6 +428,8 @@ class Kubernetes(Target):
             problems.append(f"image: {job.image} has no numeric USER recorded (build/images.json 'user': "
                             f"{job.image_info.user if job.image_info else None!r}); a kubelet cannot verify "
                             "runAsNonRoot. Build and push again")
+        if opts.seeds and job.serve:
+            problems.append("--seeds: a held cluster (invoke up) is one cluster; fan seeds out with `invoke deploy`")
         if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
             problems.append(f"--name {job.name!r}: too long for the seed runs' object names; use a shorter name")
         if k is not None:
@@ -464,10 +464,17 @@ class Kubernetes(Target):
     def apply(self, artifacts: Artifacts, job, spec: ClusterSpec, opts: K8sFlags, ctx: ApplyContext) -> dict:
         out = super().apply(artifacts, job, spec, opts, ctx)
         if opts.submit:
-            out["kubectl"] = launch(artifacts.objects, spec.kubernetes.namespace, lambda: _secrets.token_hex(32))
+            namespace = spec.kubernetes.namespace
+            out["kubectl"] = launch(artifacts.objects, namespace, lambda: _secrets.token_hex(32))
             ctx.progress(f"applied {len(artifacts.objects)} object(s); remove them with "
                          f"`invoke destroy --name {job.name}`")
+            if job.serve:
+                out["held"] = held.wait_serving(job, namespace, ctx.progress, ctx.env)
         return out
+
+    # a held cluster is the job's head and worker pods, the head serving (deploy/k8s_held.py)
+    holds_clusters = True
+    held = held
 
 
 TARGET = Kubernetes()

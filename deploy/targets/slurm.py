@@ -13,7 +13,7 @@ from pydantic import Field
 
 from deploy import sbatch, slurm_held as held
 from deploy.job import JobSpec
-from deploy.targets.base import ApplyContext, Artifacts, File, HeldContext, Target, TargetOptions
+from deploy.targets.base import ApplyContext, Artifacts, File, Target, TargetOptions
 from runtime.spec import SLURM_NAME, ClusterSpec, SlurmOptions as SpecSlurm
 
 
@@ -73,16 +73,7 @@ def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext, container: boo
 class SlurmJobTarget(Target):
     """A target whose held cluster is one running Slurm job (deploy/slurm_held.py): plain and Pyxis."""
     holds_clusters = True
-
-    def held_status(self, handle: dict, ctx: HeldContext) -> dict:
-        return held.status(handle, ctx.env)
-
-    def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
-                 run_env: dict) -> int:
-        return held.run(handle, ctx.env, code_tar, rel_dir, argv, run_env, ctx.out)
-
-    def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
-        return held.down(handle, ctx.env)
+    held = held
 
 
 class Slurm(SlurmJobTarget):

@@ -1,0 +1,37 @@
+"""The step that runs one `invoke run` on a held cluster's head, for targets that reach the head
+with a command (an srun step, `kubectl exec`): the code goes as a tar on the step's stdin, the head
+unpacks it once by its hash (`python -m runtime run --unpack-stdin`, runtime/serving.py) and the
+step's output comes back line by line."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Optional
+
+from deploy.job import DeployError
+from runtime import contract as C
+from runtime import log_relay
+
+UNPACK_ROOT = "/tmp"  # where the head unpacks a run's code (in its container, where it has one)
+
+
+def runtime_run(rel_dir: str, argv: list[str]) -> list[str]:
+    """`python -m runtime run` of ARGV in the code unpacked at UNPACK_ROOT/REL_DIR."""
+    return [*C.RUNTIME_CMD, "run", "--code-dir", f"{UNPACK_ROOT}/{rel_dir}", "--unpack-stdin", UNPACK_ROOT, "--",
+            *argv]
+
+
+def stream(step: list[str], env: Optional[dict], code_tar: bytes, out=None, missing: str = "") -> int:
+    """Run STEP with CODE_TAR on its stdin and its output relayed to OUT (prefixed `run`); its exit code."""
+    out = out or sys.stdout
+    try:
+        proc = subprocess.Popen(step, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    except FileNotFoundError:
+        raise DeployError(f"{step[0]} is not on PATH{': ' + missing if missing else ''}") from None
+    try:
+        proc.stdin.write(code_tar)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass  # the step ended early: its output says why
+    log_relay.prefixed(proc.stdout, "run", out)
+    return proc.wait()
