@@ -6,6 +6,7 @@ unchanged, so a re-run works offline. Its key (wheel names and sizes) keys the d
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -13,8 +14,10 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from toolchain.config import Settings, TorchSettings
 from toolchain.errors import ConfigError, WheelhouseError
@@ -93,12 +96,40 @@ def ensure_wheelhouse(settings: Settings, variant: str, python_version: str, rep
     full = read_requirements(settings) + [torch_req]
     req_key = key_of("wheelhouse", python_version, sorted(full), index)
     path = settings.build_dir / "wheelhouse" / req_key[:16]
-    manifest = path / MANIFEST
-    if manifest.is_file():
-        data = json.loads(manifest.read_text())
-        rep.step(f"wheelhouse[{variant}]: reusing {path} ({len(data['wheels'])} wheels, {human_bytes(data['size'])})")
-        return Wheelhouse(path, data["key"], data["requirements"], data["wheels"], data["size"], torch_source)
+    found = _reuse(path, variant, torch_source, rep)
+    if found:
+        return found
+    with _exclusive(path.with_name(path.name + ".lock"), rep, f"wheelhouse[{variant}]"):
+        # another build of the same requirements may have filled it while this one waited
+        return _reuse(path, variant, torch_source, rep) or _fill(path, full, torch_req, index, variant,
+                                                                   python_version, torch_source, rep)
 
+
+def _reuse(path: Path, variant: str, torch_source: str, rep: Reporter) -> Optional[Wheelhouse]:
+    manifest = path / MANIFEST
+    if not manifest.is_file():
+        return None
+    data = json.loads(manifest.read_text())
+    rep.step(f"wheelhouse[{variant}]: reusing {path} ({len(data['wheels'])} wheels, {human_bytes(data['size'])})")
+    return Wheelhouse(path, data["key"], data["requirements"], data["wheels"], data["size"], torch_source)
+
+
+@contextmanager
+def _exclusive(lock: Path, rep: Reporter, what: str):
+    """One process at a time fills a wheelhouse: two builds of one project at once (or a test run
+    beside a build) would otherwise empty each other's download directory."""
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            rep.step(f"{what}: another build is downloading the same wheels; waiting for it")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
+def _fill(path: Path, full: list[str], torch_req: str, index: Optional[str], variant: str, python_version: str,
+          torch_source: str, rep: Reporter) -> Wheelhouse:
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
