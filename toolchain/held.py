@@ -167,5 +167,6 @@ def down(settings: Settings, *, rep: Reporter, name: str | None = None, env: dic
     record = _cluster(settings, name)
     removed = _target(record.target).held_down(record.handle, _context(env))
     drop_cluster(settings.build_dir, record.name)
-    rep.step(f"held cluster {record.name} is down: removed {len(removed)} node(s)")
+    shown = ", ".join(removed[:8]) + (f" and {len(removed) - 8} more" if len(removed) > 8 else "")
+    rep.step(f"held cluster {record.name} is down: removed {shown or 'nothing (already gone)'}")
     return {"cluster": record.name, "removed": removed}
