@@ -31,6 +31,23 @@ def _why_waiting(pod: dict) -> str:
     return pod.get("status", {}).get("phase", "?")
 
 
+def _head(job: JobSpec, namespace: str, env: Optional[dict]) -> tuple[Optional[str], str]:
+    """(the head pod if it serves, else None; what the wait is for). DeployError if the head pod ended."""
+    try:
+        heads = kubectl.pods(kubectl.head_selector(job.name), namespace, env)
+    except DeployError as e:  # the API server did not answer this once: asked again on the next poll
+        return None, f"the API server did not answer: {str(e)[:200]}"
+    running = [p["metadata"]["name"] for p in heads if p.get("status", {}).get("phase") == "Running"]
+    if running:
+        serves = SERVING_LINE in kubectl.logs(running[-1], namespace, CONTAINER, env)
+        return (running[-1] if serves else None), f"pod {running[-1]}: running, forming the cluster"
+    if heads and all(p.get("status", {}).get("phase") in ("Succeeded", "Failed") for p in heads):
+        pod = heads[-1]["metadata"]["name"]
+        tail = "\n    ".join(kubectl.logs(pod, namespace, CONTAINER, env).splitlines()[-15:])
+        raise DeployError(f"the head pod {pod} ended before it served:\n    {tail}")
+    return None, f"pod {heads[-1]['metadata']['name']}: {_why_waiting(heads[-1])}" if heads else "no head pod yet"
+
+
 def wait_serving(job: JobSpec, namespace: str, progress: Callable[[str], None], env: Optional[dict] = None,
                  timeout_s: float = 1800) -> dict:
     """The handle once the head pod serves. A head pod that ends first, or the timeout (the first pull
@@ -38,28 +55,21 @@ def wait_serving(job: JobSpec, namespace: str, progress: Callable[[str], None], 
     deadline, said = time.monotonic() + timeout_s, ""
     try:
         while True:
-            heads = kubectl.pods(kubectl.head_selector(job.name), namespace, env)
-            running = [p for p in heads if p.get("status", {}).get("phase") == "Running"]
-            if running:
-                pod = running[-1]["metadata"]["name"]
-                if SERVING_LINE in kubectl.logs(pod, namespace, CONTAINER, env):
-                    return {"namespace": namespace, "job_name": job.name, "head_pod": pod}
-                state = f"pod {pod}: running, forming the cluster"
-            elif heads and all(p.get("status", {}).get("phase") in ("Succeeded", "Failed") for p in heads):
-                pod = heads[-1]["metadata"]["name"]
-                tail = "\n    ".join(kubectl.logs(pod, namespace, CONTAINER, env).splitlines()[-15:])
-                raise DeployError(f"the head pod {pod} ended before it served:\n    {tail}")
-            else:
-                state = f"pod {heads[-1]['metadata']['name']}: {_why_waiting(heads[-1])}" if heads else "no head pod yet"
+            pod, state = _head(job, namespace, env)
+            if pod:
+                return {"namespace": namespace, "job_name": job.name, "head_pod": pod}
             if state != said:
                 progress(f"k8s: waiting for the head to serve ({state})")
                 said = state
             if time.monotonic() > deadline:
                 raise DeployError(f"the head of {job.name} did not serve within {timeout_s:.0f} s ({state}); "
-                                  "see `kubectl describe pods -l raytrain.io/job=" + job.name + "`")
+                                  f"see `kubectl describe pods -l {kubectl.head_selector(job.name)}`")
             time.sleep(1)
     except BaseException:
-        kubectl.destroy(kubectl.group_selector(job.name), namespace, env=env)
+        try:
+            kubectl.destroy(kubectl.group_selector(job.name), namespace, env=env)
+        except DeployError as e:
+            progress(f"k8s: could not delete what up applied ({e}); `invoke destroy --name {job.name}` does")
         raise
 
 
