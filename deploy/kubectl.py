@@ -19,6 +19,7 @@ from typing import Callable, Optional, Sequence
 from deploy.job import DeployError
 
 KINDS = "jobs.batch,services,secrets"
+ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 # the labels every object of a job carries (deploy/targets/k8s.py): what selectors are made of
 LABEL_JOB = "raytrain.io/job"
 LABEL_ROLE = "raytrain.io/role"
@@ -32,7 +33,6 @@ def group_selector(group: str) -> str:
 
 def head_selector(job_name: str) -> str:
     return f"{LABEL_JOB}={job_name},{LABEL_ROLE}=head"
-ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 
 
 def run(args: list[str], stdin: Optional[str] = None, kubectl: str = "kubectl", timeout_s: float = 300,
