@@ -21,6 +21,11 @@ def runtime_run(rel_dir: str, argv: list[str]) -> list[str]:
             *argv]
 
 
+def runtime_stop() -> list[str]:
+    """`python -m runtime stop`: the head stops serving and every node leaves in order (invoke down)."""
+    return [*C.RUNTIME_CMD, "stop"]
+
+
 def stream(step: list[str], env: Optional[dict], code_tar: bytes, out=None, missing: str = "") -> int:
     """Run STEP with CODE_TAR on its stdin and its output relayed to OUT (prefixed `run`); its exit code."""
     out = out or sys.stdout

@@ -8,9 +8,9 @@
                   container (`--container-name=raytrain-head-J:exec`: its namespaces, so its /tmp and
                   socket), without importing the image again
     status        squeue's state of the job
-    down          `scancel --signal=TERM` of the steps: the head stops serving and leaves with 0, the
-                  nodes follow, the script removes the head's named container (Pyxis) and ends; if the
-                  job is still there after GRACE_S, scancel
+    down          `python -m runtime stop` in a step on the head: it stops serving and publishes 0, the
+                  nodes leave in order, the script removes the head's named container (Pyxis) and ends;
+                  `scancel --signal=TERM` of the steps if the head cannot be asked, scancel after GRACE_S
 """
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ from typing import Callable
 from deploy import held_step
 from deploy.job import DeployError, JobSpec
 from deploy.sbatch import head_container
+from runtime import contract as C
 from runtime.serving import SERVING_LINE
 from runtime.wait import wait_until
 
@@ -85,14 +86,21 @@ def status(handle: dict, env: dict) -> dict:
     return {"up": st == "RUNNING", "nodes": {f"job {handle['job_id']} (head {handle['head_node']})": st or "gone"}}
 
 
-def run_step(handle: dict, rel_dir: str, argv: list[str], run_env: dict) -> list[str]:
-    """The srun step that runs ARGV on the held cluster's head, its code coming on stdin."""
+def _on_head(handle: dict, run_env: dict) -> list[str]:
+    """An srun step on the held cluster's head (inside its container, with Pyxis)."""
     exports = ",".join(["ALL", *(f"{k}={v}" for k, v in sorted(run_env.items()))])
     step = ["srun", f"--jobid={handle['job_id']}", "--overlap", "--nodes=1", "--ntasks=1", "-w", handle["head_node"],
             f"--export={exports}"]
     if handle.get("container"):  # join the head's running container; its image's variables lose to these
-        step += [f"--container-name={handle['container']}:exec", "--container-env=" + ",".join(sorted(run_env))]
-    return [*step, *held_step.runtime_run(rel_dir, argv)]
+        step.append(f"--container-name={handle['container']}:exec")
+        if run_env:
+            step.append("--container-env=" + ",".join(sorted(run_env)))
+    return step
+
+
+def run_step(handle: dict, rel_dir: str, argv: list[str], run_env: dict) -> list[str]:
+    """The srun step that runs ARGV on the held cluster's head, its code coming on stdin."""
+    return [*_on_head(handle, run_env), *held_step.runtime_run(rel_dir, argv)]
 
 
 def run(handle: dict, env: dict, code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict, out=None) -> int:
@@ -110,10 +118,15 @@ def _gone(job_id: str, env: dict, timeout_s: float) -> bool:
 
 
 def down(handle: dict, env: dict, timeout_s: float = 120) -> list[str]:
-    """The steps get SIGTERM (the batch script does not): the head leaves serving with 0, the script
-    cleans up and ends. A job still there after GRACE_S is cancelled."""
+    """Ask the head to stop (`python -m runtime stop` in a step on it): it publishes exit code 0, the
+    nodes leave in order, the script cleans up and the job ends COMPLETED, with no signal to any of
+    the job's processes (Slurm would signal every one of them, and each Ray process would report the
+    others' deaths). If the head cannot be asked, the steps get SIGTERM; a job still there after
+    GRACE_S is cancelled."""
     job_id = handle["job_id"]
-    _cli(["scancel", "--signal=TERM", job_id], env)
+    asked = _cli(_on_head(handle, {C.JOB_NAME: handle["job_name"]}) + held_step.runtime_stop(), env)
+    if asked.returncode != 0:
+        _cli(["scancel", "--signal=TERM", job_id], env)
     if not _gone(job_id, env, GRACE_S):
         _cli(["scancel", job_id], env)
         _gone(job_id, env, timeout_s)

@@ -59,9 +59,21 @@ def main(argv: list[str] | None = None) -> int:
                          "(invoke run into a container: Pyxis, Kubernetes); unpacked unless --code-dir exists "
                          "(it is named by the code's hash). The driver's stdin is then /dev/null.")
     ru.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command.")
+    sub.add_parser("stop", help="Stop the held cluster this head serves (invoke down): the head stops serving and "
+                                "publishes exit code 0, every node leaves in order.",
+                   description="On the head of a held cluster: python -m runtime stop",
+                   epilog="Exit code: 0 once the head accepted; 1: no cluster is serving here.")
     args = parser.parse_args(argv)
     if args.command == "selfcheck":
         return selfcheck.run(require_cuda=args.require_cuda)
+    if args.command == "stop":
+        from runtime import serving
+        from runtime.errors import RaytrainError
+        try:
+            return serving.request_stop()
+        except RaytrainError as e:
+            print(f"stop: error: {e}", file=sys.stderr, flush=True)
+            return getattr(e, "exit_code", 1)
     if args.command == "run":
         from pathlib import Path
         from runtime import serving

@@ -255,7 +255,7 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
                    f"(at {time.time():.3f}{', imports preloaded' if early else ''})")
         if opts.serve:
             code = serving.hold(address, ip, lambda msg: log(ident, msg), driver_env)
-            TERMINATING.set()  # hold ends on SIGTERM: the cluster is being taken down, every node at once
+            TERMINATING.set()  # the cluster is being taken down (invoke down): this node goes without the normal grace
             try:
                 agent.send(f"exit {code}")
                 agent.expect("published", node, timeout_s=2 * GCS_RECONNECT_S + 30)

@@ -57,8 +57,9 @@ def socket_path(env: dict) -> Path:
 
 
 def hold(address: str, ip: str, log: Callable[[str], None], env: dict) -> int:
-    """Serve drivers until SIGTERM or SIGINT; 0 then (a held cluster that is taken down has done its job).
-    ENV is what a driver of the head gets (runtime.launch.ray_env, the token included)."""
+    """Serve drivers until a stop request (`python -m runtime stop`), SIGTERM or SIGINT; 0 then (a held
+    cluster that is taken down has done its job). ENV is what a driver of the head gets
+    (runtime.launch.ray_env, the token included)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -73,14 +74,14 @@ def hold(address: str, ip: str, log: Callable[[str], None], env: dict) -> int:
     listener.listen(8)
     listener.settimeout(0.5)
     log(f"{SERVING_LINE} at {address} ({ip}); send drivers with `python -m runtime run` "
-        "(invoke run); SIGTERM (invoke down) ends it")
+        "(invoke run); `python -m runtime stop` or SIGTERM (invoke down) ends it")
     try:
         while not stop.is_set():
             try:
                 conn, _ = listener.accept()
             except (socket.timeout, InterruptedError):
                 continue
-            threading.Thread(target=_serve, args=(conn, env, address), daemon=True).start()
+            threading.Thread(target=_serve, args=(conn, env, address, stop), daemon=True).start()
     finally:
         listener.close()
         path.unlink(missing_ok=True)
@@ -106,12 +107,17 @@ def driver_env(code_dir: Path, env: dict, address: str) -> dict:
             JOB_CONFIG_ENV: json.dumps(job)}
 
 
-def _serve(conn: socket.socket, env: dict, address: str) -> None:
-    """One run: the request and the client's stdio in, `pid N` and `exit S` (or `error ...`) out."""
+def _serve(conn: socket.socket, env: dict, address: str, stop: threading.Event) -> None:
+    """One run: the request and the client's stdio in, `pid N` and `exit S` (or `error ...`) out.
+    A stop request: `stopping` out, and the head stops serving."""
     fds: list[int] = []
     try:
         msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
         req = json.loads(msg)
+        if req.get("stop") is True:
+            stop.set()
+            conn.sendall(b"stopping\n")
+            return
         if len(fds) != 3:
             raise InputError("a run hands over its stdin, stdout and stderr")
         code_dir, cmd = Path(req["code_dir"]), [str(a) for a in req["cmd"]]
@@ -221,6 +227,30 @@ def unpack_code(root: Path, code_dir: Path, stream) -> None:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def _connect(env: dict) -> socket.socket:
+    path = socket_path(env)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(str(path))
+    except OSError as e:
+        conn.close()
+        raise RaytrainError(f"no cluster is serving on this node ({path}: {e.strerror}): start one with "
+                            "`invoke up` (launch --serve), or run this on its head") from None
+    return conn
+
+
+def request_stop(env: dict | None = None) -> int:
+    """Tell the head serving on this node to stop (invoke down): it stops serving, publishes exit code 0,
+    and every node leaves in order, without a signal to any process of the job. 0 once it said so."""
+    conn = _connect(dict(os.environ if env is None else env))
+    with conn:
+        conn.sendall(json.dumps({"stop": True}).encode())
+        answer = conn.makefile("rb").readline().decode(errors="replace").strip()
+    if answer != "stopping":
+        raise RaytrainError(f"the head did not accept the stop request ({answer or 'no answer'})")
+    return 0
+
+
 def run(code_dir: Path, cmd: list[str], env: dict | None = None, unpack_root: Path | None = None) -> int:
     """Run CMD as a driver on the cluster this head holds, in CODE_DIR; its exit code (128+N for a signal).
     With UNPACK_ROOT the code comes as a tar on stdin first (`unpack_code`) and the driver's stdin is
@@ -232,14 +262,7 @@ def run(code_dir: Path, cmd: list[str], env: dict | None = None, unpack_root: Pa
         unpack_code(unpack_root, code_dir, sys.stdin.buffer)
     if not code_dir.is_dir():
         raise InputError(f"--code-dir {code_dir}: not a directory; `invoke run` unpacks the project's code there")
-    path = socket_path(env)
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        conn.connect(str(path))
-    except OSError as e:
-        conn.close()
-        raise RaytrainError(f"no cluster is serving on this node ({path}: {e.strerror}): start one with "
-                            "`invoke up` (launch --serve), or run this on its head") from None
+    conn = _connect(env)
     request = {"code_dir": str(code_dir.resolve()), "cmd": cmd,
                "env": {k: v for k, v in env.items() if k.startswith(RUN_ENV_PREFIX)}}
     stdin = os.open(os.devnull, os.O_RDONLY) if unpack_root is not None else 0  # stdin was the code

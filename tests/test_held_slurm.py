@@ -65,6 +65,10 @@ def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):
     finally:
         held.down(s, rep=Reporter(), name=name, env=cluster.env)
     fields = cluster.wait(record.handle["job_id"], timeout_s=120)
-    # down signals the steps: the head leaves serving with 0 and the script ends the job itself
+    # down asks the head to stop: it publishes 0, the nodes leave in order and the script ends the job
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", fields
+    log = Path(record.handle["log"]).read_text()
+    assert "raytrain: workers step exited with 0" in log and "raytrain: head exited with 0" in log, log[-3000:]
+    for noise in ("CANCELLED", "marked dead", "raylet exited", "SIGTERM received"):  # no process was signalled
+        assert noise not in log, log[-3000:]
     assert name not in read_clusters(s.build_dir)

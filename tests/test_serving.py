@@ -132,8 +132,12 @@ def test_runs_on_a_held_cluster_see_their_own_code_and_the_cluster_leaves_on_sig
 
 
 def test_run_without_a_serving_head_says_so(tmp_path):
-    r = run(code_dir(tmp_path, "v1"), "x", f"none-{secrets.token_hex(3)}")
+    job = f"none-{secrets.token_hex(3)}"
+    r = run(code_dir(tmp_path, "v1"), "x", job)
     assert r.returncode == 1 and "no cluster is serving on this node" in r.stderr and "invoke up" in r.stderr
+    stop = subprocess.run([sys.executable, "-m", "runtime", "stop"], env=node_env(0, 2, "x", RAYTRAIN_JOB_NAME=job),
+                          capture_output=True, text=True, timeout=60)
+    assert stop.returncode == 1 and "stop: error: no cluster is serving on this node" in stop.stderr
 
 
 def special_tar(rel: str) -> bytes:
