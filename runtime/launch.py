@@ -379,7 +379,7 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         line = agent.next_line(node, None)
         kind, _, rest = line.partition(" ")
         if kind == "exit":
-            log(ident, f"driver finished with {rest}; leaving")
+            log(ident, "the held cluster was stopped; leaving" if opts.serve else f"driver finished with {rest}; leaving")
             return int(rest)
         why = rest if kind == "lost" else (f"this node's Ray exited ({node.returncode})\n    {_tail(node, 5)}"
                                            if node.poll() is not None else f"the Ray agent ended ({agent.proc.poll()})")

@@ -69,6 +69,7 @@ def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", fields
     log = Path(record.handle["log"]).read_text()
     assert "raytrain: workers step exited with 0" in log and "raytrain: head exited with 0" in log, log[-3000:]
+    assert log.count("the held cluster was stopped; leaving") == 2, log[-3000:]  # both workers, told by the head
     for noise in ("CANCELLED", "marked dead", "raylet exited", "SIGTERM received"):  # no process was signalled
         assert noise not in log, log[-3000:]
     assert name not in read_clusters(s.build_dir)
