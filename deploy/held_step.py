@@ -12,13 +12,14 @@ from deploy.job import DeployError
 from runtime import contract as C
 from runtime import log_relay
 
-UNPACK_ROOT = "/tmp"  # where the head unpacks a run's code (in its container, where it has one)
+UNPACK_ROOT = "/tmp"  # where a run's code lies on the head (in its container, where it has one)
 
 
-def runtime_run(rel_dir: str, argv: list[str]) -> list[str]:
-    """`python -m runtime run` of ARGV in the code unpacked at UNPACK_ROOT/REL_DIR."""
-    return [*C.RUNTIME_CMD, "run", "--code-dir", f"{UNPACK_ROOT}/{rel_dir}", "--unpack-stdin", UNPACK_ROOT, "--",
-            *argv]
+def runtime_run(rel_dir: str, argv: list[str], from_stdin: bool = True) -> list[str]:
+    """`python -m runtime run` of ARGV in the code at UNPACK_ROOT/REL_DIR, which the step unpacks from its
+    stdin (FROM_STDIN) or finds already there (the local target puts it into the container)."""
+    unpack = ["--unpack-stdin", UNPACK_ROOT] if from_stdin else []
+    return [*C.RUNTIME_CMD, "run", "--code-dir", f"{UNPACK_ROOT}/{rel_dir}", *unpack, "--", *argv]
 
 
 def runtime_stop() -> list[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import docker
 
+from deploy import held_step
 from deploy.job import JobSpec
 from deploy.targets.base import ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
@@ -161,18 +162,16 @@ def held_status(client: docker.DockerClient, handle: dict) -> dict:
     return {"up": up, "nodes": states}
 
 
-CODE_PARENT = "/tmp"  # in the head container: the code of each run, by content, under CODE_PARENT/<rel_dir>
 
 
 def held_run(client: docker.DockerClient, handle: dict, code_tar: bytes, rel_dir: str, argv: list[str],
              env: dict, out=None) -> int:
     """Unpack the code (a tar under REL_DIR) in the head container and run the driver there; its exit code."""
     out = out or sys.stdout
-    parent = CODE_PARENT
     head = client.containers.get(handle["head"])
-    head.put_archive(parent, code_tar)  # relative paths: /tmp's own mode is not in the tar
+    head.put_archive(held_step.UNPACK_ROOT, code_tar)  # relative paths: /tmp's own mode is not in the tar
     api = client.api
-    ex = api.exec_create(head.id, [*C.RUNTIME_CMD, "run", "--code-dir", f"{parent}/{rel_dir}", "--", *argv],
+    ex = api.exec_create(head.id, held_step.runtime_run(rel_dir, argv, from_stdin=False),
                          environment=env, stdout=True, stderr=True)
     log_relay.prefixed(api.exec_start(ex["Id"], stream=True), "run", out)
     return api.exec_inspect(ex["Id"])["ExitCode"]
