@@ -12,12 +12,12 @@
 """
 from __future__ import annotations
 
-import time
 from typing import Callable, Optional
 
 from deploy import held_step, kubectl
 from deploy.job import DeployError, JobSpec
 from runtime.serving import SERVING_LINE
+from runtime.wait import wait_until
 
 CONTAINER = "ray"  # the pods' one container (deploy/targets/k8s.py)
 
@@ -52,25 +52,26 @@ def wait_serving(job: JobSpec, namespace: str, progress: Callable[[str], None], 
                  timeout_s: float = 1800) -> dict:
     """The handle once the head pod serves. A head pod that ends first, or the timeout (the first pull
     of a 7 GB image takes minutes), deletes what was applied and says why."""
-    deadline, said = time.monotonic() + timeout_s, ""
+    said = {"state": ""}
+
+    def serving() -> Optional[str]:
+        pod, state = _head(job, namespace, env)
+        if not pod and state != said["state"]:
+            progress(f"k8s: waiting for the head to serve ({state})")
+            said["state"] = state
+        return pod
     try:
-        while True:
-            pod, state = _head(job, namespace, env)
-            if pod:
-                return {"namespace": namespace, "job_name": job.name, "head_pod": pod}
-            if state != said:
-                progress(f"k8s: waiting for the head to serve ({state})")
-                said = state
-            if time.monotonic() > deadline:
-                raise DeployError(f"the head of {job.name} did not serve within {timeout_s:.0f} s ({state}); "
-                                  f"see `kubectl describe pods -l {kubectl.head_selector(job.name)}`")
-            time.sleep(1)
+        pod = wait_until(serving, timeout_s=timeout_s, interval_s=1, what=f"the head of {job.name} to serve",
+                         on_timeout=lambda: DeployError(
+                             f"the head of {job.name} did not serve within {timeout_s:.0f} s ({said['state']}); "
+                             f"see `kubectl describe pods -l {kubectl.head_selector(job.name)}`"))
     except BaseException:
         try:
             kubectl.destroy(kubectl.group_selector(job.name), namespace, env=env)
         except DeployError as e:
             progress(f"k8s: could not delete what up applied ({e}); `invoke destroy --name {job.name}` does")
         raise
+    return {"namespace": namespace, "job_name": job.name, "head_pod": pod}
 
 
 def status(handle: dict, env: Optional[dict] = None) -> dict:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +24,7 @@ from deploy.job import DeployError, JobSpec
 from deploy.sbatch import head_container
 from runtime import contract as C
 from runtime.serving import SERVING_LINE
-from runtime.wait import wait_until
+from runtime.wait import WaitTimeout, wait_until
 
 GRACE_S = 120  # how long down waits for the job to end on its own before it cancels it
 HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")  # what the sbatch script echoes (deploy/sbatch.py)
@@ -109,12 +108,11 @@ def run(handle: dict, env: dict, code_tar: bytes, rel_dir: str, argv: list[str],
 
 
 def _gone(job_id: str, env: dict, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not ended(state(job_id, env)):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.5)
-    return True
+    try:
+        return wait_until(lambda: ended(state(job_id, env)), timeout_s=timeout_s, interval_s=0.5,
+                          what=f"Slurm job {job_id} to end")
+    except WaitTimeout:
+        return False
 
 
 def down(handle: dict, env: dict, timeout_s: float = 120) -> list[str]:
