@@ -43,6 +43,7 @@ from deploy.kubectl import LABEL_GROUP, LABEL_JOB, LABEL_ROLE, LABEL_SEED
 from deploy.job import DeployError, JobSpec, time_limit_seconds
 from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, ApplyContext, Artifacts, File, SiteCheck, Target,
                                  TargetOptions)
+from deploy.yaml_out import Dumper
 from runtime import contract as C
 from runtime import k8s_names, numbers
 from runtime.ports import RayPorts
@@ -242,35 +243,9 @@ def secret(job_name: str, namespace: str, token: str, labels: dict) -> dict:
             "metadata": _meta(f"{job_name}-ray-token", namespace, labels), "stringData": {TOKEN_KEY: token}}
 
 
-_BASE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-class _Dumper(_BASE_DUMPER):  # type: ignore[misc,valid-type]
-    """libyaml's safe dumper when PyYAML has it (~10x faster, same rules); never anchors or aliases:
-    objects that share a dict (labels and selectors) are written out in full, as people read and diff them."""
-
-    def ignore_aliases(self, data) -> bool:
-        return True
-
-    def resolve(self, kind, value, implicit):
-        # the emitter asks, for every scalar, which tag its plain text would read back as; a fan-out
-        # repeats the same few hundred values thousands of times, so the answers are memoised
-        if kind is not yaml.ScalarNode:
-            return _BASE_DUMPER.resolve(self, kind, value, implicit)
-        key = (value, tuple(implicit))
-        if key not in _RESOLVED:
-            if len(_RESOLVED) > 100_000:
-                _RESOLVED.clear()
-            _RESOLVED[key] = _BASE_DUMPER.resolve(self, kind, value, implicit)
-        return _RESOLVED[key]
-
-
-_RESOLVED: dict = {}
-
-
 def dump(objs: list[dict]) -> str:
     """Serialise with the safe dumper: every value is data, quoted as YAML needs, never a template."""
-    return yaml.dump_all(objs, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+    return yaml.dump_all(objs, Dumper=Dumper, sort_keys=False, default_flow_style=False)
 
 
 def job_names(objs: list[dict]) -> list[str]:
