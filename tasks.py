@@ -172,8 +172,11 @@ def destroy(c, spec=None, name=None):
 
 
 # -- held clusters: code moves, the cluster stays (toolchain/held.py) ----------------
+HOLDING = ", ".join(n for n, t in TARGETS.items() if t.holds_clusters)  # the targets that hold clusters
+
+
 @task(name="up", auto_shortflags=False, help={
-    "target": "Where the cluster goes (default: deploy.target); held clusters: local, slurm.",
+    "target": f"Where the cluster goes (default: deploy.target); held clusters: {HOLDING}.",
     "spec": "Cluster spec JSON (default: project.spec); must be the one baked into the pushed image.",
     "nodes": "Number of nodes, head included (default: deploy.nodes).",
     "name": "The cluster's name (default: deploy.name); `invoke run/status/down --name` use it.",
@@ -234,7 +237,8 @@ def held_status(c, name=None, json=False):
 
 @task(name="down", help={"name": "The held cluster (default: deploy.name).", "quiet": COMMON["quiet"]})
 def held_down(c, name=None, quiet=False):
-    """End a held cluster: the head stops serving, the nodes leave, every container and network is removed."""
+    """End a held cluster: the head stops serving, the nodes leave, and what the target made is removed
+    (the containers and network; the Slurm job; the Kubernetes objects; the SkyPilot cluster)."""
     from toolchain import held
     out = _run(c, held.down, quiet=quiet, name=name)
     print(f"cluster {out['cluster']} is down")

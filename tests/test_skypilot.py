@@ -6,13 +6,12 @@ import secrets
 import subprocess
 from pathlib import Path
 
-import docker
 import pytest
 import yaml
 
 from deploy.job import DeployError
 from deploy.targets import skypilot
-from helpers import jobs
+from helpers import jobs, sky_nodes
 from runtime.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,29 +82,13 @@ def test_run_section_forms_the_job_in_three_containers(client, pushed, tmp_path)
     opts = skypilot.TARGET.parse_options({"allow_local_registry": True})
     task = yaml.safe_load(next(iter(skypilot.TARGET.render(job, spec, opts).files.values())).text)
     assert task["resources"]["image_id"] == f"docker:{image}"
-    token, run_id = secrets.token_hex(32), secrets.token_hex(3)
-    names = [f"sky-n{r}-{run_id}" for r in range(3)]
-    network = client.networks.create(f"sky-e2e-{run_id}")
-    containers = []
+    containers, _, network = sky_nodes.start(client, task, f"sky-e2e-{secrets.token_hex(3)}")
     try:
-        for rank in (2, 1, 0):
-            env = {**task["envs"], "RAY_AUTH_TOKEN": token, "SKYPILOT_NODE_RANK": str(rank),
-                   "SKYPILOT_NODE_IPS": "\n".join(names), "SKYPILOT_NUM_NODES": str(task["num_nodes"]),
-                   "SKYPILOT_NUM_GPUS_PER_NODE": "0"}
-            c = client.containers.run(task["resources"]["image_id"].removeprefix("docker:"), ["bash", "-c", task["run"]],
-                                      entrypoint=[], environment=env, name=names[rank], hostname=names[rank],
-                                      network=network.name, shm_size="1g", detach=True)
-            containers.append(c)
-        head = containers[-1]
+        head = containers[0]
         assert head.wait(timeout=300)["StatusCode"] == 0, head.logs().decode(errors="replace")[-3000:]
         logs = head.logs().decode(errors="replace")
         summary = json.loads(next(l for l in logs.splitlines() if l.startswith("SUMMARY ")).split(" ", 1)[1])
         assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2]
         assert "identity from skypilot: node 0 of 3" in logs
     finally:
-        for c in containers:
-            try:
-                c.remove(force=True)
-            except docker.errors.NotFound:
-                pass
-        network.remove()
+        sky_nodes.remove(containers, network)

@@ -143,7 +143,8 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
                                                          started=pipeline.now(), code_sha256=code_sha))
     code = target.held_run(record.handle, ctx, tar, rel_dir, argv, {C.RUN_ID: run_id, C.JOB_NAME: record.name})
     if code != 0:
-        raise ToolchainError(f"the run {run_id} on {record.name!r} failed: the driver exited with {code}")
+        raise ToolchainError(f"the run {run_id} on {record.name!r} failed with exit code {code}; its output above "
+                             "says why")
     return {"run_id": run_id, "cluster": record.name, "image": record.image, "code_sha256": code_sha,
             "exit_code": code}
 

@@ -9,26 +9,24 @@
     file_mounts              the fileroot from --fileroot-store (a bucket URI, MOUNT mode)
     run                      `python -m runtime launch` on every node; SkyPilot's own variables
                              (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, ...) place each node; rank 0 runs the driver
-`--submit` runs `sky launch -y -c <name> --secret RAY_AUTH_TOKEN <file>` per task.
+`--submit` runs `sky launch -y -d -c <name> --secret RAY_AUTH_TOKEN <file>` per task; `invoke up` launches
+the one task with every node serving and holds the cluster (deploy/sky_held.py).
 """
 from __future__ import annotations
 
 import os
 import re
-import secrets
-import shlex
-import subprocess
 from typing import Optional
 
 from pydantic import Field
 
-from deploy.job import DeployError, JobSpec
+from deploy import sky_held as held
+from deploy.job import JobSpec
+from deploy.sky_task import by_rank, dump
 from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File, Target, TargetOptions
-from deploy.targets.k8s import Seeds, _Dumper
+from deploy.targets.k8s import Seeds
 from runtime import contract as C
 from runtime.spec import ClusterSpec
-
-import yaml
 
 
 class SkyFlags(TargetOptions):
@@ -42,13 +40,8 @@ class SkyFlags(TargetOptions):
 
 
 def run_script(job: JobSpec) -> str:
-    """The `run:` section: every token quoted; the rank decides who runs the driver."""
-    cd = shlex.join(["cd", job.workdir]) + "\n" if job.workdir else ""
-    return (f"{cd}if [ \"${{SKYPILOT_NODE_RANK}}\" = 0 ]; then\n"
-            f"  exec {shlex.join(job.launch_argv(driver=True))}\n"
-            f"else\n"
-            f"  exec {shlex.join(job.launch_argv())}\n"
-            f"fi\n")
+    """The `run:` section: the rank decides who runs the driver (or, held, who serves)."""
+    return by_rank(job.launch_argv(driver=True), job.launch_argv(), cd=job.workdir)
 
 
 def accelerator_name(spec: ClusterSpec, opts: SkyFlags) -> Optional[str]:
@@ -77,19 +70,6 @@ def task(job: JobSpec, spec: ClusterSpec, opts: SkyFlags, seed: Optional[int] = 
     return out
 
 
-class _TaskDumper(_Dumper):
-    """Multi-line strings (the run script) as literal blocks where YAML allows it; the emitter falls
-    back to quoting by itself for strings a block cannot hold (trailing spaces, control characters)."""
-
-
-_TaskDumper.add_representer(
-    str, lambda d, s: d.represent_scalar("tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
-
-
-def dump(obj: dict) -> str:
-    return yaml.dump(obj, Dumper=_TaskDumper, sort_keys=False, default_flow_style=False)
-
-
 class SkyPilot(Target):
     name = "skypilot"
     summary = "SkyPilot task YAML: num_nodes, the image by digest, `python -m runtime launch` on every node"
@@ -101,6 +81,8 @@ class SkyPilot(Target):
         if job.gpus_per_node and not accelerator_name(spec, opts):
             problems.append("--accelerator: the job has GPUs and the spec's gpu_type_from_node_name does not name "
                             "exactly one GPU type SkyPilot can take; pass --accelerator (e.g. A100)")
+        if opts.seeds and job.serve:
+            problems.append("--seeds: a held cluster (invoke up) is one cluster; fan seeds out with `invoke deploy`")
         if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
             problems.append(f"--name {job.name!r}: too long for the seed runs' task names; use a shorter name")
         return problems
@@ -119,19 +101,18 @@ class SkyPilot(Target):
             launched = []
             for path in out["written"]:
                 name = os.path.basename(path)[:-len(".yaml")]
-                env = {**(ctx.env or os.environ), C.AUTH_TOKEN: secrets.token_hex(32)}
-                try:
-                    res = subprocess.run(["sky", "launch", "-y", "-d", "-c", name, "--secret", C.AUTH_TOKEN, path],
-                                         capture_output=True, text=True, env=env, timeout=3600)
-                except FileNotFoundError:
-                    raise DeployError("sky is not on PATH: `pip install skypilot`, or launch the written tasks "
-                                      "yourself") from None
-                if res.returncode != 0:
-                    raise DeployError(f"sky launch {path} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+                job_id = held.launch(path, name, ctx.env or dict(os.environ))
                 launched.append(name)
-                ctx.progress(f"launched SkyPilot cluster {name}")
+                ctx.progress(f"launched SkyPilot cluster {name} (job {job_id})")
+                if job.serve:
+                    out["held"] = held.wait_serving(name, job_id, job.nodes, job.name, ctx.env or dict(os.environ),
+                                                    ctx.progress)
             out["launched"] = launched
         return out
+
+    # a held cluster is the launched cluster and its serving job (deploy/sky_held.py)
+    holds_clusters = True
+    held = held
 
 
 TARGET = SkyPilot()

@@ -1,0 +1,198 @@
+"""A held cluster on SkyPilot: the cluster `invoke up` launched and the job on it that holds its
+nodes, whose head serves drivers. Everything goes through the `sky` CLI; SkyPilot's job queue on
+the cluster runs each step beside the held job.
+
+    launch        `sky launch -y -d -c NAME --secret RAY_AUTH_TOKEN TASK` (the file deploy writes; with
+                  up every node runs `--serve`); the job id from its "Job submitted, ID: N" line
+    wait_serving  `sky logs NAME J --status` (has the job ended?) and `sky logs NAME J --no-follow`
+                  until the head says it serves; a job that ends first, or the timeout, is cancelled
+    run           `sky exec NAME RUN_TASK`: a task over the cluster's nodes that asks for no
+                  accelerators (SkyPilot's default demand, half a CPU per node), so the queue starts it
+                  beside the held job, which holds the accelerators. Its workdir holds the code's tar
+                  only: SkyPilot syncs it to ~/sky_workdir on the nodes (its own mechanism, no hand-made
+                  sync), and rank 0, the cluster's head as for the held job (deploy/sky_task.py), hands
+                  it to `python -m runtime run --unpack-stdin /tmp` as every other target does; the
+                  other nodes have nothing to do. `sky exec` follows the job's log and exits with 0 when
+                  it succeeded
+    status        `sky logs NAME J --status`: whether the held job is still running
+    down          a task like run's with `python -m runtime stop` on rank 0: the head stops serving and
+                  publishes 0, the nodes leave and the held job ends SUCCEEDED (`sky cancel` if it is
+                  still there after GRACE_S); then `sky down -y NAME` removes the cluster
+"""
+from __future__ import annotations
+
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+from deploy import held_step
+from deploy.job import DeployError
+from deploy.sky_task import by_rank, dump
+from runtime import contract as C
+from runtime.log_relay import ANSI
+from runtime.serving import SERVING_LINE
+from runtime.wait import WaitTimeout, wait_until
+
+GRACE_S = 120  # how long down waits for the held job to end on its own before it cancels it
+MISSING = "install SkyPilot (`pip install skypilot`) and check the cloud with `sky check`"
+# what `sky launch` prints of the job it submitted: its closing hint ("Job ID: N", then how to cancel
+# it), and the backend's "Job submitted, ID: N" as it streams the launch
+JOB_ID = re.compile(r"^(?:Job ID: |\S* ?Job submitted, ID: )([0-9]+)\s*$", re.M)
+LOG_TAIL = 300
+# `sky logs CLUSTER JOB --status` exits with the job's state, `sky exec` with its job's when it ends
+# (sky.exceptions.JobExitCode)
+JOB_STATES = {0: "SUCCEEDED", 100: "FAILED", 101: "RUNNING", 102: "NOT FOUND", 103: "CANCELLED"}
+NOT_FINISHED = 101
+CODE_TAR = "raytrain-code.tar"  # the run task's one workdir file
+
+
+def _cli(argv: list[str], env: Optional[dict], timeout_s: float = 600) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
+    except FileNotFoundError:
+        raise DeployError(f"{argv[0]} is not on PATH: {MISSING}") from None
+    except subprocess.TimeoutExpired:
+        raise DeployError(f"`{' '.join(argv[:3])} ...` did not finish in {timeout_s:.0f} s; `sky api info` says whether "
+                          "SkyPilot's API server answers, `sky api status` what it is doing") from None
+
+
+def launch_argv(task_file: str, cluster: str) -> list[str]:
+    return ["sky", "launch", "-y", "-d", "-c", cluster, "--secret", C.AUTH_TOKEN, task_file]
+
+
+def exec_argv(task_file: str, cluster: str) -> list[str]:
+    return ["sky", "exec", cluster, task_file]
+
+
+def status_argv(cluster: str, job_id: str) -> list[str]:
+    return ["sky", "logs", "--status", cluster, job_id]
+
+
+def log_argv(cluster: str, job_id: str) -> list[str]:
+    """The log so far, its last LOG_TAIL lines (the serving line is the newest while up waits for it)."""
+    return ["sky", "logs", "--no-follow", "--tail", str(LOG_TAIL), cluster, job_id]
+
+
+def cancel_argv(cluster: str, job_id: str) -> list[str]:
+    return ["sky", "cancel", "-y", cluster, job_id]
+
+
+def down_argv(cluster: str) -> list[str]:
+    return ["sky", "down", "-y", cluster]
+
+
+def launch(task_file: str, cluster: str, env: dict) -> str:
+    """Launch TASK_FILE on CLUSTER with a fresh Ray token (a secret: never in the file); its job id."""
+    res = _cli(launch_argv(task_file, cluster), {**env, C.AUTH_TOKEN: secrets.token_hex(32)}, timeout_s=3600)
+    if res.returncode != 0:
+        raise DeployError(f"sky launch {task_file} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
+    said = ANSI.sub(b"", (res.stdout + "\n" + res.stderr).encode()).decode(errors="replace")
+    job_id = job_id_from(said)
+    if job_id is None:
+        raise DeployError(f"sky launch {task_file}: its output names no job ('Job ID: N'); see `sky queue "
+                          f"{cluster}`:\n    " + "\n    ".join(said.strip().splitlines()[-10:]))
+    return job_id
+
+
+def job_id_from(said: str) -> Optional[str]:
+    """The job id `sky launch` printed (SAID without ANSI codes), or None."""
+    found = JOB_ID.findall(said)
+    return found[-1] if found else None
+
+
+def job_state(cluster: str, job_id: str, env: Optional[dict]) -> tuple[int, str]:
+    """(`sky logs --status`'s exit code, its name: RUNNING covers pending and setting up as well)."""
+    res = _cli(status_argv(cluster, job_id), env, timeout_s=120)
+    return res.returncode, JOB_STATES.get(res.returncode, f"unknown (sky logs --status exited {res.returncode}: "
+                                                          f"{res.stderr.strip()[-200:]})")
+
+
+def job_log(cluster: str, job_id: str, env: Optional[dict]) -> str:
+    res = _cli(log_argv(cluster, job_id), env, timeout_s=120)
+    return ANSI.sub(b"", res.stdout.encode()).decode(errors="replace")
+
+
+def wait_serving(cluster: str, job_id: str, nodes: int, job_name: str, env: dict,
+                 progress: Callable[[str], None], timeout_s: float = 1800) -> dict:
+    """The handle once the held job's head serves. A job that ends first, or the timeout, is
+    cancelled and its log's last lines said; the cluster stays (`sky down` removes it)."""
+    progress(f"skypilot: waiting for job {job_id} on {cluster} to start and its head to serve")
+    last = {"log": ""}
+
+    def serving() -> bool:
+        code, state = job_state(cluster, job_id, env)
+        last["log"] = job_log(cluster, job_id, env)
+        if code != NOT_FINISHED:
+            raise DeployError(f"SkyPilot job {job_id} on {cluster} is {state} before its head served:\n    "
+                              + "\n    ".join(last["log"].splitlines()[-15:]))
+        return SERVING_LINE in last["log"]
+    try:
+        wait_until(serving, timeout_s=timeout_s, interval_s=2, what=f"SkyPilot job {job_id}'s head to serve",
+                   hint=f"see `sky queue {cluster}`", logs=lambda: "\n    ".join(last["log"].splitlines()[-15:]))
+    except BaseException:
+        _cli(cancel_argv(cluster, job_id), env, timeout_s=120)
+        progress(f"skypilot: cancelled job {job_id}; `sky down {cluster}` removes the cluster")
+        raise
+    return {"cluster": cluster, "job_id": job_id, "nodes": nodes, "job_name": job_name}
+
+
+def status(handle: dict, env: Optional[dict]) -> dict:
+    code, state = job_state(handle["cluster"], handle["job_id"], env)
+    return {"up": code == NOT_FINISHED, "nodes": {f"cluster {handle['cluster']} job {handle['job_id']}": state}}
+
+
+def step_task(handle: dict, what: str, argv: list[str], run_env: dict, workdir: Optional[str] = None) -> dict:
+    """A task (named for WHAT it does) over every node of the held cluster that runs ARGV on rank 0
+    (the head) with RUN_ENV and asks for nothing the held job holds; with WORKDIR, rank 0 reads
+    CODE_TAR from it on stdin."""
+    task = {"name": f"{handle['job_name']}-{what}", "num_nodes": handle["nodes"], "envs": dict(sorted(run_env.items()))}
+    if workdir:
+        task["workdir"] = workdir
+    task["run"] = by_rank(argv, stdin=CODE_TAR if workdir else None)
+    return task
+
+
+def run(handle: dict, env: Optional[dict], code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict,
+        out=None) -> int:
+    """`sky exec` of the run task, its output relayed; 0 when the job succeeded, else `sky exec`'s code
+    (the driver's own is in the job's log)."""
+    with tempfile.TemporaryDirectory(prefix="raytrain-sky-run-") as tmp:
+        workdir = Path(tmp) / "workdir"
+        workdir.mkdir()
+        (workdir / CODE_TAR).write_bytes(code_tar)
+        task_file = Path(tmp) / "run.yaml"
+        task_file.write_text(dump(step_task(handle, "run", held_step.runtime_run(rel_dir, argv), run_env, str(workdir))))
+        code = held_step.stream(exec_argv(str(task_file), handle["cluster"]), env, b"", out, MISSING)
+    if code and code in JOB_STATES:
+        print(f"[run] sky exec: the job is {JOB_STATES[code]}", file=out or sys.stdout, flush=True)
+    return code
+
+
+def _ended(handle: dict, env: Optional[dict], timeout_s: float) -> bool:
+    try:
+        return wait_until(lambda: job_state(handle["cluster"], handle["job_id"], env)[0] != NOT_FINISHED,
+                          timeout_s=timeout_s, interval_s=2, what=f"SkyPilot job {handle['job_id']} to end")
+    except WaitTimeout:
+        return False
+
+
+def down(handle: dict, env: Optional[dict]) -> list[str]:
+    """Ask the head to stop (a step like run's: no signal reaches the job's processes), cancel the
+    held job if it is still there after GRACE_S, then remove the cluster."""
+    cluster, job_id = handle["cluster"], handle["job_id"]
+    if status(handle, env)["up"]:
+        with tempfile.TemporaryDirectory(prefix="raytrain-sky-stop-") as tmp:
+            task_file = Path(tmp) / "stop.yaml"
+            task_file.write_text(dump(step_task(handle, "stop", held_step.runtime_stop(), {C.JOB_NAME: handle["job_name"]})))
+            asked = _cli(exec_argv(str(task_file), cluster), env)
+        if asked.returncode != 0 or not _ended(handle, env, GRACE_S):
+            _cli(cancel_argv(cluster, job_id), env, timeout_s=120)
+    res = _cli(down_argv(cluster), env, timeout_s=1800)
+    if res.returncode != 0:
+        raise DeployError(f"sky down {cluster} failed ({res.returncode}): {res.stderr.strip()[-800:]}; "
+                          f"the cluster may still run: `sky status {cluster}`")
+    return [f"SkyPilot cluster {cluster} (job {job_id})"]
