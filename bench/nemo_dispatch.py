@@ -44,7 +44,7 @@ def main() -> None:
     import ray
     import torch
 
-    from runtime.batched import BatchedDataDict
+    from runtime.workers.batched import BatchedDataDict
     from runtime.nemo_rl.named_sharding import NamedSharding
     from runtime.nemo_rl.virtual_cluster import RayVirtualCluster
     from runtime.nemo_rl.worker_groups import RayWorkerBuilder, RayWorkerGroup

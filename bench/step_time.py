@@ -57,7 +57,7 @@ def make_model(width: int):
 def make_shard(step: int, rank: int, world: int, batch: int, width: int):
     """One rank's part of a step's batch, made where it is used."""
     import torch
-    from runtime.batched import BatchedDataDict
+    from runtime.workers.batched import BatchedDataDict
     g = torch.Generator().manual_seed(step * 1000 + rank)
     x = torch.randn(batch // world, width, generator=g)
     return BatchedDataDict({"x": x, "y": x.sum(1, keepdim=True)})
@@ -70,7 +70,7 @@ def shard_loader(rank: int, world: int, step: int, batch: int, width: int):
 def make_batch(step: int, batch: int, width: int):
     """The whole batch, made on the driver (the driver-sharded variant)."""
     import torch
-    from runtime.batched import BatchedDataDict
+    from runtime.workers.batched import BatchedDataDict
     g = torch.Generator().manual_seed(step)
     x = torch.randn(batch, width, generator=g)
     return BatchedDataDict({"x": x, "y": x.sum(1, keepdim=True)})
@@ -140,8 +140,8 @@ class GroupBench:
 
     def __init__(self, args):
         import ray
-        from runtime.virtual_cluster import RayVirtualCluster
-        from runtime.worker_group import RayWorkerGroup
+        from runtime.workers.virtual_cluster import RayVirtualCluster
+        from runtime.workers.worker_group import RayWorkerGroup
         self.args = args
         # logical CPUs: the group's bundles, TorchTrainer's workers and its controller (all share 2 real cores)
         # address="local": a cluster of its own, never one a test or a job left in /tmp/ray/ray_current_cluster
@@ -159,7 +159,7 @@ class GroupBench:
 
     def measure(self) -> dict:
         import ray
-        from runtime.transfer import ShardLoader
+        from runtime.workers.transfer import ShardLoader
         args, g, out = self.args, self.g, {}
         for name, call in (("bare", lambda: ray.get([b.noop.remote() for b in self.bare])),
                            ("group", lambda: g.run_all_workers_single_data("noop"))):

@@ -1,6 +1,6 @@
 """The step that runs one `invoke run` on a held cluster's head, for targets that reach the head
 with a command (an srun step, `kubectl exec`): the code goes as a tar on the step's stdin, the head
-unpacks it once by its hash (`python -m runtime run --unpack-stdin`, runtime/serving.py) and the
+unpacks it once by its hash (`python -m runtime run --unpack-stdin`, runtime/cluster/serving.py) and the
 step's output comes back line by line."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Optional
 
 from deploy.job import DeployError
 from runtime import contract as C
-from runtime import log_relay
+from runtime.cluster import log_relay
 
 UNPACK_ROOT = "/tmp"  # where a run's code lies on the head (in its container, where it has one)
 

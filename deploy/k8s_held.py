@@ -4,7 +4,7 @@
                   are deleted again if it never does
     run           `kubectl exec -i HEAD_POD -c ray -- env RAYTRAIN_...=... python -m runtime run
                   --unpack-stdin /tmp`, the code as a tar on stdin: unpacked once in the head pod (by its
-                  hash) and handed to the head (runtime/serving.py); the driver gets the pod's own
+                  hash) and handed to the head (runtime/cluster/serving.py); the driver gets the pod's own
                   environment, the token from the job's Secret included: nothing secret leaves the pods
     status        the phase of each of the job's pods
     down          the job's objects deleted by label, as `invoke destroy` does: the pods get SIGTERM,
@@ -16,7 +16,7 @@ from typing import Callable, Optional
 
 from deploy import held_step, kubectl
 from deploy.job import DeployError, JobSpec
-from runtime.serving import SERVING_LINE
+from runtime.cluster.serving import SERVING_LINE
 from runtime.wait import wait_until
 
 CONTAINER = "ray"  # the pods' one container (deploy/targets/k8s.py)

@@ -33,8 +33,8 @@ from deploy import held_step
 from deploy.job import DeployError
 from deploy.sky_task import by_rank, dump
 from runtime import contract as C
-from runtime.log_relay import ANSI
-from runtime.serving import SERVING_LINE
+from runtime.cluster.log_relay import ANSI
+from runtime.cluster.serving import SERVING_LINE
 from runtime.wait import WaitTimeout, wait_until
 
 GRACE_S = 120  # how long down waits for the held job to end on its own before it cancels it

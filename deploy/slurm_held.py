@@ -3,7 +3,7 @@
     wait_serving  after sbatch: the job's output says the head serves (or the job ended: its log)
     run           `srun --jobid J --overlap -w HEAD python -m runtime run --unpack-stdin /tmp`, the
                   code as a tar on the step's stdin: unpacked once on the head (by its hash) and handed
-                  to the head (runtime/serving.py), whose own environment holds the job's Ray token:
+                  to the head (runtime/cluster/serving.py), whose own environment holds the job's Ray token:
                   nothing secret leaves the job. With Pyxis the step attaches to the head's running
                   container (`--container-name=raytrain-head-J:exec`: its namespaces, so its /tmp and
                   socket), without importing the image again
@@ -23,7 +23,7 @@ from deploy import held_step
 from deploy.job import DeployError, JobSpec
 from deploy.sbatch import head_container
 from runtime import contract as C
-from runtime.serving import SERVING_LINE
+from runtime.cluster.serving import SERVING_LINE
 from runtime.wait import WaitTimeout, wait_until
 
 GRACE_S = 120  # how long down waits for the job to end on its own before it cancels it

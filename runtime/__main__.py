@@ -4,9 +4,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime import numbers, selfcheck
+from runtime import numbers
+
+from runtime.cluster import selfcheck
 from runtime.contract import DEFAULT_PORT_BASE
-from runtime.launch import EXIT_HEAD_LOST
+from runtime.cluster.launch import EXIT_HEAD_LOST
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,15 +37,15 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--no-preload", dest="preload", action="store_false",
                     help="Start the driver after the barrier, imports and all. By default a `python script.py` or "
                          "`python -m module` driver starts while the barrier waits, imports ray and torch, and runs "
-                         "the script once every node is up (runtime/preload.py).")
+                         "the script once every node is up (runtime/cluster/preload.py).")
     la.add_argument("--no-zygote", dest="zygote", action="store_false",
                     help="Start each Ray worker as a fresh interpreter that imports torch itself. By default "
                          "every node imports torch once, while it waits, in a zygote that the raylet's Python "
-                         "workers are forked from (runtime/zygote.py).")
+                         "workers are forked from (runtime/cluster/zygote.py).")
     la.add_argument("--serve", action="store_true",
                     help="A held cluster's node (invoke up / invoke down): the head forms the cluster and holds it "
                          "without a driver until SIGTERM; drivers come with `python -m runtime run` "
-                         "(runtime/serving.py). No process of the node has the image's project directory on "
+                         "(runtime/cluster/serving.py). No process of the node has the image's project directory on "
                          "PYTHONPATH: a run's code is only what it sent. Give no command.")
     la.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command, run on the head only.")
     ru = sub.add_parser("run", help="Run a driver on the cluster this head holds (launch --serve), in the code "
@@ -67,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "selfcheck":
         return selfcheck.run(require_cuda=args.require_cuda)
     if args.command == "stop":
-        from runtime import serving
+        from runtime.cluster import serving
         from runtime.errors import RaytrainError
         try:
             return serving.request_stop()
@@ -76,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
             return getattr(e, "exit_code", 1)
     if args.command == "run":
         from pathlib import Path
-        from runtime import serving
+        from runtime.cluster import serving
         from runtime.errors import RaytrainError
         try:
             return serving.run(Path(args.code_dir), args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd,
@@ -85,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"run: error: {e}", file=sys.stderr, flush=True)
             return getattr(e, "exit_code", 1)
     from runtime.errors import RaytrainError
-    from runtime.launch import LaunchOptions, launch
+    from runtime.cluster.launch import LaunchOptions, launch
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     opts = LaunchOptions(port_base=args.port_base, port_stride=args.port_stride, barrier_timeout_s=args.barrier_timeout,
                          join_timeout_s=args.join_timeout, auth="disabled" if args.no_auth else "token",

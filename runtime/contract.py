@@ -17,12 +17,18 @@ PROJECT_DIR = f"{APP_ROOT}/project"
 
 # How every node starts: the image's interpreter runs the runtime package.
 RUNTIME_CMD = ("python", "-m", "runtime")
+# The one place the cluster half (runtime/cluster) names the worker half (runtime/workers): what a
+# node's launcher calls, once every node joined, to start warm worker hosts on a node
+# (f(node_id, how_many) -> their handles), resolved when it is first called; and the modules a
+# zygote or a preloaded driver imports before it forks (training code imports them first).
+WARM_HOSTS = "runtime.workers.host_pool:warm_up"
+WORKER_MODULES = ("runtime.workers.virtual_cluster", "runtime.workers.worker_group")
 DEFAULT_PORT_BASE = 20000
 # Linux's default start of the ephemeral port range: Ray's pinned ports must stay below it on the
 # nodes. A renderer checks against this (the nodes' value), never against the rendering host's.
 PORTABLE_EPHEMERAL_LOW = 32768
 
-# Set by the deploy artifacts, read by runtime.identity / runtime.launch
+# Set by the deploy artifacts, read by runtime.cluster.identity / runtime.cluster.launch
 NODE_RANK = "RAYTRAIN_NODE_RANK"                # explicit rank of this node (0 = head)
 NODE_RANK_OFFSET = "RAYTRAIN_NODE_RANK_OFFSET"  # added to a scheduler's rank (the workers' srun step)
 NUM_NODES = "RAYTRAIN_NUM_NODES"
@@ -51,7 +57,7 @@ class LaunchArgs:
 
 def launch_argv(args: LaunchArgs, driver: Optional[list[str]] = None, serve: bool = False) -> list[str]:
     """The node's command line; the driver command goes after `--` on the head only. A held cluster's
-    nodes all get `--serve` and no driver (runtime/serving.py)."""
+    nodes all get `--serve` and no driver (runtime/cluster/serving.py)."""
     argv = [*RUNTIME_CMD, "launch", f"--port-base={args.port_base}"]
     if args.num_cpus is not None:
         argv.append(f"--num-cpus={args.num_cpus}")
@@ -64,3 +70,10 @@ def launch_argv(args: LaunchArgs, driver: Optional[list[str]] = None, serve: boo
     elif driver:
         argv += ["--", *driver]
     return argv
+
+
+def resolve(ref: str):
+    """The object a 'package.module:name' reference names (WARM_HOSTS), imported on demand."""
+    import importlib
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)

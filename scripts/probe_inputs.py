@@ -144,7 +144,7 @@ def cases(canary: str):
         {"RAYTRAIN_JOB_NAME": "probe-none"}, {}, "refuse"
     for option, value in (("call_timeout_s", "float('nan')"), ("max_restarts", "True"), ("memory_limit", "-5"),
                           ("colocated_share", "2.0"), ("init_timeout_s", "float('inf')")):
-        code = (f"from runtime.worker_group import RayWorkerGroup\nimport sys\ntry:\n    RayWorkerGroup(None, object, "
+        code = (f"from runtime.workers.worker_group import RayWorkerGroup\nimport sys\ntry:\n    RayWorkerGroup(None, object, "
                 f"{option}={value})\nexcept ValueError as e:\n    print(e, file=sys.stderr); sys.exit(2)\n")
         yield f"worker group {option}={value}", ["@python", "-c", code], {}, {}, "refuse"
 

@@ -18,9 +18,9 @@ import pickle
 import pytest
 import torch
 
-from runtime.batched import (BatchedDataDict, BatchShapeError, DynamicBatchingArgs, PackedTensor, SequencePackingArgs,
+from runtime.workers.batched import (BatchedDataDict, BatchShapeError, DynamicBatchingArgs, PackedTensor, SequencePackingArgs,
                              SlicedDataDict)
-from runtime.batching.packing import get_packer
+from runtime.workers.batching.packing import get_packer
 
 
 def bdd(n=12):
@@ -60,7 +60,7 @@ def test_is_a_picklable_dict_that_keeps_its_plans():
 
 
 def test_shards_count_as_batches_for_the_object_store():
-    from runtime.transfer import worth_putting
+    from runtime.workers.transfer import worth_putting
     shard = bdd(4).shard_by_batch_size(2)[0]
     assert isinstance(shard, SlicedDataDict) and isinstance(shard, BatchedDataDict) and worth_putting(shard)
 

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, event, given, settings, strategies as st
 from deploy.targets import TARGETS
 from helpers import jobs
 from runtime.errors import InputError
-from runtime.identity import detect
+from runtime.cluster.identity import detect
 from runtime.imageref import ImageRef
 from runtime.spec import SpecError, load_spec, parse_spec, spec_hash
 from toolchain import pipeline

@@ -23,7 +23,7 @@ from deploy import held_step, sky_held
 from deploy.sky_task import dump
 from deploy.targets import skypilot
 from helpers import jobs, sky_nodes
-from runtime.serving import SERVING_LINE
+from runtime.cluster.serving import SERVING_LINE
 from runtime.spec import load_spec
 from runtime.wait import wait_until
 from toolchain.hashing import tree_hash
@@ -112,7 +112,7 @@ def test_the_job_id_is_read_from_what_skypilots_launch_prints():
     """`sky launch` ends with SkyPilot's own hint (ux_utils.command_hint_messages), coloured as on a
     terminal; the backend's line comes while it streams. Both name the job the held cluster runs."""
     from sky.utils import ux_utils
-    from runtime.log_relay import ANSI
+    from runtime.cluster.log_relay import ANSI
 
     def plain(text: str) -> str:
         return ANSI.sub(b"", text.encode()).decode()

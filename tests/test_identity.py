@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.identity import IdentityError, detect, expand_nodelist
+from runtime.cluster.identity import IdentityError, detect, expand_nodelist
 from runtime.spec import parse_spec
 
 SPEC = parse_spec({

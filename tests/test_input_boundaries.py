@@ -21,7 +21,7 @@ from deploy.artifacts import write_all
 from deploy.job import DeployError
 from runtime import numbers, strict_json
 from runtime.errors import InputError
-from runtime.identity import IdentityError, detect
+from runtime.cluster.identity import IdentityError, detect
 from runtime.spec import SpecError, load_spec
 from runtime.wait import wait_until
 from toolchain import boundary, records
@@ -331,7 +331,7 @@ def test_out_on_proc_through_the_cli(tmp_path):
                                           ("max_restarts", True), ("colocated_share", 1.5), ("memory_limit", -5),
                                           ("memory_limit", True), ("memory_limit", 2.5)])
 def test_worker_group_options_are_refused_by_name(option, value):
-    from runtime.worker_group import RayWorkerGroup
+    from runtime.workers.worker_group import RayWorkerGroup
     with pytest.raises(InputError, match=f"^{option}: "):
         RayWorkerGroup(None, object, **{option: value})  # checked before the cluster is touched
 

@@ -160,7 +160,7 @@ def test_launcher_killed_with_sigkill_leaves_nothing_running():
     try:
         wait_for_line(head, "barrier passed")
         running = processes_with(marker)
-        assert any("runtime.zygote serve" in c for c in running.values()), running
+        assert any("runtime.cluster.zygote serve" in c for c in running.values()), running
         assert any("gcs_server" in c for c in running.values()), running
         head.kill()
         head.wait()
@@ -178,7 +178,7 @@ def test_driver_code_survives_losing_the_gcs():
     node because one of its processes died under load). Ray ends a process whose GCS is gone with its
     own code 1, skipping `finally`: the launcher's code must still be the driver's, and the worker
     leaves with EXIT_HEAD_LOST, saying why; nothing is left running."""
-    from runtime.launch import EXIT_HEAD_LOST
+    from runtime.cluster.launch import EXIT_HEAD_LOST
     marker = secrets.token_hex(8)
     token = secrets.token_hex(32)
     worker = launch(1, 2, token, RAYTRAIN_TEST_MARK=marker)

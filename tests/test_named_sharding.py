@@ -4,7 +4,7 @@ import pickle
 import pytest
 import torch
 
-from runtime.named_sharding import REPLICATED_AXES, NamedSharding
+from runtime.workers.named_sharding import REPLICATED_AXES, NamedSharding
 
 # pp=2, dp=3, tp=2: rank = pp * 6 + dp * 2 + tp
 GRID = [[[0, 1], [2, 3], [4, 5]], [[6, 7], [8, 9], [10, 11]]]

@@ -158,12 +158,12 @@ def test_cluster_maps_nemo_rl_onto_the_core(cluster):
 
 
 def test_module_paths_mirror_nemo_rl():
-    import runtime.batched
-    import runtime.named_sharding
+    import runtime.workers.batched
+    import runtime.workers.named_sharding
     from runtime.nemo_rl import batched_data_dict, named_sharding
-    assert batched_data_dict.BatchedDataDict is runtime.batched.BatchedDataDict
-    assert batched_data_dict.SlicedDataDict is runtime.batched.SlicedDataDict
-    assert named_sharding.NamedSharding is runtime.named_sharding.NamedSharding is NamedSharding
+    assert batched_data_dict.BatchedDataDict is runtime.workers.batched.BatchedDataDict
+    assert batched_data_dict.SlicedDataDict is runtime.workers.batched.SlicedDataDict
+    assert named_sharding.NamedSharding is runtime.workers.named_sharding.NamedSharding is NamedSharding
 
 
 def test_registry_has_one_interpreter(cluster):

@@ -1,10 +1,10 @@
-"""runtime.preload: the driver process that imports while the barrier waits. Real processes, no mocks."""
+"""runtime.cluster.preload: the driver process that imports while the barrier waits. Real processes, no mocks."""
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from runtime.preload import Target, target_of
+from runtime.cluster.preload import Target, target_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -33,7 +33,7 @@ def test_which_commands_are_preloaded():
 def run(argv, stdin: bytes, cwd, preloaded=True, **env):
     """The driver command, preloaded (go on stdin) or as plain `python ARGV`."""
     import os
-    head = [sys.executable, "-m", "runtime.preload", "--"] if preloaded else [sys.executable]
+    head = [sys.executable, "-m", "runtime.cluster.preload", "--"] if preloaded else [sys.executable]
     return subprocess.run([*head, *argv], input=stdin, capture_output=True, cwd=cwd,
                           env={**os.environ, "PYTHONPATH": str(ROOT), **env}, timeout=120)
 

@@ -157,7 +157,7 @@ def test_code_on_stdin_is_unpacked_once_below_its_root_and_bad_input_changes_not
     """The images run Debian's Python 3.11.2, whose tarfile has no extraction filters: the checks are
     the project's own and hold either way."""
     from runtime.errors import InputError
-    from runtime.serving import unpack_code
+    from runtime.cluster.serving import unpack_code
     if not filters:
         for name in ("data_filter", "FilterError"):
             monkeypatch.delattr(tarfile, name, raising=False)

@@ -4,10 +4,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from runtime.batched import BatchedDataDict
+from runtime.workers.batched import BatchedDataDict
 from runtime.wait import wait_until
-from runtime.virtual_cluster import RayVirtualCluster
-from runtime.worker_group import RayWorkerGroup, WorkerFailureError, WorkerGroupRestarted
+from runtime.workers.virtual_cluster import RayVirtualCluster
+from runtime.workers.worker_group import RayWorkerGroup, WorkerFailureError, WorkerGroupRestarted
 
 pytestmark = pytest.mark.cluster  # starts real Ray nodes
 

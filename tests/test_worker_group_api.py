@@ -6,9 +6,9 @@ import pytest
 import ray
 import torch
 
-from runtime.batched import BatchedDataDict
-from runtime.virtual_cluster import RayVirtualCluster, gpu_assignment
-from runtime.worker_group import RayWorkerGroup, gather_futures
+from runtime.workers.batched import BatchedDataDict
+from runtime.workers.virtual_cluster import RayVirtualCluster, gpu_assignment
+from runtime.workers.worker_group import RayWorkerGroup, gather_futures
 
 pytestmark = pytest.mark.cluster  # starts real Ray nodes
 
@@ -40,7 +40,7 @@ def test_colocated_groups_take_turns_on_the_same_bundles(vc):
 
 def test_a_group_after_shutdown_refuses_work_instead_of_returning_nothing(vc):
     from helpers.workers import EnvReporter
-    from runtime.worker_group import WorkerGroupClosed
+    from runtime.workers.worker_group import WorkerGroupClosed
     g = RayWorkerGroup(vc, EnvReporter, init_kwargs={"tag": "x"})
     assert len(g.run_all_workers_single_data("env")) == 4
     g.shutdown()
@@ -70,7 +70,7 @@ def test_memory_limit_is_enforced_on_a_cluster_without_reservations(two_nodes):
     """The seed's memory_limit on a cluster made as the seed makes it (no memory reserved): accepted,
     a worker within it runs, one over it is stopped and the error names the rank, limit and peak."""
     from helpers.workers import Plain
-    from runtime.failures import WorkerFailureError
+    from runtime.workers.failures import WorkerFailureError
     plain = RayVirtualCluster([1, 1])
     g = RayWorkerGroup(plain, Plain, backend=None, memory_limit="1GB")
     assert g.run_all_workers_single_data("hold", 64, 0.2) == [64, 64]
@@ -96,7 +96,7 @@ def test_reserved_memory_limit(two_nodes):
 def test_a_worker_dying_in_run_work_items_is_reported_as_its_own_rank(vc):
     """Item 2 goes to worker 2 (round robin), which dies: the error names rank 2, not rank 0."""
     from helpers.workers import Plain
-    from runtime.failures import WorkerFailureError
+    from runtime.workers.failures import WorkerFailureError
     g = RayWorkerGroup(vc, Plain, backend=None)
     with pytest.raises(WorkerFailureError, match="worker rank 2 on") as err:
         g.run_work_items("crash_on", ["a", "b", "boom", "c"], strategy="round_robin")

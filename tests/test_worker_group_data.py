@@ -5,11 +5,11 @@ import pytest
 import ray
 import torch
 
-from runtime import transfer
-from runtime.batched import BatchedDataDict
-from runtime.transfer import ShardLoader
-from runtime.virtual_cluster import RayVirtualCluster
-from runtime.worker_group import RayWorkerGroup
+from runtime.workers import transfer
+from runtime.workers.batched import BatchedDataDict
+from runtime.workers.transfer import ShardLoader
+from runtime.workers.virtual_cluster import RayVirtualCluster
+from runtime.workers.worker_group import RayWorkerGroup
 
 pytestmark = pytest.mark.cluster  # starts real Ray nodes
 

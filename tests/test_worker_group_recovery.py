@@ -6,9 +6,9 @@ import psutil
 import pytest
 import ray
 
-from runtime.virtual_cluster import RayVirtualCluster
+from runtime.workers.virtual_cluster import RayVirtualCluster
 from runtime.wait import wait_until
-from runtime.worker_group import RayWorkerGroup, WorkerGroupRestarted
+from runtime.workers.worker_group import RayWorkerGroup, WorkerGroupRestarted
 
 pytestmark = pytest.mark.cluster  # starts real Ray nodes
 
@@ -74,7 +74,7 @@ def test_group_adopts_the_launchers_warm_hosts_once(two_nodes):
     """Hosts warmed up (as the launcher does while its barrier waits) become the first group's ranks;
     a second group finds them taken and starts its own."""
     from helpers.workers import EnvReporter
-    from runtime.host_pool import WARM_NAMESPACE, warm_up
+    from runtime.workers.host_pool import WARM_NAMESPACE, warm_up
     nodes = [two_nodes.head_node.node_id] + [n.node_id for n in two_nodes.worker_nodes]
     held = [h for node in nodes for h in warm_up(node, 1)]
     # the names are registered with the GCS asynchronously: wait until both are listed

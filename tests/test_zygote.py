@@ -1,4 +1,4 @@
-"""runtime.zygote: Ray workers forked from a process with torch imported. A real zygote and real
+"""runtime.cluster.zygote: Ray workers forked from a process with torch imported. A real zygote and real
 forks; the Ray tests run real single-node launches, the same driver with and without the zygote."""
 import json
 import os
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime import trampoline as trampoline_module, zygote
+from runtime.cluster import trampoline as trampoline_module, zygote
 
 pytestmark = pytest.mark.cluster  # real zygotes, forks and single-node Ray launches
 
@@ -42,7 +42,7 @@ def served(tmp_path):
     """A zygote serving on a socket in tmp_path, and the trampoline that reaches it."""
     sock = str(tmp_path / "z.sock")
     log = open(tmp_path / "zygote.log", "w+")
-    proc = subprocess.Popen([PY, "-m", "runtime.zygote", "serve", "--socket", sock], cwd=ROOT, stderr=log,
+    proc = subprocess.Popen([PY, "-m", "runtime.cluster.zygote", "serve", "--socket", sock], cwd=ROOT, stderr=log,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         deadline = time.monotonic() + 120
@@ -153,7 +153,7 @@ class Probe:
     def info(self):
         import psutil, torch
         parent = " ".join(psutil.Process(os.getppid()).cmdline())
-        return {"forked": "runtime.zygote serve" in parent, "torch_before": self.torch_before_user_code,
+        return {"forked": "runtime.cluster.zygote serve" in parent, "torch_before": self.torch_before_user_code,
                 "threads": torch.get_num_threads(), "omp": os.environ.get("OMP_NUM_THREADS"),
                 "x": os.environ.get("X"), "own_group": os.getpgid(0) == os.getpid(),
                 "tensor": float(torch.ones(3).sum())}

@@ -46,7 +46,7 @@ from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, ApplyContext, Ar
 from deploy.yaml_out import Dumper
 from runtime import contract as C
 from runtime import k8s_names, numbers
-from runtime.ports import RayPorts
+from runtime.cluster.ports import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
 
 TOKEN_KEY = "token"

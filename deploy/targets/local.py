@@ -19,7 +19,7 @@ from deploy import held_step
 from deploy.job import JobSpec
 from deploy.targets.base import ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
-from runtime import log_relay, serving as serving_module
+from runtime.cluster import log_relay, serving as serving_module
 from runtime.spec import ClusterSpec
 
 

@@ -18,11 +18,11 @@ import sys
 import ray
 import torch
 
-from runtime.batched import BatchedDataDict
+from runtime.workers.batched import BatchedDataDict
 from runtime.spec import load_spec
-from runtime.transfer import ShardLoader
-from runtime.virtual_cluster import RayVirtualCluster
-from runtime.worker_group import RayWorkerGroup, WorkerFailureError, WorkerGroupRestarted
+from runtime.workers.transfer import ShardLoader
+from runtime.workers.virtual_cluster import RayVirtualCluster
+from runtime.workers.worker_group import RayWorkerGroup, WorkerFailureError, WorkerGroupRestarted
 
 FEATURES = 16
 

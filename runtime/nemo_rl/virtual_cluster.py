@@ -1,7 +1,7 @@
-"""NeMo RL's RayVirtualCluster (nemo_rl.distributed.virtual_cluster) over runtime.virtual_cluster.
+"""NeMo RL's RayVirtualCluster (nemo_rl.distributed.virtual_cluster) over runtime.workers.virtual_cluster.
 
 The placement groups are the core's: one STRICT_PACK group per node, bundles in stable node order
-(runtime.virtual_cluster.RayVirtualCluster, of which this is a lazy subclass). This class maps NeMo
+(runtime.workers.virtual_cluster.RayVirtualCluster, of which this is a lazy subclass). This class maps NeMo
 RL's constructor onto it and adds NeMo RL's behaviour around it:
 
 - nothing is placed until a placement group is needed (`get_placement_groups()`, a worker group,
@@ -34,7 +34,7 @@ from typing import Optional
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from runtime.virtual_cluster import RayVirtualCluster as _CoreCluster
+from runtime.workers.virtual_cluster import RayVirtualCluster as _CoreCluster
 
 logger = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class RayVirtualCluster(_CoreCluster):
     """NeMo RL's virtual cluster: `bundle_ct_per_node_list[i]` bundles on node i, each with
     `max_colocated_worker_groups` CPUs (and a GPU when use_gpus), placed on first use.
 
-    A runtime.virtual_cluster.RayVirtualCluster (created lazy), so the core's own worker group and
+    A runtime.workers.virtual_cluster.RayVirtualCluster (created lazy), so the core's own worker group and
     slots() take it too; every first use, the core's included, goes through NeMo RL's checks and
     retries. `num_gpus_per_node` is passed on to the workers' configure_worker hook;
     `placement_group_strategy` is kept for NeMo RL's unified placement group, which is not provided
@@ -186,7 +186,7 @@ class RayVirtualCluster(_CoreCluster):
         if use_unified_pg:
             raise NotImplementedError(
                 "use_unified_pg: one placement group spanning nodes is not provided; the core places one group "
-                "per node (runtime.virtual_cluster), which is what use_unified_pg=False gives")
+                "per node (runtime.workers.virtual_cluster), which is what use_unified_pg=False gives")
         have = ray.cluster_resources()
         bundles = sum(self._counts)
         if self.use_gpus and bundles > int(have.get("GPU", 0)):

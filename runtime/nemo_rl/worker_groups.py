@@ -2,7 +2,7 @@
 
 `RayWorkerGroup.workers` are the user's own actors (`w.method.remote(...)` works), one per bundle of
 a runtime.nemo_rl RayVirtualCluster (the core's placement groups and slots), each started with
-runtime.rank_env's rank environment. The calls return ObjectRefs, or a MultiWorkerFuture for
+runtime.workers.rank_env's rank environment. The calls return ObjectRefs, or a MultiWorkerFuture for
 sharded calls, for the caller to `ray.get` (or get_all_worker_results).
 
 A worker's environment, lowest precedence first (as in NeMo RL):
@@ -37,7 +37,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from runtime.nemo_rl.named_sharding import NamedSharding
 from runtime.nemo_rl.ray_actor_environment_registry import get_actor_python_env
 from runtime.nemo_rl.virtual_cluster import RAY_PRIVATE_ENV, RayVirtualCluster
-from runtime.rank_env import rank_env
+from runtime.workers.rank_env import rank_env
 
 __all__ = ["MultiWorkerFuture", "RayWorkerBuilder", "RayWorkerGroup"]
 

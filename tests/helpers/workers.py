@@ -88,7 +88,7 @@ class Plain:
 class DDPWorker:
     def __init__(self):
         from torch.nn.parallel import DistributedDataParallel as DDP
-        from runtime.comm_hooks import compress_gradients
+        from runtime.workers.comm_hooks import compress_gradients
         torch.manual_seed(0)
         self.model = DDP(torch.nn.Linear(8, 1))
         self.kind = compress_gradients(self.model)
@@ -127,6 +127,6 @@ class DataProbe:
 
 def own_shard(rank, world_size, n, offset=0):
     """A shard made on the worker itself: ids rank, rank + world_size, ... below n."""
-    from runtime.batched import BatchedDataDict
+    from runtime.workers.batched import BatchedDataDict
     ids = list(range(rank, n, world_size))
     return BatchedDataDict({"x": torch.tensor([float(i + offset) for i in ids]), "id": ids})

@@ -3,10 +3,10 @@ shards, slices, repeats, stacks and micro-batches.
 
 The behaviour and API are those of NeMo RL's nemo_rl.distributed.batched_data_dict (so code that
 only changes its imports behaves the same), on a dict subclass so that it pickles like a dict and
-runtime.transfer recognises it. Differences, all additive: `d[a:b]` slices rows, `to_device` is an
+runtime.workers.transfer recognises it. Differences, all additive: `d[a:b]` slices rows, `to_device` is an
 alias of `to`, the errors NeMo RL raises with `assert` are BatchShapeError (both an AssertionError
 and a ValueError, and raised under `python -O` too), and `chunk` accepts every rank below `chunks`.
-The algorithms live in runtime.batching.
+The algorithms live in runtime.workers.batching.
 """
 from __future__ import annotations
 
@@ -15,13 +15,13 @@ from typing import Any, Generic, Iterator, Mapping, Optional, Sequence, TypeVar,
 
 import torch
 
-from runtime.batching import collectives, plans
-from runtime.batching.args import DynamicBatchingArgs, SequencePackingArgs
-from runtime.batching.media import NATIVE_MULTIMODAL_KEYS, PIXEL_KEYS, check_coupled_media, shared_media_memo
-from runtime.batching.packed_tensor import PackedTensor
-from runtime.batching.rows import (BatchShapeError, as_index_list, require, take_range, take_rows,
+from runtime.workers.batching import collectives, plans
+from runtime.workers.batching.args import DynamicBatchingArgs, SequencePackingArgs
+from runtime.workers.batching.media import NATIVE_MULTIMODAL_KEYS, PIXEL_KEYS, check_coupled_media, shared_media_memo
+from runtime.workers.batching.packed_tensor import PackedTensor
+from runtime.workers.batching.rows import (BatchShapeError, as_index_list, require, take_range, take_rows,
                                    uniform_row_count)
-from runtime.batching.stacking import ordered_keys, stack_batches
+from runtime.workers.batching.stacking import ordered_keys, stack_batches
 
 __all__ = ["BatchedDataDict", "SlicedDataDict", "DynamicBatchingArgs", "SequencePackingArgs", "PackedTensor",
            "BatchShapeError"]
@@ -177,7 +177,7 @@ class BatchedDataDict(dict, Generic[DictT]):
 
         allow_uneven_shards (only without batch_size): pieces of ceil(rows / shards) rows, the last
         ones short or empty (empty shards keep every key). With dynamic_batching_args or
-        sequence_packing_args the rows are reordered (see runtime.batching.plans), the shards carry
+        sequence_packing_args the rows are reordered (see runtime.workers.batching.plans), the shards carry
         their micro-batch plans, and the return value is (shards, order), where `order` is what
         reorder_data takes to restore the original row order of the re-stacked shards.
         """

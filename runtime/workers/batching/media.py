@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from runtime.batching.packed_tensor import PackedTensor
+from runtime.workers.batching.packed_tensor import PackedTensor
 
 # Names as NeMo RL's nemo_rl.data.multimodal_utils spells them.
 VLLM_MULTIMODAL_DATA_KEYS = frozenset({"vllm_images", "vllm_videos", "vllm_audios"})

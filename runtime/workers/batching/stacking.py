@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from runtime.batching.packed_tensor import PackedTensor
-from runtime.batching.rows import row_count
+from runtime.workers.batching.packed_tensor import PackedTensor
+from runtime.workers.batching.rows import row_count
 
 
 def _rows_in(batch: Mapping[Any, Any], strict: bool) -> int:

@@ -2,7 +2,7 @@
 the user's script once the launcher says go, so the barrier -> first step path does not pay them.
 
 `python train.py ARGS` and `python -m pkg.mod ARGS` (the same interpreter as the launcher's) are
-started as `python -m runtime.preload -- train.py ARGS`: the process imports PRELOAD (ray, torch and
+started as `python -m runtime.cluster.preload -- train.py ARGS`: the process imports PRELOAD (ray, torch and
 the runtime's worker-group modules; one that fails to import is skipped, the script's own import
 reports it), then blocks on a line from stdin. `go` runs the script as `python` would (`__main__`,
 sys.argv, sys.path[0] the script's directory); anything else, or EOF, exits without running it. The
@@ -19,8 +19,9 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-PRELOAD = ("ray", "torch", "torch.distributed", "torch.nn.parallel", "runtime.virtual_cluster",
-           "runtime.worker_group")
+from runtime import contract as C
+
+PRELOAD = ("ray", "torch", "torch.distributed", "torch.nn.parallel", *C.WORKER_MODULES)
 GO = b"go\n"
 
 
@@ -54,7 +55,7 @@ def target_of(cmd: list[str]) -> Optional[Target]:
 
 def preload_argv(target: Target) -> list[str]:
     first = ["-m", target.module] if target.module else [target.script]
-    return [sys.executable, "-m", "runtime.preload", "--", *first, *target.args]
+    return [sys.executable, "-m", "runtime.cluster.preload", "--", *first, *target.args]
 
 
 def parse(argv: list[str]) -> Target:

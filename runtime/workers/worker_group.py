@@ -10,7 +10,7 @@ A failed collective is traced to the lost rank by the group itself (every worker
 node are asked; the one still silent LOST_GRACE_S after the others answered is lost), and a lost
 node's placement group is moved at once, without waiting for Ray's health checks. With
 spare_workers=True the new ranks are taken from spare hosts (started, torch imported: see
-runtime.host_pool). Call data goes through runtime.transfer: put once, passed by reference, CPU
+runtime.workers.host_pool). Call data goes through runtime.workers.transfer: put once, passed by reference, CPU
 tensors zero-copy; or made on the workers with run_all_workers_own_shard and a ShardLoader.
 
 The seed's (NeMo RL's) group options, each with a meaning here:
@@ -22,9 +22,9 @@ The seed's (NeMo RL's) group options, each with a meaning here:
     enable_load_balancing /     run_work_items(method, items) hands items to workers: round_robin
     load_balancing_strategy     (item i -> worker i % n) or least_loaded (the next item to whichever
                                 worker is free first)
-    enable_gradient_compression "fp16", "bf16" or "powersgd" (True = fp16): runtime.comm_hooks.compress_gradients(model)
+    enable_gradient_compression "fp16", "bf16" or "powersgd" (True = fp16): runtime.workers.comm_hooks.compress_gradients(model)
                                 in the worker registers torch's DDP communication hook
-    spare_workers               keep spare hosts for fast restarts (runtime.host_pool); not with a reserved memory_limit
+    spare_workers               keep spare hosts for fast restarts (runtime.workers.host_pool); not with a reserved memory_limit
 """
 from __future__ import annotations
 
@@ -34,16 +34,17 @@ from typing import Callable, Optional
 
 import ray
 
-from runtime.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
+from runtime.workers.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
 from runtime.contract import RESTARTS
-from runtime import numbers, transfer
-from runtime.batched import BatchedDataDict
-from runtime.rank_env import rank_env
-from runtime.transfer import ShardLoader
-from runtime.failures import Failure, FailureDetector, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
-from runtime.host_pool import HostPool
+from runtime import numbers
+from runtime.workers import transfer
+from runtime.workers.batched import BatchedDataDict
+from runtime.workers.rank_env import rank_env
+from runtime.workers.transfer import ShardLoader
+from runtime.workers.failures import Failure, FailureDetector, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
+from runtime.workers.host_pool import HostPool
 from runtime.errors import InputError
-from runtime.virtual_cluster import BundleSlot, RayVirtualCluster
+from runtime.workers.virtual_cluster import BundleSlot, RayVirtualCluster
 
 LB_STRATEGIES = ("round_robin", "least_loaded")
 
@@ -90,7 +91,7 @@ class RayWorkerGroup:
             colocated_share = numbers.finite(colocated_share, "colocated_share", 0, 1, low_open=True)
         if isinstance(memory_limit, (bool, float)):
             raise InputError(f"memory_limit: {memory_limit!r} is not a size; give bytes as an int or text such as 8GB")
-        from runtime.virtual_cluster import parse_bytes
+        from runtime.workers.virtual_cluster import parse_bytes
         self.memory_limit = parse_bytes(memory_limit, "memory_limit")
         if self.memory_limit is not None and self.memory_limit <= 0:
             raise InputError(f"memory_limit: {memory_limit!r} must be a positive size such as 8GB")
@@ -111,7 +112,7 @@ class RayWorkerGroup:
             raise ValueError("enable_gradient_compression compresses DDP gradients; it needs a backend (nccl/gloo)")
         self.compression = compression
         # Ray reserves the limit where the cluster reserves memory (memory_per_bundle); every worker's
-        # RSS is held to it in any case (runtime.usage.enforce_memory_limit): over it, the worker stops
+        # RSS is held to it in any case (runtime.workers.usage.enforce_memory_limit): over it, the worker stops
         reserved = virtual_cluster.memory_per_bundle
         self._ray_memory = self.memory_limit if (self.memory_limit and reserved) else None
         if self._ray_memory:
@@ -299,7 +300,7 @@ class RayWorkerGroup:
     def run_all_workers_single_data(self, method_name: str, *args, **kwargs):
         """The method on every worker with the same arguments; results in rank order (a future when
         async_communication). Data arguments (tensors, arrays, batches) are put in the object store
-        once and every worker gets the same reference (runtime.transfer)."""
+        once and every worker gets the same reference (runtime.workers.transfer)."""
         args = tuple(transfer.put(a) for a in args)
         kwargs = {k: transfer.put(v) for k, v in kwargs.items()}
         return self._call(lambda: [w.execute.remote(method_name, *args, **kwargs) for w in self.workers])
@@ -324,7 +325,7 @@ class RayWorkerGroup:
         """Each worker makes or reads its own shard, `loader(rank, world_size)`, and runs
         `method(shard, **kwargs)`: no data leaves the driver (the loader travels, a few bytes)."""
         if not isinstance(loader, ShardLoader):
-            raise TypeError(f"run_all_workers_own_shard needs a runtime.transfer.ShardLoader(fn, *args), got {loader!r}")
+            raise TypeError(f"run_all_workers_own_shard needs a runtime.workers.transfer.ShardLoader(fn, *args), got {loader!r}")
         return self._call(lambda: [w.execute_own_shard.remote(method_name, loader, **kwargs) for w in self.workers])
 
     def run_all_workers_sharded_data(self, *args, **kwargs):

@@ -1,6 +1,6 @@
 """Which rows each shard gets, and how a shard's rows group into micro-batches.
 
-Plans are lists of row indices; runtime.batched turns them into data. Three modes, as in NeMo RL's
+Plans are lists of row indices; runtime.workers.batched turns them into data. Three modes, as in NeMo RL's
 shard_by_batch_size:
 
 * even: the batch is cut into chunks of `batch_size` rows (global batches) and every chunk into
@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from runtime.batching.args import SequencePackingArgs
-from runtime.batching.packing import get_packer
-from runtime.batching.rows import require
+from runtime.workers.batching.args import SequencePackingArgs
+from runtime.workers.batching.packing import get_packer
+from runtime.workers.batching.rows import require
 
 Spans = list[list[int]]  # [start, end) row ranges, one per micro-batch
 

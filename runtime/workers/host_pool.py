@@ -1,4 +1,4 @@
-"""HostPool: the one place a worker host (runtime.worker_host) is created, warm, spare or fresh.
+"""HostPool: the one place a worker host (runtime.workers.worker_host) is created, warm, spare or fresh.
 
 A fresh host is started in its rank's placement-group bundle (HostPool.in_bundle). Warm and spare
 hosts are processes that have started and imported torch, waiting to take a rank.
@@ -18,7 +18,7 @@ from typing import Iterable
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
-from runtime.worker_host import WorkerHost
+from runtime.workers.worker_host import WorkerHost
 
 # warm hosts the launcher starts while its barrier waits, for the driver's first group to adopt
 WARM_NAMESPACE = "raytrain-warm"

@@ -1,4 +1,4 @@
-"""Helpers behind runtime.batched.BatchedDataDict, one concern per module.
+"""Helpers behind runtime.workers.batched.BatchedDataDict, one concern per module.
 
 rows: row counts, row selection and the error a mis-shaped batch raises; packed_tensor: PackedTensor;
 media: which multimodal values may be shared between repeated rows; packing: bin packers for

@@ -31,7 +31,7 @@ try:  # not a dependency of the images; arrays are only recognised where it is i
 except ImportError:
     _ARRAYS = ()
 
-from runtime.batched import BatchedDataDict
+from runtime.workers.batched import BatchedDataDict
 
 _lock = threading.Lock()
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import ray
 
-from runtime.worker_host import read_worker_log
+from runtime.workers.worker_host import read_worker_log
 
 # how long a failed collective waits for Ray to say which worker is gone (health checks take ~5 s)
 PEER_CHECK_S = 20.0

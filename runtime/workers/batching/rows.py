@@ -5,7 +5,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import torch
 
-from runtime.batching.packed_tensor import PackedTensor
+from runtime.workers.batching.packed_tensor import PackedTensor
 
 
 class BatchShapeError(AssertionError, ValueError):

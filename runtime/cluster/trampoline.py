@@ -1,4 +1,4 @@
-"""The raylet's "python" on a node with a zygote (runtime/zygote.py): hands a plain worker start to
+"""The raylet's "python" on a node with a zygote (runtime/cluster/zygote.py): hands a plain worker start to
 the zygote, which forks it; anything else runs as the raylet asked, by exec'ing the real interpreter.
 
 Stdlib only, and nothing else imported: it runs under `python -IS` for every Python process the
@@ -32,7 +32,7 @@ def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[li
     """(default_worker argv, env vars to add, working directory or None) when `argv` (the trampoline's,
     after its own name) is a plain Python worker start that a fork can serve; None when it must run
     as the raylet asked. A job's working_dir arrives as a `cd DIR &&` prefix and PYTHONPATH in the
-    context's env vars; the fork applies both (runtime/zygote.py).
+    context's env vars; the fork applies both (runtime/cluster/zygote.py).
 
     The raylet starts a worker without a runtime environment as `python default_worker.py ARGS`,
     and one with a runtime environment as `python setup_worker.py [-S] default_worker.py ARGS
@@ -108,7 +108,7 @@ def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds
 
 
 def trampoline_main(real_python: str, socket_path: str) -> None:
-    """The raylet's worker command runs this; see runtime/zygote.py's docstring."""
+    """The raylet's worker command runs this; see runtime/cluster/zygote.py's docstring."""
     me, argv = sys.argv[0], sys.argv[1:]
     plan = _zygote_argv(argv, real_python, me)
     status = None
@@ -128,13 +128,14 @@ def trampoline_main(real_python: str, socket_path: str) -> None:
 
 def python_for_raylet(directory: str, socket_path: str, real_python: str = sys.executable) -> str:
     """Write the trampoline into `directory` (an executable named `python`) and return its path."""
-    runtime_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import runtime
+    runtime_parent = os.path.dirname(os.path.dirname(os.path.abspath(runtime.__file__)))  # where `runtime` is found
     path = os.path.join(directory, "python")
     text = (f"#!{real_python} -IS\n"
-            "# written by runtime.trampoline: the raylet starts Python workers through this\n"
+            "# written by runtime.cluster.trampoline: the raylet starts Python workers through this\n"
             "import sys\n"
             f"sys.path.insert(0, {runtime_parent!r})\n"
-            "from runtime.trampoline import trampoline_main\n"
+            "from runtime.cluster.trampoline import trampoline_main\n"
             f"trampoline_main({real_python!r}, {socket_path!r})\n")
     os.makedirs(directory, mode=0o700, exist_ok=True)
     tmp = path + ".tmp"

@@ -16,7 +16,7 @@ class SequencePackingArgs(TypedDict):
     max_tokens_per_microbatch: int
     input_key: str  # the token tensor, [batch, seq]
     input_lengths_key: str  # each row's sequence length
-    algorithm: str  # a runtime.batching.packing.PackingAlgorithm name, e.g. "modified_first_fit_decreasing"
+    algorithm: str  # a runtime.workers.batching.packing.PackingAlgorithm name, e.g. "modified_first_fit_decreasing"
     # per shard: run the bins in the packer's order (default) or the fullest bin first
     microbatch_order: NotRequired[Literal["packer", "largest_first"]]
     sequence_length_pad_multiple: int  # each length is rounded up to this (context/tensor-parallel alignment)

@@ -15,7 +15,7 @@ from typing import Optional
 import ray
 
 from runtime import contract as C
-from runtime.usage import enforce_memory_limit, process_usage, reset_cuda_peak
+from runtime.workers.usage import enforce_memory_limit, process_usage, reset_cuda_peak
 
 
 @ray.remote(num_cpus=0)

@@ -4,7 +4,7 @@ A Ray worker starts as a fresh interpreter running `default_worker.py`, and a ra
 torch: about 2.5 s of CPU per worker (this build of torch, with its CUDA libraries), paid on a node
 that has just joined, after the barrier. Here the launcher starts, on every node and as soon as it
 starts, a *zygote*: one process that imports torch (PRELOAD), then waits on a Unix socket. The
-node's raylet is told to start its Python workers through a *trampoline* (runtime/trampoline.py): a
+node's raylet is told to start its Python workers through a *trampoline* (runtime/cluster/trampoline.py): a
 small stdlib-only script that hands its argv, environment, cwd and stdio to the zygote, which
 forks; the child runs `default_worker.py` as the raylet's command (or `setup_worker.py`'s exec)
 would have. The trampoline stays as the raylet's child and exits with the worker's status; a
@@ -31,8 +31,8 @@ import signal
 import socket
 import sys
 
-from runtime.preload import Target, import_all, run
-from runtime.trampoline import python_for_raylet
+from runtime.cluster.preload import Target, import_all, run
+from runtime.cluster.trampoline import python_for_raylet
 
 # What a forked worker finds imported; one that fails to import is skipped (the worker imports it
 # itself). Not ray: a worker forked after `import ray` fails Ray's own start-up check of RAY_JOB_ID
@@ -108,7 +108,7 @@ def _apply_pythonpath(value: str) -> None:
     script's directory, which preload.run sets), and none of the zygote's own start-up entries.
     The zygote started before the job did: a job's working_dir (Ray puts it on PYTHONPATH) is not on
     its sys.path yet, and the image's project directory is, which a held cluster's runs leave out
-    (runtime/serving.py)."""
+    (runtime/cluster/serving.py)."""
     entries = [p for p in value.split(os.pathsep) if p]
     for p in _OWN_PATHS + entries:
         while p in sys.path[1:]:
@@ -316,16 +316,16 @@ class NodeZygote:
     def __init__(self, directory: str, trampoline: str, socket_path: str, env: dict):
         import subprocess
 
-        from runtime.lifeline import tied_to_me
+        from runtime.cluster.lifeline import tied_to_me
         self.dir, self.trampoline, self.socket = directory, trampoline, socket_path
         # its own session (a signal to the launcher's group is not a signal to it), and it dies with the launcher
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.zygote", "serve", "--socket", self.socket],
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cluster.zygote", "serve", "--socket", self.socket],
                                      env=env, stdin=subprocess.DEVNULL, start_new_session=True,
                                      preexec_fn=tied_to_me())
 
     def ray_argv(self) -> list[str]:
         """The command that stands for `ray` so that this node's raylet forks its workers here."""
-        return [sys.executable, "-m", "runtime.zygote", "ray", self.trampoline, "--"]
+        return [sys.executable, "-m", "runtime.cluster.zygote", "ray", self.trampoline, "--"]
 
     def stop(self) -> None:
         import shutil
@@ -360,7 +360,7 @@ def start(env: dict, log) -> NodeZygote | None:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m runtime.zygote", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m runtime.cluster.zygote", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     sv = sub.add_parser("serve", help="Import ray and torch, then fork Ray workers for the trampoline.")
     sv.add_argument("--socket", required=True, help="Unix socket path to listen on (bound once the imports are done).")

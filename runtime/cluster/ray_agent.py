@@ -1,4 +1,4 @@
-"""The launcher's connection to Ray, in a child process: `python -m runtime.ray_agent head|follow`.
+"""The launcher's connection to Ray, in a child process: `python -m runtime.cluster.ray_agent head|follow`.
 
 The launcher owns the job's exit code, so its own process never loads Ray. Ray's core worker and
 GCS client end their process with exit code 1 when the GCS stops answering for
@@ -12,7 +12,7 @@ status pipe, then wait for `exit N` on stdin: publish N in the GCS for the worke
 moment to leave, disconnect, print `published`.
 `follow`: read the GCS until the head publishes the driver's code and print `exit N` on the status
 pipe; print `lost <reason>` when the head is gone.
-The head agent ends when stdin closes; both die with the launcher (runtime.lifeline).
+The head agent ends when stdin closes; both die with the launcher (runtime.cluster.lifeline).
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ import sys
 import time
 from typing import Callable, Optional
 
+from runtime import contract as C
 from runtime import numbers
-from runtime.identity import NodeIdentity
-from runtime.launch import LaunchError, log
+from runtime.cluster.identity import NodeIdentity
+from runtime.cluster.launch import LaunchError, log
 from runtime.wait import wait_until
 
 EXIT_KEY = b"raytrain:driver_exit"
@@ -95,7 +96,8 @@ def barrier(ident: NodeIdentity, address: str, timeout_s: float,
 
 def warmer(ident: NodeIdentity, per_node: int) -> Callable[[list], None]:
     """Starts `per_node` worker hosts on each node as it joins (a Ray worker process that imports
-    torch), so the driver's first worker group finds them ready (runtime.host_pool.warm_up)."""
+    torch), so the driver's first worker group finds them ready. What starts them is the worker
+    half's, named by contract.WARM_HOSTS: the cluster half imports nothing of it."""
     started: set = set()
     hosts: list = []  # held for the whole job: a host lives while its creator holds its handle
 
@@ -104,8 +106,7 @@ def warmer(ident: NodeIdentity, per_node: int) -> Callable[[list], None]:
             if per_node > 0 and n["NodeID"] not in started:
                 started.add(n["NodeID"])
                 try:
-                    from runtime.host_pool import warm_up
-                    hosts.extend(warm_up(n["NodeID"], per_node))
+                    hosts.extend(C.resolve(C.WARM_HOSTS)(n["NodeID"], per_node))
                 except Exception as e:  # an optimisation only: the group starts its own hosts
                     log(ident, f"could not warm up worker hosts on {n['NodeManagerAddress']}: {e}")
     return on_alive
@@ -146,7 +147,7 @@ def follow(args, status_fd: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m runtime.ray_agent", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m runtime.cluster.ray_agent", description=__doc__.split("\n\n")[0])
     parser.add_argument("--status-fd", type=numbers.arg_whole(0, 65535), required=True, help="Pipe to report on (inherited from the launcher).")
     parser.add_argument("--address", required=True, help="The head's GCS address, host:port.")
     sub = parser.add_subparsers(dest="role", required=True)

@@ -8,9 +8,9 @@ when the head publishes it, or with EXIT_HEAD_LOST when the head is gone first (
 worker's Ray has its GCS reconnect timeout lowered from Ray's 60 s).
 
 This process never loads Ray: the barrier, the warm hosts and the exit code's publication run in a
-child (runtime/ray_agent.py), since Ray ends a process whose GCS stops answering with its own code.
+child (runtime/cluster/ray_agent.py), since Ray ends a process whose GCS stops answering with its own code.
 Every process it starts (the node's `ray start`, the zygote, the agent) dies with it, SIGKILL
-included (runtime/lifeline.py).
+included (runtime/cluster/lifeline.py).
 
 Exit codes: the driver's (head); the driver's as published (workers); 2 the node could not start
 or join (the message says why); 3 (EXIT_HEAD_LOST) a worker lost the head before it published the
@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Optional
 
 from runtime import contract as C
-from runtime import lifeline, log_relay, preload, serving, zygote
+from runtime.cluster import lifeline, log_relay, preload, serving, zygote
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import RaytrainError
-from runtime.identity import NodeIdentity, detect
-from runtime.ports import RayPorts
+from runtime.cluster.identity import NodeIdentity, detect
+from runtime.cluster.ports import RayPorts
 from runtime.spec import load_spec
 from runtime.wait import wait_until
 
@@ -66,9 +66,9 @@ class LaunchOptions:
     num_gpus: Optional[int] = None
     node_ip: Optional[str] = None
     warm_hosts: Optional[int] = None  # worker hosts started per node while the barrier waits (None: 1, or the GPUs)
-    preload_driver: bool = True   # start a Python driver during the barrier with its imports done (runtime.preload)
-    zygote: bool = True           # fork the raylet's Python workers from a process with torch imported (runtime.zygote)
-    serve: bool = False           # head: no driver; hold the formed cluster for `python -m runtime run` (runtime.serving)
+    preload_driver: bool = True   # start a Python driver during the barrier with its imports done (runtime.cluster.preload)
+    zygote: bool = True           # fork the raylet's Python workers from a process with torch imported (runtime.cluster.zygote)
+    serve: bool = False           # head: no driver; hold the formed cluster for `python -m runtime run` (runtime.cluster.serving)
 
 
 def routable_ip(ident: NodeIdentity, override: Optional[str] = None) -> str:
@@ -168,7 +168,7 @@ def ray_cli() -> str:
 def _start_node(ray_cmd: list[str], args: list[str], env: dict) -> subprocess.Popen:
     """`ray start --block` as our child: stopping it stops exactly this node's Ray processes,
     so several nodes can share one host (no `ray stop`, which would kill them all).
-    `ray_cmd` is `[ray]`, or the zygote's stand-in for it (runtime.zygote).
+    `ray_cmd` is `[ray]`, or the zygote's stand-in for it (runtime.cluster.zygote).
     Its output goes to a file (a pipe nobody reads would block it); _tail() reads it back."""
     out = tempfile.NamedTemporaryFile(prefix="ray-start-", suffix=".log", delete=False)
     proc = subprocess.Popen([*ray_cmd, "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
@@ -239,7 +239,7 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
         relayed = log_relay.relay(early) if early else []
         per_node = opts.warm_hosts if opts.warm_hosts is not None else (ident.gpus_per_node or 1)
         if opts.serve:
-            per_node = 0  # a warm host carries the image's code; each `run` ships its own (runtime.serving)
+            per_node = 0  # a warm host carries the image's code; each `run` ships its own (runtime.cluster.serving)
         try:
             agent = RayAgent(address, driver_env, "head", "--identity", json.dumps(dataclasses.asdict(ident)),
                              "--barrier-timeout", str(opts.barrier_timeout_s), "--warm-hosts", str(per_node),
@@ -299,12 +299,12 @@ def go(early: subprocess.Popen) -> subprocess.Popen:
 
 
 class RayAgent:
-    """`python -m runtime.ray_agent ROLE ...` (runtime/ray_agent.py): everything that talks to Ray,
+    """`python -m runtime.cluster.ray_agent ROLE ...` (runtime/cluster/ray_agent.py): everything that talks to Ray,
     in a child whose death this process reports instead of sharing. Lines come back on a pipe."""
 
     def __init__(self, address: str, env: dict, role: str, *args: str):
         r, w = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.ray_agent", "--status-fd", str(w),
+        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cluster.ray_agent", "--status-fd", str(w),
                                       "--address", address, role, *args], env=env, stdin=subprocess.PIPE,
                                      pass_fds=(w,), preexec_fn=lifeline.tied_to_me(), **log_relay.streams())
         self.relayed = log_relay.relay(self.proc)  # the warm hosts' output reaches the log through the agent
@@ -436,12 +436,12 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
         raise LaunchError("--serve holds the cluster without a driver; give no command (drivers come with "
                           "`python -m runtime run`)")
     # the zygote imports torch while this node waits for the head and the barrier; the raylet forks
-    # its Python workers from it (runtime/zygote.py)
+    # its Python workers from it (runtime/cluster/zygote.py)
     zyg = zygote.start(env, lambda msg: log(ident, msg)) if opts.zygote else None
     try:
         if zyg:
             ray_cmd = zyg.ray_argv()
-            if opts.serve:  # a held cluster's drivers are forked from it too (runtime/serving.py)
+            if opts.serve:  # a held cluster's drivers are forked from it too (runtime/cluster/serving.py)
                 env[serving.ZYGOTE_ENV] = zyg.socket
         if ident.is_head:
             return run_head(ident, opts, cmd, env, ip, ray_cmd)

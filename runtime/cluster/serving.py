@@ -16,7 +16,7 @@ runtime environment: `working_dir` DIR is given to the driver the way Ray's job 
 (the job config in RAY_JOB_CONFIG_JSON_ENV_VAR), so the driver's `ray.init` uploads DIR to the GCS
 once, content-addressed (gcs://_ray_pkg_<hash>.zip), and every node's runtime-env agent fetches it
 once and starts this job's workers in it. Workers are new processes of this job (forked from the
-node's zygote with the working directory applied, runtime/trampoline.py): no module of an earlier
+node's zygote with the working directory applied, runtime/cluster/trampoline.py): no module of an earlier
 run survives in them. A held cluster starts no warm hosts, since they would hold the image's code.
 A `python script.py` driver is forked from the head's zygote as well (its imports done), so a
 run's first step comes without a torch import on the way.
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Callable
 
 from runtime import contract as C
-from runtime import lifeline, log_relay, preload, trampoline
+from runtime.cluster import lifeline, log_relay, preload, trampoline
 from runtime.errors import InputError, RaytrainError
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.constants: what the job supervisor sets
@@ -59,7 +59,7 @@ def socket_path(env: dict) -> Path:
 def hold(address: str, ip: str, log: Callable[[str], None], env: dict) -> int:
     """Serve drivers until a stop request (`python -m runtime stop`), SIGTERM or SIGINT; 0 then (a held
     cluster that is taken down has done its job). ENV is what a driver of the head gets
-    (runtime.launch.ray_env, the token included)."""
+    (runtime.cluster.launch.ray_env, the token included)."""
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,8 +1,8 @@
 """The environment a rank runs with: torch.distributed's variables and where it is. One place, for
-both worker-group faces (runtime.worker_group and runtime.nemo_rl)."""
+both worker-group faces (runtime.workers.worker_group and runtime.nemo_rl)."""
 from __future__ import annotations
 
-from runtime.virtual_cluster import BundleSlot
+from runtime.workers.virtual_cluster import BundleSlot
 
 
 def rank_env(rank: int, world_size: int, slot: BundleSlot, master_addr: str, master_port: int) -> dict:
