@@ -94,8 +94,9 @@ def ray_env(opts: LaunchOptions) -> dict:
     env.setdefault("RAY_health_check_failure_threshold", "5")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     # the images carry Ray's minimal install, with no metrics agent: without this every node logs
-    # "Failed to establish connection to the event+metrics exporter agent" (set it to 1 with ray[default])
-    env.setdefault("RAY_enable_metrics_collection", "0")
+    # "Failed to establish connection to the event+metrics exporter agent" (set it to 1 with ray[default]);
+    # Ray still says it now and then, and the relay drops it while this is 0 (log_relay.dropped)
+    env.setdefault(log_relay.METRICS_ENV, log_relay.METRICS_DEFAULT)
     if not sys.stdout.isatty():  # a log file or a scheduler's pipe: Ray's "(pid=...)" prefixes without ANSI colours
         env.setdefault("RAY_COLOR_PREFIX", "0")
     if opts.auth == "disabled":

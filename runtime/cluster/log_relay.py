@@ -1,5 +1,5 @@
 """The driver's output as the head's log: passed through unchanged on a terminal; in a file or a
-scheduler's pipe, with ANSI escape sequences removed.
+scheduler's pipe, with ANSI escape sequences removed (and Ray's missing-metrics-agent line, below).
 
 Ray colours some of what it prints in the driver whatever RAY_COLOR_PREFIX says (the green
 "[repeated Nx across cluster]" of its log deduplication), and a job log is read with grep, less and
@@ -17,6 +17,17 @@ from typing import IO, Optional
 
 # CSI sequences (colours, cursor moves) and the two-byte escapes; text is never touched otherwise
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
+# The images carry Ray's minimal install, with no metrics agent, so the launcher turns metrics
+# collection off (launch.ray_env sets this default). Ray still reports the missing agent now and then,
+# once per node and later in longer jobs (ray-project/ray#59665): with collection off that line says
+# nothing, and it is dropped. With collection on (an image with ray[default]) it is a real fault and stays.
+METRICS_ENV, METRICS_DEFAULT = "RAY_enable_metrics_collection", "0"
+METRICS_AGENT_MISSING = re.compile(rb"Failed to establish connection to the (?:event\+)?metrics exporter agent")
+
+
+def dropped() -> Optional[re.Pattern]:
+    """What the relay leaves out: the missing metrics agent's line while collection is off."""
+    return METRICS_AGENT_MISSING if os.environ.get(METRICS_ENV, METRICS_DEFAULT) == "0" else None
 
 
 def wanted() -> bool:
@@ -30,10 +41,10 @@ def streams() -> dict:
 
 
 def _copy(src: IO[bytes], dst: IO[bytes], close_dst: bool = False) -> None:
-    writing = True
+    writing, drop = True, dropped()
     try:
         for line in iter(src.readline, b""):
-            if writing:
+            if writing and not (drop and drop.search(line)):
                 try:
                     dst.write(ANSI.sub(b"", line))
                     dst.flush()

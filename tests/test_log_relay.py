@@ -1,0 +1,48 @@
+"""The driver's output as the head's log (runtime/cluster/log_relay.py): ANSI codes removed, Ray's
+missing-metrics-agent line dropped while metrics collection is off, every other line kept in order."""
+import io
+import os
+
+import pytest
+
+from runtime.cluster import log_relay
+
+GCS_LINE = (b"(pid=gcs_server) [2026-11-27 13:45:59,344 E 3546 3546] (gcs_server) gcs_server.cc:1361: Failed to "
+            b"establish connection to the event+metrics exporter agent. Events and metrics will not be exported. "
+            b"Exporter agent status: RpcError: Running out of retries to initialize the metrics agent. rpc_code: 14\n")
+RAYLET_LINE = (b"(raylet) [2026-11-27 13:25:58,615 E 86 86] (raylet) main.cc:1108: Failed to establish connection to "
+               b"the metrics exporter agent. Metrics will not be exported.\n")
+OTHER = [b"\x1b[32mstep 1 loss 0.5\x1b[0m\n", b"step 2 loss 0.4\n", b"SUMMARY {}\n"]
+
+
+class Keep(io.BytesIO):
+    def close(self):  # the relay closes what it was given; keep the bytes readable
+        pass
+
+
+def relayed(lines: list[bytes]) -> bytes:
+    r, w = os.pipe()
+    out, err = Keep(), Keep()
+    err_r, err_w = os.pipe()
+    threads = log_relay.relay_fds(r, err_r, out, err)
+    with os.fdopen(w, "wb") as f:
+        f.writelines(lines)
+    os.close(err_w)
+    log_relay.finish(threads)
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("setting", [None, "0"])
+def test_the_missing_metrics_agent_line_is_dropped_while_collection_is_off(monkeypatch, setting):
+    if setting is None:
+        monkeypatch.delenv(log_relay.METRICS_ENV, raising=False)  # the launcher's default: off
+    else:
+        monkeypatch.setenv(log_relay.METRICS_ENV, setting)
+    out = relayed([OTHER[0], GCS_LINE, OTHER[1], RAYLET_LINE, OTHER[2]])
+    assert out == b"step 1 loss 0.5\nstep 2 loss 0.4\nSUMMARY {}\n"
+
+
+def test_with_collection_on_the_line_is_a_real_fault_and_stays(monkeypatch):
+    monkeypatch.setenv(log_relay.METRICS_ENV, "1")
+    out = relayed([OTHER[1], GCS_LINE])
+    assert out == OTHER[1] + GCS_LINE
