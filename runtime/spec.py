@@ -303,6 +303,11 @@ def describe_errors(err: ValidationError, model: type[BaseModel] = ClusterSpec) 
         msg = e["msg"].removeprefix("Value error, ")
         shown = "" if kind in ("missing", "value_error") else f" (got {json.dumps(value, default=str)[:120]})"
         fix = _FIXES.get(kind)
+        if kind == "string_pattern_mismatch":  # the field's own description says what it takes, where it has one
+            parent = _model_at(model, loc[:-1])
+            field = parent.model_fields.get(loc[-1]) if parent and loc and isinstance(loc[-1], str) else None
+            if field is not None and field.description:
+                fix = f"expected: {field.description.rstrip('.')}"
         lines.append(f"{path}: {msg}{shown}" + (f"; {fix}" if fix and fix not in msg else ""))
     return lines
 

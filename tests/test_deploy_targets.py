@@ -222,3 +222,16 @@ def test_a_deploy_whose_submission_fails_keeps_the_last_run_for_resume(settings,
     with pytest.raises((ToolchainError, DeployError)):
         deploy(settings, "slurm.json", "slurm", out=str(tmp_path / "c"), submit=True, env={"PATH": str(tmp_path)})
     assert not (settings.build_dir / "runs.json").exists()
+
+
+@pytest.mark.parametrize("spec,target,needle", [("slurm.json", "slurm", "#SBATCH --mem=5G"),
+                                                ("kubernetes.json", "k8s", "memory: 5Gi"),
+                                                ("kubernetes.json", "skypilot", "memory: 5+")])
+def test_the_memory_setting_reaches_each_scheduler_and_a_bad_one_says_what_it_takes(settings, spec, target, needle):
+    """deploy.memory (INVOKE_DEPLOY_MEMORY): the job's memory per node, in each scheduler's own form."""
+    with_memory = settings.model_copy(update={"deploy": settings.deploy.model_copy(update={"memory": "5G"})})
+    res = deploy(with_memory, spec, target, dry_run=True)
+    assert needle in json.dumps(res.get("objects")) + "".join(res.get("rendered", {}).values())
+    bad = settings.model_copy(update={"deploy": settings.deploy.model_copy(update={"memory": "5X"})})
+    with pytest.raises(DeployError, match=r"memory: .*\(got \"5X\"\); expected: Memory per node, e\.g\. 64G"):
+        deploy(bad, spec, target, dry_run=True)

@@ -71,6 +71,8 @@ class DeploySettings(_Strict):
     target: str = "local"
     nodes: int = Field(3, ge=1, le=100_000, description="Head + workers.")
     cpus_per_node: int = Field(2, ge=1, le=100_000)
+    memory: Optional[str] = Field(None, description=(
+        "Memory per node, e.g. 64G (sbatch --mem, a pod's memory request, SkyPilot's memory); checked as the job's."))
     command: list[str] = Field(default_factory=lambda: ["python", "train.py", "--cpus-per-worker", "0.5"])
     port_base: int = Field(DEFAULT_PORT_BASE, ge=1024, le=65535)
     time_limit: str = "01:00:00"

@@ -200,7 +200,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     job_name = d.name if given(name, "--name") is None else name
     run_id = pick_run(settings, job_name, resume)
     job_values = dict(name=job_name, nodes=d.nodes if nodes is None else nodes,
-                      command=list(d.command) if command is None else parse_command(command), cpus_per_node=d.cpus_per_node, port_base=d.port_base,
+                      command=list(d.command) if command is None else parse_command(command), cpus_per_node=d.cpus_per_node,
+                      memory=d.memory, port_base=d.port_base,
                       time_limit=d.time_limit, env={C.RUN_ID: run_id}, serve=serve)
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
                        job_values, gpus, settings.path(settings.project.app_dir))
