@@ -31,7 +31,7 @@ from typing import Callable, Optional
 
 from deploy import held_step
 from deploy.job import DeployError
-from deploy.sky_task import by_rank, dump
+from deploy.sky_task import IMAGE_ENV, by_rank, dump
 from runtime import contract as C
 from runtime.cluster.log_relay import ANSI
 from runtime.cluster.serving import SERVING_LINE
@@ -118,15 +118,16 @@ def job_log(cluster: str, job_id: str, env: Optional[dict]) -> str:
 
 def wait_serving(cluster: str, job_id: str, nodes: int, job_name: str, env: dict,
                  progress: Callable[[str], None], timeout_s: float = 1800) -> dict:
-    """The handle once the held job's head serves. A job that ends first, or the timeout, is
-    cancelled and its log's last lines said; the cluster stays (`sky down` removes it)."""
+    """The handle once the held job's head serves. A job that ends first is said with its log's last
+    lines; one that does not serve in time is cancelled; the cluster stays (`sky down` removes it)."""
     progress(f"skypilot: waiting for job {job_id} on {cluster} to start and its head to serve")
-    last = {"log": ""}
+    last = {"log": "", "ended": False}
 
     def serving() -> bool:
         code, state = job_state(cluster, job_id, env)
         last["log"] = job_log(cluster, job_id, env)
         if code != NOT_FINISHED:
+            last["ended"] = True
             raise DeployError(f"SkyPilot job {job_id} on {cluster} is {state} before its head served:\n    "
                               + "\n    ".join(last["log"].splitlines()[-15:]))
         return SERVING_LINE in last["log"]
@@ -134,8 +135,9 @@ def wait_serving(cluster: str, job_id: str, nodes: int, job_name: str, env: dict
         wait_until(serving, timeout_s=timeout_s, interval_s=2, what=f"SkyPilot job {job_id}'s head to serve",
                    hint=f"see `sky queue {cluster}`", logs=lambda: "\n    ".join(last["log"].splitlines()[-15:]))
     except BaseException:
-        _cli(cancel_argv(cluster, job_id), env, timeout_s=120)
-        progress(f"skypilot: cancelled job {job_id}; `sky down {cluster}` removes the cluster")
+        if not last["ended"]:
+            _cli(cancel_argv(cluster, job_id), env, timeout_s=120)
+        progress(f"skypilot: job {job_id} is not running; `sky down {cluster}` removes the cluster")
         raise
     return {"cluster": cluster, "job_id": job_id, "nodes": nodes, "job_name": job_name}
 
@@ -149,7 +151,8 @@ def step_task(handle: dict, what: str, argv: list[str], run_env: dict, workdir: 
     """A task (named for WHAT it does) over every node of the held cluster that runs ARGV on rank 0
     (the head) with RUN_ENV and asks for nothing the held job holds; with WORKDIR, rank 0 reads
     CODE_TAR from it on stdin."""
-    task = {"name": f"{handle['job_name']}-{what}", "num_nodes": handle["nodes"], "envs": dict(sorted(run_env.items()))}
+    task = {"name": f"{handle['job_name']}-{what}", "num_nodes": handle["nodes"],
+            "envs": {**IMAGE_ENV, **dict(sorted(run_env.items()))}}
     if workdir:
         task["workdir"] = workdir
     task["run"] = by_rank(argv, stdin=CODE_TAR if workdir else None)

@@ -13,6 +13,12 @@ from typing import Optional
 import yaml
 
 from deploy.yaml_out import Dumper
+from runtime import contract as C
+
+# SkyPilot starts its Ray, and so every task, with `env -u PYTHONPATH` (sky/skylet/constants.py,
+# SKY_UNSET_PYTHONPATH_AND_SET_CWD): a task of the image sets the image's own again, or `python -m
+# runtime` is not found (seen on a real SkyPilot 0.14.1 on Kubernetes). A job's own envs win over it.
+IMAGE_ENV = {"PYTHONPATH": C.IMAGE_PYTHONPATH}
 
 
 def by_rank(head: list[str], others: Optional[list[str]] = None, cd: Optional[str] = None,
@@ -20,7 +26,7 @@ def by_rank(head: list[str], others: Optional[list[str]] = None, cd: Optional[st
     """The `run:` section: HEAD on rank 0 (its stdin from the file STDIN, a path relative to the
     task's working directory), OTHERS elsewhere (None: the other nodes have nothing to do and end
     with 0); every token quoted."""
-    first = f"{shlex.join(['cd', cd])}\n" if cd else ""
+    first = f"{shlex.join(['cd', cd])} || exit 1\n" if cd else ""  # SkyPilot starts in ~/sky_workdir
     redirect = f" < {shlex.quote(stdin)}" if stdin else ""
     rest = f"else\n  exec {shlex.join(others)}\n" if others is not None else ""
     return (f"{first}if [ \"${{SKYPILOT_NODE_RANK}}\" = 0 ]; then\n"

@@ -14,6 +14,7 @@ from typing import Optional
 # an incremental .sqsh re-squashes only what the app layer touches (deploy/enroot_incremental.py).
 APP_ROOT = "/app"
 PROJECT_DIR = f"{APP_ROOT}/project"
+IMAGE_PYTHONPATH = f"{APP_ROOT}:{PROJECT_DIR}"  # the image's PYTHONPATH (a scheduler that drops it sets it again)
 
 # How every node starts: the image's interpreter runs the runtime package.
 RUNTIME_CMD = ("python", "-m", "runtime")

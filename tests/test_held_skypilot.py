@@ -1,12 +1,13 @@
-"""Held clusters on SkyPilot (deploy/sky_held.py). No SkyPilot-managed cluster runs here, so each
-half is checked against what is real here:
+"""Held clusters on SkyPilot (deploy/sky_held.py). No SkyPilot cluster runs in CI (one ran by hand,
+through SkyPilot's Kubernetes backend: README), so each half is checked against what is real here:
 
 - the tasks (up's, run's, stop's) are accepted by SkyPilot's own loader, and every `sky` command
   line parses with SkyPilot's own CLI (its click commands, without running them);
 - the tasks' `run:` sections run in containers of the pushed image the way SkyPilot runs them on a
-  docker-image cluster (the task's envs and SKYPILOT_* variables, `bash -c`, the run task in the
-  synced workdir, the run and stop steps in the head's own container): the nodes serve, an edited
-  line shows in the first step on every rank, and the stop step ends every node with 0.
+  docker-image cluster (the task's envs and SKYPILOT_* variables, `bash -c` in SkyPilot's working
+  directory without the image's PYTHONPATH, the run task in the synced workdir, the run and stop
+  steps in the head's own container): the nodes serve, an edited line shows in the first step on
+  every rank, and the stop step ends every node with 0.
 """
 import io
 import json
@@ -23,6 +24,7 @@ from deploy import held_step, sky_held
 from deploy.sky_task import dump
 from deploy.targets import skypilot
 from helpers import jobs, sky_nodes
+from runtime import contract as C
 from runtime.cluster.serving import SERVING_LINE
 from runtime.spec import load_spec
 from runtime.wait import wait_until
@@ -66,6 +68,8 @@ def test_held_tasks_are_accepted_by_skypilots_loader(tmp_path):
     # the run asks for nothing the held job holds: no accelerators, no image of its own, every node
     assert task.num_nodes == 3 and res.accelerators is None and res.extract_docker_image() is None
     assert task.workdir == str(workdir) and task.envs["RAYTRAIN_RUN_ID"] == "r1"
+    # SkyPilot starts tasks without the image's PYTHONPATH: every task gives it back
+    assert task.envs["PYTHONPATH"] == up["envs"]["PYTHONPATH"] == C.IMAGE_PYTHONPATH
     assert "--unpack-stdin /tmp" in run["run"] and f"< {sky_held.CODE_TAR}" in run["run"]
 
     stop = sky_held.step_task(HANDLE, "stop", held_step.runtime_stop(), {"RAYTRAIN_JOB_NAME": "held-sky"})
@@ -159,12 +163,12 @@ def test_held_tasks_run_in_the_image_as_skypilot_runs_them(client, pushed, tmp_p
             {"RAYTRAIN_RUN_ID": f"run-{run_id}", "RAYTRAIN_JOB_NAME": name}, str(tmp_path))
         tar = code_archive(app, rel_dir)
         for c in (head, worker):
-            _put(c, "/tmp/sky_workdir", sky_held.CODE_TAR, tar)
-        rc, out = worker.exec_run(["bash", "-c", run["run"]], workdir="/tmp/sky_workdir",
-                                  environment={**run["envs"], **sky_nodes.sky_env(names, 1)})
+            _put(c, sky_nodes.WORKDIR, sky_held.CODE_TAR, tar)
+        rc, out = worker.exec_run(["bash", "-c", run["run"]], workdir=sky_nodes.WORKDIR,
+                                  environment=sky_nodes.sky_env(names, 1, run["envs"]))
         assert rc == 0 and out == b""  # the other nodes have nothing to do
-        rc, out = head.exec_run(["bash", "-c", run["run"]], workdir="/tmp/sky_workdir",
-                                environment={**run["envs"], **sky_nodes.sky_env(names, 0)})
+        rc, out = head.exec_run(["bash", "-c", run["run"]], workdir=sky_nodes.WORKDIR,
+                                environment=sky_nodes.sky_env(names, 0, run["envs"]))
         text = out.decode(errors="replace")
         assert rc == 0, text[-3000:]
         first = [line for line in text.splitlines() if "step 1 loss" in line and "(rank" in line]
@@ -174,8 +178,8 @@ def test_held_tasks_run_in_the_image_as_skypilot_runs_them(client, pushed, tmp_p
 
         # down: the stop task on rank 0; every node leaves with 0
         stop = sky_held.step_task(handle, "stop", held_step.runtime_stop(), {"RAYTRAIN_JOB_NAME": name})
-        rc, out = head.exec_run(["bash", "-c", stop["run"]],
-                                environment={**stop["envs"], **sky_nodes.sky_env(names, 0)})
+        rc, out = head.exec_run(["bash", "-c", stop["run"]], workdir=sky_nodes.WORKDIR,
+                                environment=sky_nodes.sky_env(names, 0, stop["envs"]))
         assert rc == 0, out.decode(errors="replace")
         for c in containers:
             assert c.wait(timeout=120)["StatusCode"] == 0, c.logs().decode(errors="replace")[-3000:]

@@ -12,6 +12,7 @@ import yaml
 from deploy.job import DeployError
 from deploy.targets import skypilot
 from helpers import jobs, sky_nodes
+from runtime import contract as C
 from runtime.spec import load_spec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,7 +77,7 @@ def test_run_section_forms_the_job_in_three_containers(client, pushed, tmp_path)
     """What SkyPilot does on each node: the task's envs and secrets in the environment, its own
     SKYPILOT_* variables, then `run:` through bash in the task's image."""
     image = pushed["cpu"]["repo_digest"]
-    job = jobs.job(image, name="sky-e2e", nodes=3, cpus_per_node=2, workdir="/opt/app/project",
+    job = jobs.job(image, name="sky-e2e", nodes=3, cpus_per_node=2, workdir=C.PROJECT_DIR,
                    command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "10", "--fileroot", "/tmp/j"])
     spec = load_spec(ROOT / "cluster_specs" / "local.json")
     opts = skypilot.TARGET.parse_options({"allow_local_registry": True})

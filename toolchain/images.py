@@ -18,7 +18,7 @@ import docker
 
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, load_spec, spec_hash
-from runtime.contract import APP_ROOT, SPEC_PATH as SPEC_ENV
+from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, SPEC_PATH as SPEC_ENV
 from toolchain import __version__, layers
 from toolchain.bootstrap import BaseImage, ensure_base
 from toolchain.config import Settings
@@ -132,7 +132,8 @@ class Builder:
             (ctx / PROFILE_SCRIPT).chmod(0o644)
             text = render("deps.Dockerfile.j2", base_ref=base.ref, python=self.settings.image.python, uid=user.uid,
                           gid=user.gid, user=user.name, app_root=APP_ROOT, stage_label=dockerfile_str(STAGE_LABEL),
-                          profile_script=PROFILE_SCRIPT, path=IMAGE_PATH)
+                          profile_script=PROFILE_SCRIPT, path=IMAGE_PATH,
+                          pythonpath=IMAGE_PYTHONPATH)
             self._build("deps", ref, ctx, text)
             # the install stage (wheels + venv) stays behind as an untagged cache image: drop it
             self.client.images.prune(filters={"dangling": True, "label": f"{STAGE_LABEL}=deps-install"})

@@ -22,7 +22,7 @@ from pydantic import Field
 
 from deploy import sky_held as held
 from deploy.job import JobSpec
-from deploy.sky_task import by_rank, dump
+from deploy.sky_task import IMAGE_ENV, by_rank, dump
 from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File, Target, TargetOptions
 from deploy.targets.k8s import Seeds
 from runtime import contract as C
@@ -59,7 +59,7 @@ def task(job: JobSpec, spec: ClusterSpec, opts: SkyFlags, seed: Optional[int] = 
         unit = job.memory[-1] if job.memory[-1] in "KMGT" else ""
         n = int(job.memory.rstrip("KMGT"))
         resources["memory"] = f"{max(1, -(-n * {'': 1, 'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}[unit] // 2**30))}+"
-    envs = {**job.env, C.JOB_NAME: job.name}
+    envs = {**IMAGE_ENV, **job.env, C.JOB_NAME: job.name}
     if seed is not None:
         envs[C.SEED] = str(seed)
     out = {"name": job.name, "num_nodes": job.nodes, "resources": resources, "envs": envs,
