@@ -5,7 +5,8 @@ the cluster runs each step beside the held job.
     launch        `sky launch -y -d -c NAME --secret RAY_AUTH_TOKEN TASK` (the file deploy writes; with
                   up every node runs `--serve`); the job id from its "Job submitted, ID: N" line
     wait_serving  `sky logs NAME J --status` (has the job ended?) and `sky logs NAME J --no-follow`
-                  until the head says it serves; a job that ends first, or the timeout, is cancelled
+                  until the head says it serves; a job that ends first is said with its log, one
+                  that does not serve in time is cancelled
     run           `sky exec NAME RUN_TASK`: a task over the cluster's nodes that asks for no
                   accelerators (SkyPilot's default demand, half a CPU per node), so the queue starts it
                   beside the held job, which holds the accelerators. Its workdir holds the code's tar
@@ -50,6 +51,15 @@ NOT_FINISHED = 101
 CODE_TAR = "raytrain-code.tar"  # the run task's one workdir file
 
 
+def said(res: subprocess.CompletedProcess) -> str:
+    """What a `sky` command printed, both streams, without ANSI codes (SkyPilot says most on stdout)."""
+    return ANSI.sub(b"", (res.stdout + "\n" + res.stderr).encode()).decode(errors="replace").strip()
+
+
+def _tail(res: subprocess.CompletedProcess, lines: int = 10) -> str:
+    return "\n    ".join(said(res).splitlines()[-lines:])
+
+
 def _cli(argv: list[str], env: Optional[dict], timeout_s: float = 600) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
@@ -85,22 +95,22 @@ def down_argv(cluster: str) -> list[str]:
     return ["sky", "down", "-y", cluster]
 
 
-def launch(task_file: str, cluster: str, env: dict) -> str:
-    """Launch TASK_FILE on CLUSTER with a fresh Ray token (a secret: never in the file); its job id."""
+def launch(task_file: str, cluster: str, env: dict, need_id: bool = False) -> Optional[str]:
+    """Launch TASK_FILE on CLUSTER with a fresh Ray token (a secret: never in the file); its job id
+    (None if its output names none, an error when NEED_ID: a held cluster is that job)."""
     res = _cli(launch_argv(task_file, cluster), {**env, C.AUTH_TOKEN: secrets.token_hex(32)}, timeout_s=3600)
     if res.returncode != 0:
-        raise DeployError(f"sky launch {task_file} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
-    said = ANSI.sub(b"", (res.stdout + "\n" + res.stderr).encode()).decode(errors="replace")
-    job_id = job_id_from(said)
-    if job_id is None:
+        raise DeployError(f"sky launch {task_file} failed ({res.returncode}):\n    {_tail(res)}")
+    job_id = job_id_from(said(res))
+    if job_id is None and need_id:
         raise DeployError(f"sky launch {task_file}: its output names no job ('Job ID: N'); see `sky queue "
-                          f"{cluster}`:\n    " + "\n    ".join(said.strip().splitlines()[-10:]))
+                          f"{cluster}`:\n    {_tail(res)}")
     return job_id
 
 
-def job_id_from(said: str) -> Optional[str]:
-    """The job id `sky launch` printed (SAID without ANSI codes), or None."""
-    found = JOB_ID.findall(said)
+def job_id_from(text: str) -> Optional[str]:
+    """The job id `sky launch` printed (TEXT, without ANSI codes), or None."""
+    found = JOB_ID.findall(text)
     return found[-1] if found else None
 
 
@@ -108,7 +118,7 @@ def job_state(cluster: str, job_id: str, env: Optional[dict]) -> tuple[int, str]
     """(`sky logs --status`'s exit code, its name: RUNNING covers pending and setting up as well)."""
     res = _cli(status_argv(cluster, job_id), env, timeout_s=120)
     return res.returncode, JOB_STATES.get(res.returncode, f"unknown (sky logs --status exited {res.returncode}: "
-                                                          f"{res.stderr.strip()[-200:]})")
+                                                          f"{said(res)[-200:]})")
 
 
 def job_log(cluster: str, job_id: str, env: Optional[dict]) -> str:
@@ -196,6 +206,6 @@ def down(handle: dict, env: Optional[dict]) -> list[str]:
             _cli(cancel_argv(cluster, job_id), env, timeout_s=120)
     res = _cli(down_argv(cluster), env, timeout_s=1800)
     if res.returncode != 0:
-        raise DeployError(f"sky down {cluster} failed ({res.returncode}): {res.stderr.strip()[-800:]}; "
-                          f"the cluster may still run: `sky status {cluster}`")
+        raise DeployError(f"sky down {cluster} failed ({res.returncode}); the cluster may still run: "
+                          f"`sky status {cluster}`:\n    {_tail(res)}")
     return [f"SkyPilot cluster {cluster} (job {job_id})"]

@@ -101,9 +101,9 @@ class SkyPilot(Target):
             launched = []
             for path in out["written"]:
                 name = os.path.basename(path)[:-len(".yaml")]
-                job_id = held.launch(path, name, ctx.env or dict(os.environ))
+                job_id = held.launch(path, name, ctx.env or dict(os.environ), need_id=job.serve)
                 launched.append(name)
-                ctx.progress(f"launched SkyPilot cluster {name} (job {job_id})")
+                ctx.progress(f"launched SkyPilot cluster {name}" + (f" (job {job_id})" if job_id else ""))
                 if job.serve:
                     out["held"] = held.wait_serving(name, job_id, job.nodes, job.name, ctx.env or dict(os.environ),
                                                     ctx.progress)
