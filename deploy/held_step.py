@@ -8,7 +8,7 @@ import subprocess
 import sys
 from typing import Optional
 
-from deploy.job import DeployError
+from deploy import commands
 from runtime import contract as C
 from runtime.cluster import log_relay
 
@@ -33,7 +33,7 @@ def stream(step: list[str], env: Optional[dict], code_tar: bytes, out=None, miss
     try:
         proc = subprocess.Popen(step, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except FileNotFoundError:
-        raise DeployError(f"{step[0]} is not on PATH{': ' + missing if missing else ''}") from None
+        raise commands.not_on_path(step[0], missing) from None
     try:
         proc.stdin.write(code_tar)
         proc.stdin.close()

@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
+from deploy import commands
 from deploy.job import DeployError
 
 KINDS = "jobs.batch,services,secrets"
@@ -37,14 +37,8 @@ def head_selector(job_name: str) -> str:
 
 def run(args: list[str], stdin: Optional[str] = None, kubectl: str = "kubectl", timeout_s: float = 300,
         env: Optional[dict] = None) -> str:
-    try:
-        res = subprocess.run([kubectl, *args], input=stdin, capture_output=True, text=True, timeout=timeout_s,
-                             env=env)
-    except FileNotFoundError:
-        raise DeployError(f"{kubectl} is not on PATH; install kubectl or apply the written manifests yourself") from None
-    except subprocess.TimeoutExpired:
-        raise DeployError(f"kubectl {' '.join(args[:2])} did not answer in {timeout_s:.0f} s; check the cluster "
-                          "and `kubectl config current-context`") from None
+    res = commands.run([kubectl, *args], "install kubectl or apply the written manifests yourself", env, timeout_s,
+                       stdin, slow="check the cluster and `kubectl config current-context`")
     if res.returncode != 0:
         raise DeployError(f"kubectl {' '.join(args[:2])} failed ({res.returncode}): {res.stderr.strip()[-800:]}")
     return res.stdout

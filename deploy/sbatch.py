@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
 from pathlib import Path
 from typing import Optional, Sequence
 
+from deploy import commands
 from deploy.job import DeployError, JobSpec
 from runtime import contract as C
 
@@ -185,10 +185,8 @@ def submit(script: Path, job: JobSpec, env: Optional[dict] = None) -> str:
         log_dir(job).mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise DeployError(f"cannot create the job's log directory {log_dir(job)}: {e}; is fileroot mounted here?") from None
-    try:
-        res = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, env=env, timeout=60)
-    except FileNotFoundError:
-        raise DeployError("sbatch is not on PATH: run on a Slurm login node, or deploy without --submit") from None
+    res = commands.run(["sbatch", "--parsable", str(script)], "run on a Slurm login node, or deploy without --submit",
+                       env, slow="is slurmctld answering (`scontrol ping`)?")
     if res.returncode != 0:
         raise DeployError(f"sbatch {script} failed ({res.returncode}): {res.stderr.strip()}")
     return res.stdout.strip().split(";")[0]

@@ -30,7 +30,7 @@ import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
-from deploy import held_step
+from deploy import commands, held_step
 from deploy.job import DeployError
 from deploy.sky_task import IMAGE_ENV, by_rank, dump
 from runtime import contract as C
@@ -61,13 +61,8 @@ def _tail(res: subprocess.CompletedProcess, lines: int = 10) -> str:
 
 
 def _cli(argv: list[str], env: Optional[dict], timeout_s: float = 600) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
-    except FileNotFoundError:
-        raise DeployError(f"{argv[0]} is not on PATH: {MISSING}") from None
-    except subprocess.TimeoutExpired:
-        raise DeployError(f"`{' '.join(argv[:3])} ...` did not finish in {timeout_s:.0f} s; `sky api info` says whether "
-                          "SkyPilot's API server answers, `sky api status` what it is doing") from None
+    return commands.run(argv, MISSING, env, timeout_s, slow="`sky api info` says whether SkyPilot's API server "
+                        "answers, `sky api status` what it is doing")
 
 
 def launch_argv(task_file: str, cluster: str) -> list[str]:

@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable
 
-from deploy import held_step
+from deploy import commands, held_step
 from deploy.job import DeployError, JobSpec
 from deploy.sbatch import head_container
 from runtime import contract as C
@@ -31,10 +31,7 @@ HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")  # what the sbatch sc
 
 
 def _cli(argv: list[str], env: dict, timeout_s: float = 60) -> subprocess.CompletedProcess:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout_s)
-    except FileNotFoundError:
-        raise DeployError(f"{argv[0]} is not on PATH: run on a Slurm login node") from None
+    return commands.run(argv, "run on a Slurm login node", env, timeout_s, slow="is slurmctld answering (`scontrol ping`)?")
 
 
 ENDED = ("", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
