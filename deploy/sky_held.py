@@ -196,8 +196,11 @@ def down(handle: dict, env: Optional[dict]) -> list[str]:
         with tempfile.TemporaryDirectory(prefix="raytrain-sky-stop-") as tmp:
             task_file = Path(tmp) / "stop.yaml"
             task_file.write_text(dump(step_task(handle, "stop", held_step.runtime_stop(), {C.JOB_NAME: handle["job_name"]})))
-            asked = _cli(exec_argv(str(task_file), cluster), env)
-        if asked.returncode != 0 or not _ended(handle, env, GRACE_S):
+            try:
+                asked = _cli(exec_argv(str(task_file), cluster), env).returncode == 0
+            except DeployError:  # the stop step did not finish in time: the held job is cancelled
+                asked = False
+        if not asked or not _ended(handle, env, GRACE_S):
             _cli(cancel_argv(cluster, job_id), env, timeout_s=120)
     res = _cli(down_argv(cluster), env, timeout_s=1800)
     if res.returncode != 0:

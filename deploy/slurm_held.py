@@ -119,8 +119,11 @@ def down(handle: dict, env: dict, timeout_s: float = 120) -> list[str]:
     others' deaths). If the head cannot be asked, the steps get SIGTERM; a job still there after
     GRACE_S is cancelled."""
     job_id = handle["job_id"]
-    asked = _cli(_on_head(handle, {C.JOB_NAME: handle["job_name"]}) + held_step.runtime_stop(), env)
-    if asked.returncode != 0:
+    try:
+        asked = _cli(_on_head(handle, {C.JOB_NAME: handle["job_name"]}) + held_step.runtime_stop(), env).returncode == 0
+    except DeployError:  # the step did not finish in time: the steps get SIGTERM, as when the head cannot be asked
+        asked = False
+    if not asked:
         _cli(["scancel", "--signal=TERM", job_id], env)
     if not _gone(job_id, env, GRACE_S):
         _cli(["scancel", job_id], env)
