@@ -36,7 +36,7 @@ from deploy.sky_task import IMAGE_ENV, by_rank, dump
 from runtime import contract as C
 from runtime.cluster.log_relay import ANSI
 from runtime.cluster.serving import SERVING_LINE
-from runtime.wait import WaitTimeout, wait_until
+from runtime.wait import holds_within, wait_until
 
 GRACE_S = 120  # how long down waits for the held job to end on its own before it cancels it
 MISSING = "install SkyPilot (`pip install skypilot`) and check the cloud with `sky check`"
@@ -181,11 +181,8 @@ def run(handle: dict, env: Optional[dict], code_tar: bytes, rel_dir: str, argv: 
 
 
 def _ended(handle: dict, env: Optional[dict], timeout_s: float) -> bool:
-    try:
-        return wait_until(lambda: job_state(handle["cluster"], handle["job_id"], env)[0] != NOT_FINISHED,
-                          timeout_s=timeout_s, interval_s=2, what=f"SkyPilot job {handle['job_id']} to end")
-    except WaitTimeout:
-        return False
+    return holds_within(lambda: job_state(handle["cluster"], handle["job_id"], env)[0] != NOT_FINISHED,
+                        timeout_s=timeout_s, interval_s=2, what=f"SkyPilot job {handle['job_id']} to end")
 
 
 def down(handle: dict, env: Optional[dict]) -> list[str]:

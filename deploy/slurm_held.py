@@ -24,7 +24,7 @@ from deploy.job import DeployError, JobSpec
 from deploy.sbatch import head_container
 from runtime import contract as C
 from runtime.cluster.serving import SERVING_LINE
-from runtime.wait import WaitTimeout, wait_until
+from runtime.wait import holds_within, wait_until
 
 GRACE_S = 120  # how long down waits for the job to end on its own before it cancels it
 HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")  # what the sbatch script echoes (deploy/sbatch.py)
@@ -105,11 +105,8 @@ def run(handle: dict, env: dict, code_tar: bytes, rel_dir: str, argv: list[str],
 
 
 def _gone(job_id: str, env: dict, timeout_s: float) -> bool:
-    try:
-        return wait_until(lambda: ended(state(job_id, env)), timeout_s=timeout_s, interval_s=0.5,
-                          what=f"Slurm job {job_id} to end")
-    except WaitTimeout:
-        return False
+    return holds_within(lambda: ended(state(job_id, env)), timeout_s=timeout_s, interval_s=0.5,
+                        what=f"Slurm job {job_id} to end")
 
 
 def down(handle: dict, env: dict, timeout_s: float = 120) -> list[str]:

@@ -40,3 +40,12 @@ def wait_until(check: Callable[[], T], *, timeout_s: float, what: str, interval_
             tail = logs() if logs else ""
             raise WaitTimeout(text + (f"\n  last log lines:\n    {tail}" if tail else ""))
         time.sleep(min(interval_s, max(0.0, deadline - time.monotonic())))
+
+
+def holds_within(check: Callable[[], object], *, timeout_s: float, what: str, interval_s: float = 0.2) -> bool:
+    """Whether CHECK came true within TIMEOUT_S, with wait_until's bounds and pacing: for the waits
+    whose timeout has a fallback of its own (a signal, a cancel, a kill), not an error."""
+    try:
+        return bool(wait_until(check, timeout_s=timeout_s, what=what, interval_s=interval_s))
+    except WaitTimeout:
+        return False

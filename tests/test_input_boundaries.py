@@ -23,7 +23,7 @@ from runtime import numbers, strict_json
 from runtime.errors import InputError
 from runtime.cluster.identity import IdentityError, detect
 from runtime.spec import SpecError, load_spec
-from runtime.wait import wait_until
+from runtime.wait import holds_within, wait_until
 from toolchain import boundary, records
 from toolchain.config import ConfigError, check_env, defaults, load_settings
 
@@ -67,6 +67,14 @@ def test_a_nan_deadline_is_refused_at_once_instead_of_spinning():
         with pytest.raises(InputError, match="timeout for the thing"):
             wait_until(lambda: False, timeout_s=bad, what="the thing")
     assert time.monotonic() - t0 < 1
+
+
+def test_holds_within_says_whether_the_wait_succeeded_and_keeps_the_bounds():
+    calls = iter([False, False, True])
+    assert holds_within(lambda: next(calls), timeout_s=5, interval_s=0.01, what="the third poll") is True
+    assert holds_within(lambda: False, timeout_s=0.05, interval_s=0.01, what="nothing") is False
+    with pytest.raises(InputError, match="timeout for the thing"):  # a bad bound is still an error, not False
+        holds_within(lambda: False, timeout_s=float("nan"), what="the thing")
 
 
 # -- strict booleans ----------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from toolchain.config import Settings
 from toolchain.errors import RegistryError
 from runtime.errors import InputError
 from runtime.imageref import ImageRef
-from runtime.wait import WaitTimeout, wait_until
+from runtime.wait import WaitTimeout, holds_within, wait_until
 from toolchain.progress import Reporter
 
 
@@ -135,9 +135,7 @@ def stop_local(settings: Settings) -> bool:
             return False
         except ProcessLookupError:
             return True
-    try:
-        wait_until(gone, timeout_s=5, interval_s=0.1, what=f"the registry (pid {pid}) to stop")
-    except WaitTimeout:
+    if not holds_within(gone, timeout_s=5, interval_s=0.1, what=f"the registry (pid {pid}) to stop"):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -28,7 +28,7 @@ from runtime import contract as C
 from runtime import numbers
 from runtime.cluster.identity import NodeIdentity
 from runtime.cluster.launch import LaunchError, log
-from runtime.wait import wait_until
+from runtime.wait import holds_within, wait_until
 
 EXIT_KEY = b"raytrain:driver_exit"
 
@@ -116,12 +116,8 @@ def _wait_workers_left(deadline: float) -> None:
     """Give workers a moment to read the exit code and leave cleanly before the head goes."""
     import ray
 
-    from runtime.wait import WaitTimeout
-    try:
-        wait_until(lambda: len([n for n in ray.nodes() if n["Alive"]]) <= 1,
-                   timeout_s=max(0.0, deadline - time.monotonic()), what="the workers to leave")
-    except WaitTimeout:
-        pass  # they are stopped with the head
+    holds_within(lambda: len([n for n in ray.nodes() if n["Alive"]]) <= 1,  # if not, they stop with the head
+                 timeout_s=max(0.0, deadline - time.monotonic()), what="the workers to leave")
 
 
 def follow(args, status_fd: int) -> int:
