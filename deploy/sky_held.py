@@ -51,9 +51,14 @@ NOT_FINISHED = 101
 CODE_TAR = "raytrain-code.tar"  # the run task's one workdir file
 
 
+def _plain(text: str) -> str:
+    """TEXT without the ANSI codes SkyPilot colours its output with."""
+    return ANSI.sub(b"", text.encode()).decode(errors="replace")
+
+
 def said(res: subprocess.CompletedProcess) -> str:
-    """What a `sky` command printed, both streams, without ANSI codes (SkyPilot says most on stdout)."""
-    return ANSI.sub(b"", (res.stdout + "\n" + res.stderr).encode()).decode(errors="replace").strip()
+    """What a `sky` command printed, both streams (SkyPilot says most on stdout)."""
+    return _plain(res.stdout + "\n" + res.stderr).strip()
 
 
 def _tail(res: subprocess.CompletedProcess, lines: int = 10) -> str:
@@ -118,7 +123,7 @@ def job_state(cluster: str, job_id: str, env: Optional[dict]) -> tuple[int, str]
 
 def job_log(cluster: str, job_id: str, env: Optional[dict]) -> str:
     res = _cli(log_argv(cluster, job_id), env, timeout_s=120)
-    return ANSI.sub(b"", res.stdout.encode()).decode(errors="replace")
+    return _plain(res.stdout)
 
 
 def wait_serving(cluster: str, job_id: str, nodes: int, job_name: str, env: dict,
