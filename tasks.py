@@ -15,7 +15,7 @@ from pathlib import Path
 
 from invoke import Collection, Exit, task
 
-from deploy.targets import TARGETS
+from deploy.targets import HOLDING, TARGETS
 from deploy.targets.flags import FLAGS as TARGET_FLAGS  # the target flags, from the targets' Options models
 from runtime import numbers
 from runtime.errors import InputError
@@ -172,11 +172,8 @@ def destroy(c, spec=None, name=None):
 
 
 # -- held clusters: code moves, the cluster stays (toolchain/held.py) ----------------
-HOLDING = ", ".join(n for n, t in TARGETS.items() if t.holds_clusters)  # the targets that hold clusters
-
-
 @task(name="up", auto_shortflags=False, help={
-    "target": f"Where the cluster goes (default: deploy.target); held clusters: {HOLDING}.",
+    "target": f"Where the cluster goes (default: deploy.target); held clusters: {', '.join(HOLDING)}.",
     "spec": "Cluster spec JSON (default: project.spec); must be the one baked into the pushed image.",
     "nodes": "Number of nodes, head included (default: deploy.nodes).",
     "name": "The cluster's name (default: deploy.name); `invoke run/status/down --name` use it.",

@@ -33,13 +33,12 @@ CODE_DIR = "raytrain-code"  # each code version a cluster was sent, by content: 
 
 
 def _target(name: str):
-    from deploy.targets import TARGETS
-    target = TARGETS.get(name)
-    if target is None or not target.holds_clusters:
-        held = ", ".join(n for n, t in TARGETS.items() if t.holds_clusters)
-        raise ConfigError(f"--target {name}: held clusters (invoke up/run/status/down) are available for: {held}; "
+    from deploy.targets import HOLDING, TARGETS
+    if name not in HOLDING:
+        raise ConfigError(f"--target {name}: held clusters (invoke up/run/status/down) are available for: "
+                          f"{', '.join(HOLDING)}; "
                           f"use `invoke deploy --target {name}` for a one-off job")
-    return target
+    return TARGETS[name]
 
 
 def _context(env: dict | None, out=None):

@@ -9,6 +9,7 @@ from deploy.targets import k8s, local, pyxis, skypilot, slurm
 from deploy.targets.base import Target
 
 TARGETS: dict[str, Target] = {m.TARGET.name: m.TARGET for m in (local, slurm, pyxis, k8s, skypilot)}
+HOLDING: list[str] = [n for n, t in TARGETS.items() if t.holds_clusters]  # invoke up/run/status/down
 
 
 def get(name: str) -> Target:
