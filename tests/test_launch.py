@@ -2,6 +2,7 @@
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import tempfile
@@ -192,3 +193,77 @@ def test_driver_code_survives_losing_the_gcs():
     assert hc == 7, hout[-4000:]
     assert wc == EXIT_HEAD_LOST and "before it published the driver's exit code" in wout, wout[-3000:]
     assert processes_with(marker) == {}
+
+
+def hold_port(port: int) -> socket.socket:
+    """A listening socket on PORT, as another process (or one not yet gone) holds it on a busy host."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.listen()
+    return s
+
+
+WORKER1_NODE_MANAGER = 22000 + 200 + 1  # launch(): --port-base 22000 --port-stride 200; rank 1's raylet
+
+
+def test_a_worker_whose_ray_start_fails_tries_again_and_the_job_trains(tmp_path):
+    """The first Ray start on one worker fails (its raylet's port is taken); its launcher starts it again
+    within the join timeout, saying so; the head's log shows the retry; the job forms and trains."""
+    token = secrets.token_hex(32)
+    held = hold_port(WORKER1_NODE_MANAGER)
+    try:
+        workers = [launch(r, 3, token) for r in (1, 2)]
+        head = launch(0, 3, token, cmd=[sys.executable, TRAIN, "--steps", "3", "--cpus-per-worker", "0.5",
+                                        "--fileroot", str(tmp_path)])
+        wait_for_line(workers[0], "failed (attempt 1", timeout=240)
+    finally:
+        held.close()
+    (hc, hout), (w1, w1out), (w2, _) = finish([head, *workers])
+    assert (hc, w1, w2) == (0, 0, 0), (hout[-3000:], w1out[-3000:])
+    assert "ray start (worker) came up on attempt 2" in w1out, w1out[-3000:]
+    assert "node 1 (" in hout and "its Ray start failed (attempt 1)" in hout, hout[-3000:]
+    s = json.loads(next(l for l in hout.splitlines() if l.startswith("SUMMARY "))[8:])
+    assert s["nodes"] == 3 and s["ranks_reported"] == [0, 1, 2]
+
+
+def test_a_worker_that_gives_up_fails_the_head_at_once_naming_it():
+    """A worker whose Ray never comes up gives up at its join timeout and tells the head, which fails
+    within seconds (not at its own 300 s deadline), naming the node and the cause."""
+    token = secrets.token_hex(32)
+    held = hold_port(WORKER1_NODE_MANAGER)
+    try:
+        worker = launch(1, 2, token, args=["--join-timeout", "45"])  # room for one retry after Ray's own 30 s
+        head = launch(0, 2, token, cmd=["true"])
+        (wc, wout), = finish([worker])
+        gave_up = time.monotonic()
+        (hc, hout), = finish([head], timeout=60)
+        took = time.monotonic() - gave_up
+    finally:
+        held.close()
+    assert wc == 2 and "ray start (worker) failed (attempt 1" in wout, wout[-3000:]
+    assert "ray start (worker) failed 2 time(s) within" in wout, wout[-3000:]
+    assert hc == 2, hout[-3000:]
+    assert "node 1 (" in hout and "gave up before all 2 nodes were up" in hout, hout[-3000:]
+    assert took < 20, took
+    assert "nodes joined within" not in hout  # not the barrier's deadline, with its hint about the network
+
+
+def test_a_worker_killed_before_the_barrier_fails_the_head_within_20s_naming_it():
+    """A worker's launcher dies (SIGKILL: it can say nothing) after its node joined, before the barrier
+    passed: its Ray dies with it, and the head fails within 20 s naming that node, not after 300 s."""
+    token = secrets.token_hex(32)
+    worker = launch(1, 3, token)  # node 2 never comes: the barrier cannot pass
+    head = launch(0, 3, token, cmd=["true"])
+    try:
+        wait_for_line(worker, "joined: this node's Ray is up", timeout=240)
+        worker.kill()
+        killed = time.monotonic()
+        (hc, hout), = finish([head], timeout=60)
+        took = time.monotonic() - killed
+    finally:
+        finish([worker])
+    assert hc == 2, hout[-3000:]
+    assert f":{WORKER1_NODE_MANAGER} (" in hout and "joined and then died" in hout, hout[-3000:]
+    assert took < 20, took
+    assert "Fatal Python error" not in hout and "SIGABRT" not in hout, hout[-3000:]

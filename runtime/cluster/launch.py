@@ -1,11 +1,14 @@
 """`python -m runtime launch -- CMD...`: run on every node; forms the Ray cluster, runs CMD on the head.
 
 Head: `ray start --head` on pinned ports, a readiness barrier until every expected node is alive
-(deadline, names the missing nodes, fails fast when a node dies), then the driver; its exit code is
-the head's exit code on every path, and is published in Ray's KV store for the workers. Workers:
-poll the head's GCS port until it answers (no fixed sleeps), join, and leave with the driver's code
-when the head publishes it, or with EXIT_HEAD_LOST when the head is gone first (within seconds: a
-worker's Ray has its GCS reconnect timeout lowered from Ray's 60 s).
+(deadline, names the missing nodes, fails within seconds when a node dies or a worker reports that
+it gave up), then the driver; its exit code is the head's exit code on every path, and is published
+in Ray's KV store for the workers. Workers: poll the head's GCS port until it answers (no fixed
+sleeps), join, and leave with the driver's code when the head publishes it, or with EXIT_HEAD_LOST
+when the head is gone first (within seconds: a worker's Ray has its GCS reconnect timeout lowered
+from Ray's 60 s). On every node a Ray start that fails is tried again until the join timeout
+(runtime/cluster/ray_node.py); a worker tells the head of each retry and of giving up
+(runtime/cluster/node_records.py).
 
 This process never loads Ray: the barrier, the warm hosts and the exit code's publication run in a
 child (runtime/cluster/ray_agent.py), since Ray ends a process whose GCS stops answering with its own code.
@@ -34,7 +37,7 @@ from pathlib import Path
 from typing import Optional
 
 from runtime import contract as C
-from runtime.cluster import lifeline, log_relay, preload, serving, zygote
+from runtime.cluster import lifeline, log_relay, node_records, preload, ray_node, serving, zygote
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import RaytrainError
 from runtime.cluster.identity import NodeIdentity, detect
@@ -166,73 +169,22 @@ def ray_cli() -> str:
     return found
 
 
-def _start_node(ray_cmd: list[str], args: list[str], env: dict) -> subprocess.Popen:
-    """`ray start --block` as our child: stopping it stops exactly this node's Ray processes,
-    so several nodes can share one host (no `ray stop`, which would kill them all).
-    `ray_cmd` is `[ray]`, or the zygote's stand-in for it (runtime.cluster.zygote).
-    Its output goes to a file (a pipe nobody reads would block it); _tail() reads it back."""
-    out = tempfile.NamedTemporaryFile(prefix="ray-start-", suffix=".log", delete=False)
-    proc = subprocess.Popen([*ray_cmd, "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
-                            stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                            preexec_fn=lifeline.tied_to_me())
-    proc.log_path = out.name  # type: ignore[attr-defined]
-    out.close()
-    return proc
-
-
-def _tail(proc: subprocess.Popen, lines: int = 15) -> str:
-    try:
-        with open(proc.log_path) as f:  # type: ignore[attr-defined]
-            return "\n    ".join(f.read().strip().splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 TERMINATING = threading.Event()  # set on SIGTERM: the node is being taken away, stop at once
-STOP_GRACE_S = 30                # `ray start --block` stopping its processes in order, on a normal exit
-TERMINATE_GRACE_S = 2            # ... when the scheduler is taking the node (its own grace period is short)
 
 
-def _stop_node(proc: subprocess.Popen) -> None:
-    """Stop this node's Ray; then whatever of its process group is left (a raylet that ended because
-    its GCS was gone leaves its agents behind, orphaned, when `ray start` has already exited).
-    After SIGTERM the node goes within seconds, so the rest of the cluster sees it lost at once
-    instead of when the scheduler's grace period ends."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=TERMINATE_GRACE_S if TERMINATING.is_set() else STOP_GRACE_S)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    proc.wait()
-    try:
-        os.unlink(proc.log_path)  # type: ignore[attr-defined]
-    except OSError:
-        pass
-
-
-def _wait_started(proc: subprocess.Popen, host: str, port: int, timeout_s: float, what: str) -> None:
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise LaunchError(f"{what} exited with {proc.returncode}:\n    {_tail(proc)}")
-        return port_open(host, port)
-    wait_until(up, timeout_s=timeout_s, interval_s=0.1, what=f"{what} to open {host}:{port}",
-               hint="the node's Ray did not come up", logs=lambda: _tail(proc))
+def _stop(node: ray_node.RayNode) -> None:
+    node.stop(terminating=TERMINATING.is_set())
 
 
 def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict, ip: str, ray_cmd: list[str]) -> int:
     ports = ports_for(ident, opts)
     address = f"{ip}:{ports.gcs}"
     t0 = time.monotonic()
-    node = _start_node(ray_cmd, ["--head", "--include-dashboard=false", *ports.head_args(), *temp_dir_args(ports, opts),
-                        *_start_args(opts, ident, ip)], env)
+    node = _start(ident, ray_cmd, ["--head", "--include-dashboard=false", *ports.head_args(),
+                                   *temp_dir_args(ports, opts), *_start_args(opts, ident, ip)], env,
+                  timeout_s=opts.join_timeout_s, what="ray start --head")
     agent: Optional[RayAgent] = None
     try:
-        _wait_started(node, ip, ports.gcs, 120, "ray start --head")
         driver_env = {**env, "RAY_ADDRESS": address}
         target = preload.target_of(cmd) if opts.preload_driver and not opts.serve else None
         early = (subprocess.Popen(preload.preload_argv(target), env=driver_env, stdin=subprocess.PIPE,
@@ -286,7 +238,16 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
     finally:
         if agent:
             agent.stop()
-        _stop_node(node)
+        _stop(node)
+
+
+def _start(ident: NodeIdentity, ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, what: str,
+           on_retry=None) -> ray_node.RayNode:
+    try:
+        return ray_node.start(ray_cmd, args, env, timeout_s=timeout_s, what=what, say=lambda m: log(ident, m),
+                              on_retry=on_retry)
+    except ray_node.StartFailed as e:
+        raise LaunchError(str(e)) from None
 
 
 def go(early: subprocess.Popen) -> subprocess.Popen:
@@ -312,7 +273,7 @@ class RayAgent:
         os.close(w)
         self.status = os.fdopen(r, "rb", buffering=0)  # unbuffered: select() sees every line not yet read
 
-    def expect(self, word: str, node: subprocess.Popen, timeout_s: Optional[float] = None) -> str:
+    def expect(self, word: str, node: ray_node.RayNode, timeout_s: Optional[float] = None) -> str:
         """The rest of the agent's next line, which must start with `word`; LaunchError with the
         agent's own words (`error ...`), or with what ended it."""
         line = self.next_line(node, timeout_s)
@@ -323,14 +284,14 @@ class RayAgent:
             raise LaunchError(rest)
         if not line:
             code = self.proc.poll()
-            if node.poll() is not None:
+            if node.returncode is not None:
                 raise LaunchError(f"this node's Ray exited ({node.returncode}) while waiting for {word!r}:\n    "
-                                  f"{_tail(node, 5)}")
+                                  f"{node.tail(5)}")
             raise LaunchError(f"the Ray agent ended ({'exit ' + str(code) if code is not None else 'no answer'}) "
                               f"before {word!r}; its output is above")
         raise LaunchError(f"the Ray agent said {line!r}, expected {word!r}")
 
-    def next_line(self, node: subprocess.Popen, timeout_s: Optional[float]) -> str:
+    def next_line(self, node: ray_node.RayNode, timeout_s: Optional[float]) -> str:
         """The agent's next line; "" when it ended, this node's Ray ended, or timeout_s passed."""
         import select
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -338,7 +299,7 @@ class RayAgent:
             ready, _, _ = select.select([self.status], [], [], 0.5)
             if ready:
                 return self.status.readline().decode(errors="replace").strip()
-            if node.poll() is not None or (deadline is not None and time.monotonic() > deadline):
+            if node.returncode is not None or (deadline is not None and time.monotonic() > deadline):
                 return ""
 
     def send(self, line: str) -> None:
@@ -365,32 +326,53 @@ class RayAgent:
 def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray_cmd: list[str]) -> int:
     ports = ports_for(ident, opts)
     head = ident.head_address
-    log(ident, f"waiting for the head at {head}:{ports.gcs}")
-    wait_until(lambda: port_open(head, ports.gcs), timeout_s=opts.join_timeout_s, what=f"the head {head}:{ports.gcs}",
+    gcs = f"{head}:{ports.gcs}"
+    deadline = time.monotonic() + opts.join_timeout_s
+    log(ident, f"waiting for the head at {gcs}")
+    wait_until(lambda: port_open(head, ports.gcs), timeout_s=opts.join_timeout_s, what=f"the head {gcs}",
                hint="check that the head started and that this node reaches it (address, firewall)")
+
+    def tell_head(state: str, attempt: int, cause: str) -> None:
+        record = node_records.NodeRecord(ident.node_rank, ident.hostname, socket.gethostname(), ip,
+                                         ports.node_manager, state, attempt, cause[:2000])
+        node_records.publish(gcs, record, env)
     # a worker's Ray leaves within seconds once the head is gone (Ray's default waits 60 s); only here,
     # where the GCS is another host's: a process that gives up on its GCS ends with code 1, skipping `finally`
-    node = _start_node(ray_cmd, [f"--address={head}:{ports.gcs}", *ports.node_args(), *temp_dir_args(ports, opts),
-                        *_start_args(opts, ident, ip)], {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_S)})
+    log(ident, "joining the cluster")
+    try:
+        node = _start(ident, ray_cmd, [f"--address={gcs}", *ports.node_args(), *temp_dir_args(ports, opts),
+                                       *_start_args(opts, ident, ip)],
+                      {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_S)},
+                      timeout_s=max(1.0, deadline - time.monotonic()), what="ray start (worker)",
+                      on_retry=lambda attempt, cause: tell_head("retrying", attempt, cause))
+    except LaunchError as e:
+        tell_head("failed", 0, str(e))
+        raise
+    log(ident, f"joined: this node's Ray is up at {ip}:{ports.node_manager}")
     agent: Optional[RayAgent] = None
     try:
-        log(ident, "joining the cluster")
-        _wait_started(node, ip, ports.node_manager, opts.join_timeout_s, "ray start (worker)")
-        agent = RayAgent(f"{head}:{ports.gcs}", env, "follow", "--lost-after", str(GCS_RECONNECT_S))
+        agent = RayAgent(gcs, env, "follow", "--lost-after", str(GCS_RECONNECT_S))
         line = agent.next_line(node, None)
         kind, _, rest = line.partition(" ")
         if kind == "exit":
             log(ident, "the held cluster was stopped; leaving" if opts.serve else f"driver finished with {rest}; leaving")
             return int(rest)
-        why = rest if kind == "lost" else (f"this node's Ray exited ({node.returncode})\n    {_tail(node, 5)}"
-                                           if node.poll() is not None else f"the Ray agent ended ({agent.proc.poll()})")
-        log(ident, f"the head is gone before it published the driver's exit code: {why}; leaving with "
-                   f"{EXIT_HEAD_LOST} (the driver's code is the head's)")
-        return EXIT_HEAD_LOST
+        if kind == "lost" or not port_open(head, ports.gcs):  # this node's Ray may have seen it first
+            why = rest if kind == "lost" else f"its GCS {gcs} no longer answers (this node's Ray exited too)"
+            log(ident, f"the head is gone before it published the driver's exit code: {why}; leaving with "
+                       f"{EXIT_HEAD_LOST} (the driver's code is the head's)")
+            return EXIT_HEAD_LOST
+        if node.returncode is not None:
+            why = f"this node's Ray exited ({node.returncode}) before the driver finished: {node.cause()}"
+        else:
+            why = f"this node's Ray agent ended ({agent.proc.poll()}) before the driver finished; its output is above"
+        log(ident, f"{why}; leaving with 2")
+        tell_head("failed", 0, why)
+        return 2
     finally:
         if agent:
             agent.stop()
-        _stop_node(node)
+        _stop(node)
 
 
 def _leave_on_sigterm(held: bool) -> None:

@@ -12,6 +12,7 @@ status pipe, then wait for `exit N` on stdin: publish N in the GCS for the worke
 moment to leave, disconnect, print `published`.
 `follow`: read the GCS until the head publishes the driver's code and print `exit N` on the status
 pipe; print `lost <reason>` when the head is gone.
+`report RECORD`: write a worker's record of its start (runtime/cluster/node_records.py) and end.
 The head agent ends when stdin closes; both die with the launcher (runtime.cluster.lifeline).
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Callable, Optional
 
 from runtime import contract as C
 from runtime import numbers
+from runtime.cluster import node_records
 from runtime.cluster.identity import NodeIdentity
 from runtime.cluster.launch import LaunchError, log
 from runtime.wait import holds_within, wait_until
@@ -49,9 +51,14 @@ def head(args, status_fd: int) -> int:
         # SIGTERM (the launcher going, or a scheduler that signals every process of the step, as
         # Slurm's scancel does) ends this process quietly, not through Ray's crash report
         signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM))
-        warm = warmer(ident, args.warm_hosts)  # held until the driver exits: it holds the warm hosts' handles
+        warm = Warmer(ident, args.warm_hosts)  # held until the driver exits: it holds the warm hosts' handles
         last = barrier(ident, args.address, args.barrier_timeout, warm)
     except LaunchError as e:
+        # no job: the warm hosts go before this node's Ray does (a Ray worker whose raylet goes first
+        # aborts, and its "Fatal Python error: Aborted" would bury the one line that says what failed)
+        if "warm" in locals():
+            warm.release()
+        ray.shutdown()
         _say(status_fd, f"error {e}")
         return 2
     _say(status_fd, f"barrier {time.monotonic() - last:.6f}")
@@ -66,22 +73,52 @@ def head(args, status_fd: int) -> int:
     return 0
 
 
+DEAD_GRACE_S = 10  # a node that died with no word from its launcher: time for the word to come
+
+
 def barrier(ident: NodeIdentity, address: str, timeout_s: float,
             on_alive: Optional[Callable[[list], None]] = None) -> float:
     """Block until every expected node is alive; return the time the last one registered.
-    on_alive(nodes) is called with the alive nodes at every poll."""
+    on_alive(nodes) is called with the alive nodes at every poll.
+
+    Fails at once when a worker reports that it gave up (runtime/cluster/node_records.py), naming it
+    and its cause; a node that died is waited for while its launcher says it is starting again (or
+    once an alive node has its place), and fails the barrier DEAD_GRACE_S after it died otherwise."""
     import ray
+    from ray.experimental import internal_kv
     alive: list = []
+    shown: set = set()
+    dead_since: dict = {}
+
+    def records() -> list:
+        out = []
+        for rec in node_records.read_all(internal_kv._internal_kv_list, internal_kv._internal_kv_get):
+            if (rec.rank, rec.state, rec.attempt) not in shown:
+                shown.add((rec.rank, rec.state, rec.attempt))
+                if rec.state == "retrying":
+                    log(ident, f"{rec.describe()}: its Ray start failed (attempt {rec.attempt}): {rec.cause}; "
+                               "it is trying again")
+            if rec.state == "failed":
+                raise LaunchError(f"{rec.describe()} gave up before all {ident.num_nodes} nodes were up: {rec.cause}")
+            out.append(rec)
+        return out
 
     def all_alive() -> Optional[float]:
         nodes = ray.nodes()
         alive[:] = [n for n in nodes if n["Alive"]]
         if on_alive:
             on_alive(alive)
-        dead = [n for n in nodes if not n["Alive"]]
-        if dead:
-            names = ", ".join(f"{n['NodeManagerAddress']} ({n['NodeManagerHostname']})" for n in dead)
-            raise LaunchError(f"node(s) {names} joined and then died before all {ident.num_nodes} nodes were up")
+        said = records()
+        places = {(n["NodeManagerAddress"], n["NodeManagerPort"]) for n in alive}
+        now = time.monotonic()
+        for n in nodes:
+            place = (n["NodeManagerAddress"], n["NodeManagerPort"])
+            if n["Alive"] or place in places or any(rec.is_node(n) for rec in said):
+                continue
+            if now - dead_since.setdefault(n["NodeID"], now) > DEAD_GRACE_S:
+                raise LaunchError(f"node {place[0]}:{place[1]} ({n['NodeManagerHostname']}) joined and then died "
+                                  f"before all {ident.num_nodes} nodes were up, and its launcher said nothing: "
+                                  "see that node's log")
         return time.monotonic() if len(alive) >= ident.num_nodes else None
 
     def too_late() -> LaunchError:
@@ -94,22 +131,40 @@ def barrier(ident: NodeIdentity, address: str, timeout_s: float,
     return wait_until(all_alive, timeout_s=timeout_s, interval_s=0.1, what="every node", on_timeout=too_late)
 
 
-def warmer(ident: NodeIdentity, per_node: int) -> Callable[[list], None]:
+class Warmer:
     """Starts `per_node` worker hosts on each node as it joins (a Ray worker process that imports
     torch), so the driver's first worker group finds them ready. What starts them is the worker
-    half's, named by contract.WARM_HOSTS: the cluster half imports nothing of it."""
-    started: set = set()
-    hosts: list = []  # held for the whole job: a host lives while its creator holds its handle
+    half's, named by contract.WARM_HOSTS: the cluster half imports nothing of it. Called with the
+    alive nodes at every poll of the barrier."""
 
-    def on_alive(nodes: list) -> None:
+    def __init__(self, ident: NodeIdentity, per_node: int):
+        self.ident, self.per_node = ident, per_node
+        self.started: set = set()
+        self.hosts: list = []  # held for the whole job: a host lives while its creator holds its handle
+
+    def __call__(self, nodes: list) -> None:
         for n in nodes:
-            if per_node > 0 and n["NodeID"] not in started:
-                started.add(n["NodeID"])
+            if self.per_node > 0 and n["NodeID"] not in self.started:
+                self.started.add(n["NodeID"])
                 try:
-                    hosts.extend(C.resolve(C.WARM_HOSTS)(n["NodeID"], per_node))
+                    self.hosts.extend(C.resolve(C.WARM_HOSTS)(n["NodeID"], self.per_node))
                 except Exception as e:  # an optimisation only: the group starts its own hosts
-                    log(ident, f"could not warm up worker hosts on {n['NodeManagerAddress']}: {e}")
-    return on_alive
+                    log(self.ident, f"could not warm up worker hosts on {n['NodeManagerAddress']}: {e}")
+
+    def release(self, timeout_s: float = 10) -> None:
+        """End the hosts now and wait until Ray lists none of them alive (no job will adopt them)."""
+        import ray
+        for h in self.hosts:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        try:  # a call on a killed actor fails as soon as Ray knows it is dead: then its process is gone
+            gone = [h.__ray_ready__.remote() for h in self.hosts]
+            ray.wait(gone, num_returns=len(gone), timeout=timeout_s)
+        except Exception:  # noqa: BLE001 - Ray itself is going; the node's stop ends what is left
+            pass
+        self.hosts.clear()
 
 
 def _wait_workers_left(deadline: float) -> None:
@@ -142,9 +197,17 @@ def follow(args, status_fd: int) -> int:
         time.sleep(0.3)
 
 
+def report(args) -> int:
+    """Write one node record in the head's GCS (best effort: the launcher goes on either way)."""
+    from ray._raylet import GcsClient
+    rec = node_records.NodeRecord.decode(args.record)
+    GcsClient(address=args.address).internal_kv_put(rec.key(), rec.encode().encode(), True, None, timeout=10)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m runtime.cluster.ray_agent", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--status-fd", type=numbers.arg_whole(0, 65535), required=True, help="Pipe to report on (inherited from the launcher).")
+    parser.add_argument("--status-fd", type=numbers.arg_whole(0, 65535), help="Pipe to report on (inherited from the launcher; head and follow).")
     parser.add_argument("--address", required=True, help="The head's GCS address, host:port.")
     sub = parser.add_subparsers(dest="role", required=True)
     hd = sub.add_parser("head", help="Warm hosts, barrier, then publish the driver's exit code.")
@@ -154,7 +217,13 @@ def main(argv: list[str] | None = None) -> int:
     hd.add_argument("--leave-timeout", type=numbers.arg_finite(0, 7 * 86400), required=True)
     fo = sub.add_parser("follow", help="Wait for the driver's exit code that the head publishes.")
     fo.add_argument("--lost-after", type=numbers.arg_finite(0, 7 * 86400, low_open=True), required=True)
+    rp = sub.add_parser("report", help="Write a worker's record of its start in the head's GCS.")
+    rp.add_argument("record", help="The record, as runtime.cluster.node_records.NodeRecord.encode() writes it.")
     args = parser.parse_args(argv)
+    if args.role == "report":
+        return report(args)
+    if args.status_fd is None:
+        parser.error(f"{args.role} needs --status-fd")
     return head(args, args.status_fd) if args.role == "head" else follow(args, args.status_fd)
 
 

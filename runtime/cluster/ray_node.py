@@ -1,0 +1,138 @@
+"""This node's Ray: `ray start --block` as the launcher's child, started again when a start fails.
+
+On a busy machine a node's Ray can fail to come up for reasons that pass: Ray waits a hard-coded
+30 s for its raylet to register with the GCS (`ray/_private/node.py`: "The current node timed out
+during startup"), a port is briefly still held, the GCS answers slowly. `start()` treats a start as
+done only when `ray start` says so ("Ray runtime started.", printed after the raylet registered),
+and tries again, with a line saying why, until the caller's deadline; only then does it give up, with
+the last attempt's own words.
+
+Stopping a node stops exactly its processes (its own process group), so several nodes can share a host.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from runtime.cluster import lifeline
+from runtime.errors import RaytrainError
+
+STARTED_LINE = "Ray runtime started."  # Ray's own line once the node registered (ray/scripts/scripts.py)
+ATTEMPT_S = 120          # one attempt that neither starts nor fails (Ray's own wait is 30 s)
+BACKOFF_S = (1, 2, 4, 8)  # pauses between attempts, the last repeated
+STOP_GRACE_S = 30        # `ray start --block` stopping its processes in order, on a normal exit
+TERMINATE_GRACE_S = 2    # ... when the scheduler is taking the node (its own grace period is short)
+
+
+class StartFailed(RaytrainError):
+    """This node's Ray did not come up within the deadline; the message has the last attempt's words."""
+
+
+@dataclass
+class RayNode:
+    """One `ray start --block` and the file its output goes to (a pipe nobody reads would block it)."""
+    proc: subprocess.Popen
+    log_path: str
+
+    @classmethod
+    def spawn(cls, ray_cmd: list[str], args: list[str], env: dict) -> "RayNode":
+        """`ray_cmd` is `[ray]`, or the zygote's stand-in for it (runtime.cluster.zygote)."""
+        out = tempfile.NamedTemporaryFile(prefix="ray-start-", suffix=".log", delete=False)
+        try:
+            proc = subprocess.Popen([*ray_cmd, "start", "--block", *args], env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                    preexec_fn=lifeline.tied_to_me())
+        finally:
+            out.close()
+        return cls(proc, out.name)
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self.proc.poll()
+
+    def text(self) -> str:
+        try:
+            with open(self.log_path, errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
+
+    def tail(self, lines: int = 15) -> str:
+        return "\n    ".join(self.text().strip().splitlines()[-lines:])
+
+    def cause(self) -> str:
+        """The line that says why a start failed: Ray's exception, else its last line."""
+        lines = [ln.strip() for ln in self.text().splitlines() if ln.strip()]
+        for ln in reversed(lines):
+            if ln.split(" ", 1)[0].endswith(("Error:", "Exception:")):
+                return ln
+        return lines[-1] if lines else "no output"
+
+    def started(self) -> bool:
+        """True once Ray says the node started; StartFailed if `ray start` exited first."""
+        if self.proc.poll() is not None:
+            raise StartFailed(f"ray start exited with {self.proc.returncode}: {self.cause()}")
+        return STARTED_LINE in self.text()
+
+    def stop(self, terminating: bool = False) -> None:
+        """Stop this node's Ray; then whatever of its process group is left (a raylet that ended because
+        its GCS was gone leaves its agents behind, orphaned, when `ray start` has already exited).
+        `terminating`: the node is being taken away (SIGTERM), so it goes within seconds and the rest
+        of the cluster sees it lost at once instead of when the scheduler's grace period ends."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=TERMINATE_GRACE_S if terminating else STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+        try:
+            os.unlink(self.log_path)
+        except OSError:
+            pass
+
+
+def start(ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, what: str,
+          say: Callable[[str], None], on_retry: Optional[Callable[[int, str], None]] = None,
+          attempt_s: float = ATTEMPT_S) -> RayNode:
+    """This node's Ray, started; tried again after each failed attempt until `timeout_s` has passed.
+    `say` gets one line per failed attempt; `on_retry(attempt, cause)` is called before the next one."""
+    deadline = time.monotonic() + timeout_s
+    attempt = 0
+    while True:
+        attempt += 1
+        began = time.monotonic()
+        node = RayNode.spawn(ray_cmd, args, env)
+        limit = min(attempt_s, max(1.0, deadline - began))
+        try:
+            while not node.started():
+                if time.monotonic() - began > limit:
+                    raise StartFailed(f"ray start did not say it started within {limit:.0f}s: {node.cause()}")
+                time.sleep(0.1)
+            if attempt > 1:
+                say(f"{what} came up on attempt {attempt}")
+            return node
+        except StartFailed as e:
+            cause = str(e)
+            node.stop()
+        except BaseException:
+            node.stop()
+            raise
+        pause = BACKOFF_S[min(attempt, len(BACKOFF_S)) - 1]
+        left = deadline - time.monotonic()
+        if left < pause + 5:  # no time left for another attempt to come up
+            raise StartFailed(f"{what} failed {attempt} time(s) within {timeout_s:.0f}s; the last: {cause}")
+        say(f"{what} failed (attempt {attempt}, after {time.monotonic() - began:.1f}s): {cause}; "
+            f"trying again in {pause}s ({left:.0f}s left)")
+        if on_retry:
+            on_retry(attempt, cause)
+        time.sleep(pause)
