@@ -181,6 +181,9 @@ def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True))
     done = import_all(PRELOAD, lambda name, e: log(f"zygote: not preloaded: {name} ({type(e).__name__}: {e})"))
     gc.collect()
     gc.freeze()  # what the imports made stays out of the children's collections: fewer copied pages
+    deadline = time.monotonic() + 2  # the imports' thread is joined; the kernel drops its task a moment later
+    while _threads() != 1 and time.monotonic() < deadline:
+        time.sleep(0.01)
     if _threads() != 1:
         log(f"zygote: {_threads()} threads after the imports; forking would not be safe, so workers start as usual")
         listener.close()
@@ -241,11 +244,18 @@ def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True))
                     children[pid] = None
             reap()
     finally:
+        # workers still here when the zygote stops are orphans of a node going away (a normal stop ends
+        # them through their raylet first): SIGKILL, as a raylet ends its workers on the way out. A Ray
+        # worker sent SIGTERM without its raylet aborts in Ray's teardown (~CoreWorker -> std::terminate),
+        # and its "Fatal Python error: Aborted" with a native stack buried the one line that said why
         for pid in list(children):
             try:
-                os.kill(pid, signal.SIGTERM)
+                os.kill(-pid, signal.SIGKILL)  # the worker's own process group (_child), with whatever it started
             except ProcessLookupError:
-                pass
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
         try:
             os.unlink(socket_path)
         except OSError:
