@@ -39,7 +39,8 @@ def _boundary():
     """The error boundary (toolchain/boundary.py) around a task: what a user can cause becomes one
     line and its exit code, nothing half-done; anything else is a bug, shown as one."""
     try:
-        yield
+        with boundary.sigterm_unwinds():
+            yield
     except Exit:
         raise
     except Exception as e:  # noqa: BLE001 - the boundary decides what is the user's doing

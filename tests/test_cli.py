@@ -123,3 +123,23 @@ def test_build_push_and_deploy_need_neither_torch_nor_ray(tmp_path):
     code = LIGHT.format(root=str(ROOT), tests=str(ROOT / "tests"), tmp=str(tmp_path))
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and "light ok" in res.stdout, res.stderr[-3000:]
+
+
+def test_sigterm_ends_a_task_through_its_finally(tmp_path):
+    """A task sent SIGTERM (a CI cancel, `kill`) unwinds as Ctrl-C does: its `finally` runs (where a local
+    job removes its containers and network), and it exits 143. Without the boundary's handler Python
+    ends the process on the spot."""
+    import signal
+    script = (f"import sys, time\nsys.path.insert(0, {str(ROOT)!r})\n"
+              "from toolchain.boundary import sigterm_unwinds\n"
+              "with sigterm_unwinds():\n"
+              "    try:\n"
+              "        print('ready', flush=True)\n"
+              "        time.sleep(60)\n"
+              "    finally:\n"
+              f"        open({str(tmp_path / 'cleaned')!r}, 'w').close()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=30) == 143
+    assert (tmp_path / "cleaned").exists()

@@ -95,3 +95,31 @@ def test_preflight_rejects_bad_job_name(pushed, settings):
     s = with_deploy(settings, name="Bad Name;rm")
     with pytest.raises(InputError, match="name"):
         pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), dry_run=True)
+
+
+def test_a_worker_that_fails_first_is_named_with_its_lines_and_the_fix(client, built):
+    """The local target's watch on real containers: a worker that fails while the head still runs gives
+    the head WORKER_GRACE_S, then the head is stopped (no job waits out a barrier); the diagnosis names
+    the worker that failed first, not one that only lost the head, with its last lines and the fix."""
+    import time
+
+    from deploy.targets import local
+    image = built["cpu"]["local_ref"]
+    failing = ("echo '[launch node1/3 w1] ray start (worker) failed (attempt 1, after 36.2s): ray start exited with 1: "
+               "Exception: The current node timed out during startup.'; sleep 2; exit 2")
+    head = client.containers.run(image, ["sleep", "300"], detach=True)
+    lost = client.containers.run(image, ["sh", "-c", "sleep 5; echo the head is gone; exit 3"], detach=True)
+    worker = client.containers.run(image, ["sh", "-c", failing], detach=True)
+    try:
+        t0 = time.monotonic()
+        code = local._watch(head, [lost, worker], timeout_s=120)
+        took = time.monotonic() - t0
+        assert code != 0 and local.WORKER_GRACE_S <= took < local.WORKER_GRACE_S + 20, (code, took)
+        text = local.diagnose(head, "job-head", [lost, worker], ["job-w1", "job-w2"], cores=2, nodes=3)
+    finally:
+        for c in (head, lost, worker):
+            c.remove(force=True)
+    assert text.startswith("node job-w2 failed first (exit 2); its last lines:"), text
+    assert "The current node timed out during startup" in text
+    assert "fix: this machine could not start every node's Ray in time (3 nodes on 2 core(s)" in text
+    assert "job-w1" not in text  # it only lost the head (exit 3)

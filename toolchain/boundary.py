@@ -7,7 +7,10 @@ Used by every task (tasks._run) and around Invoke's own configuration loading (t
 """
 from __future__ import annotations
 
+import contextlib
+import signal
 import sys
+import threading
 import traceback
 from dataclasses import dataclass
 from typing import Optional
@@ -47,3 +50,21 @@ def report_bug(exc: BaseException) -> int:
     traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
     print(BUG_LINE, file=sys.stderr, flush=True)
     return EXIT_BUG
+
+
+@contextlib.contextmanager
+def sigterm_unwinds():
+    """SIGTERM (a CI runner's cancel, `kill`, a terminal closed) ends the task as Ctrl-C does: through
+    every `finally`, so what it started (a local job's containers and network, a registry) is removed.
+    Python's default for SIGTERM ends the process on the spot and left them running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def unwind(sig, _frame):
+        raise SystemExit(128 + sig)
+    previous = signal.signal(signal.SIGTERM, unwind)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

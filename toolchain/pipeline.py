@@ -234,7 +234,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
             restore_run(settings.build_dir, job.name, previous, runs_existed)
         raise
     if summary.get("exit_code") not in (None, 0):
-        raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}")
+        diagnosis = f"\n  {summary['diagnosis']}" if summary.get("diagnosis") else ""
+        raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}{diagnosis}")
     return summary
 
 

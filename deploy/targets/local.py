@@ -100,7 +100,62 @@ def remove(client: docker.DockerClient, names: list[str], network: str) -> None:
         pass
 
 
-def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 3600) -> int:
+WORKER_GRACE_S = 20  # a worker failed: the head hears of it and fails by itself well within this
+EXIT_HEAD_LOST = 3   # runtime.cluster.launch's code for a worker that lost the head: a consequence, not a cause
+SLOW_START = ("timed out during startup", "did not say it started", "ray start (worker) failed",
+              "ray start --head failed")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a local job ended: the head's exit code and, when it failed, which node failed first and why."""
+    exit_code: int
+    diagnosis: str = ""
+
+
+def _exit_code(c) -> int | None:
+    c.reload()
+    return c.attrs["State"].get("ExitCode") if c.status in ("exited", "dead") else None
+
+
+def _watch(head, workers: list, timeout_s: float) -> int:
+    """The head's exit code; a worker that fails first gives the head WORKER_GRACE_S to fail by itself
+    (it hears of the node through Ray), then the head is stopped, so no job waits out a barrier."""
+    import time
+    deadline = time.monotonic() + timeout_s
+    worker_failed = None
+    while True:
+        code = _exit_code(head)
+        if code is not None:
+            return code
+        now = time.monotonic()
+        if worker_failed is None and any(_exit_code(w) not in (None, 0) for w in workers):
+            worker_failed = now
+        if (worker_failed is not None and now - worker_failed > WORKER_GRACE_S) or now > deadline:
+            head.stop(timeout=10)
+        time.sleep(0.5)
+
+
+def diagnose(head, head_alias: str, workers: list, aliases: list[str], cores: int, nodes: int) -> str:
+    """Which node failed first (its own failure, not one that only lost the head), its last lines, and the fix."""
+    def finished(c) -> str:
+        return c.attrs["State"].get("FinishedAt", "")
+    failed = sorted(((finished(w), alias, w) for w, alias in zip(workers, aliases)
+                     if _exit_code(w) not in (None, 0, EXIT_HEAD_LOST)), key=lambda t: t[0])
+    _, alias, culprit = failed[0] if failed else ("", head_alias, head)
+    lines = culprit.logs(tail=12).decode(errors="replace").rstrip().splitlines()
+    text = "\n".join(lines)
+    if any(mark in text for mark in SLOW_START):
+        fix = (f"this machine could not start every node's Ray in time ({nodes} nodes on {cores} core(s), "
+               "beside whatever else runs here): deploy again when it is less busy, or with fewer nodes (--nodes)")
+    else:
+        fix = "its lines say why; fix that and deploy again"
+    return (f"node {alias} failed first (exit {_exit_code(culprit)}); its last lines:\n    " + "\n    ".join(lines)
+            + f"\n  fix: {fix}")
+
+
+def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 3600) -> Outcome:
+    import os
     out = out or sys.stdout
     run_id = secrets.token_hex(4)
     token = secrets.token_hex(32)  # per job, only in the containers' environment
@@ -111,16 +166,19 @@ def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 
             t = threading.Thread(target=_stream, args=(c, node.alias, out), daemon=True)
             t.start()
             threads.append(t)
-        head = containers[-1]
-        code = head.wait(timeout=timeout_s)["StatusCode"]
-        for c in containers[:-1]:
+        head, workers = containers[-1], containers[:-1]
+        code = _watch(head, workers, timeout_s)
+        for c in workers:
             try:
                 c.wait(timeout=60)
             except Exception:
                 pass
         for t in threads:
             t.join(timeout=5)
-        return code
+        if code == 0:
+            return Outcome(0)
+        aliases = [n.alias for n in reversed(nodes)][:-1]
+        return Outcome(code, diagnose(head, nodes[0].alias, workers, aliases, os.cpu_count() or 1, job.nodes))
     finally:
         remove(client, [c.name for c in containers], network.name)
 
@@ -232,7 +290,8 @@ class Local(Target):
         if job.serve:
             return {"held": hold(client, job, ctx.progress)}
         ctx.progress(f"local: {job.nodes} node(s) of {job.image}")
-        return {"exit_code": run(client, job)}
+        outcome = run(client, job)
+        return {"exit_code": outcome.exit_code, **({"diagnosis": outcome.diagnosis} if outcome.diagnosis else {})}
 
     def _materialise(self, client, job: JobSpec, ctx: ApplyContext) -> None:
         """The image here and the fileroot's directory made, before any container starts."""
