@@ -39,6 +39,7 @@ GPUS_PER_NODE = "RAYTRAIN_GPUS_PER_NODE"
 NODE_IP = "RAYTRAIN_NODE_IP"                    # the address this node's Ray was started with (set by launch)
 NODE_NAME = "RAYTRAIN_NODE_NAME"                # the scheduler's name for this machine (Kubernetes: spec.nodeName)
 JOB_NAME = "RAYTRAIN_JOB_NAME"
+JOB_NAME_RE = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"  # a job's name: a DNS label, in file names and scheduler names
 RUN_ID = "RAYTRAIN_RUN_ID"                      # one deploy = one run (checkpoints are per run); restarts keep it
 SEED = "RAYTRAIN_SEED"
 AUTH_TOKEN = "RAY_AUTH_TOKEN"                   # per job, generated at run time, never written to a file

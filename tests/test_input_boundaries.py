@@ -350,3 +350,12 @@ def test_a_cluster_name_is_one_line_of_text(tmp_path):
     (tmp_path / "s.json").write_text(json.dumps(spec))
     with pytest.raises(SpecError, match="cluster_name"):
         load_spec(tmp_path / "s.json")
+
+
+@pytest.mark.parametrize("name", ["../../etc/x", "a/b", "job\nname", "Job", "-lead", "x" * 41])
+def test_a_job_name_that_is_no_dns_label_never_reaches_the_serving_socket_path(name):
+    from runtime.cluster.serving import socket_path
+    from runtime.contract import JOB_NAME
+    with pytest.raises(InputError, match="RAYTRAIN_JOB_NAME"):
+        socket_path({JOB_NAME: name})
+    assert socket_path({JOB_NAME: "ok-job"}).name == "raytrain-serving-ok-job.sock"

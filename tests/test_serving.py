@@ -5,7 +5,6 @@ import io
 import json
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -138,48 +137,6 @@ def test_run_without_a_serving_head_says_so(tmp_path):
     stop = subprocess.run([sys.executable, "-m", "runtime", "stop"], env=node_env(0, 2, "x", RAYTRAIN_JOB_NAME=job),
                           capture_output=True, text=True, timeout=60)
     assert stop.returncode == 1 and "stop: error: no cluster is serving on this node" in stop.stderr
-
-
-def special_tar(rel: str) -> bytes:
-    """A code tar with a file, a link inside, and a symlink pointing out of the directory."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, kind, link in ((f"{rel}/ok.py", tarfile.REGTYPE, ""), (f"{rel}/in", tarfile.SYMTYPE, "ok.py"),
-                                 (f"{rel}/out", tarfile.SYMTYPE, "../../../etc/passwd")):
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = kind, link
-            tf.addfile(info, io.BytesIO(b"") if kind == tarfile.REGTYPE else None)
-    return buf.getvalue()
-
-
-@pytest.mark.parametrize("filters", [True, False], ids=["python-with-tar-filters", "debian-3.11.2-without"])
-def test_code_on_stdin_is_unpacked_once_below_its_root_and_bad_input_changes_nothing(tmp_path, monkeypatch, filters):
-    """The images run Debian's Python 3.11.2, whose tarfile has no extraction filters: the checks are
-    the project's own and hold either way."""
-    from runtime.errors import InputError
-    from runtime.cluster.serving import unpack_code
-    if not filters:
-        for name in ("data_filter", "FilterError"):
-            monkeypatch.delattr(tarfile, name, raising=False)
-        real = tarfile.TarFile.extractall
-        def old_extractall(self, path=".", members=None, *, numeric_owner=False, **kw):
-            assert not kw, f"3.11.2's extractall takes no {sorted(kw)}"
-            return real(self, path, members, numeric_owner=numeric_owner, filter="fully_trusted")
-        monkeypatch.setattr(tarfile.TarFile, "extractall", old_extractall)
-    src = code_dir(tmp_path, "v1")
-    root = tmp_path / "root"
-    unpack_code(root, root / "c" / "h1", io.BytesIO(code_tar(src, "c/h1")))
-    assert (root / "c" / "h1" / "marker.py").read_text() == "TAG = 'v1'\n"
-    unpack_code(root, root / "c" / "h1", io.BytesIO(b"not read as a tar: the version is already there"))
-    for stream, where, message in ((io.BytesIO(b"junk" * 100), root / "c" / "h2", "not a tar archive"),
-                                   (io.BytesIO(code_tar(src, "c/other")), root / "c" / "h2", "nothing under c/h2"),
-                                   (io.BytesIO(code_tar(src, "c/h2")), tmp_path / "elsewhere", "must lie below"),
-                                   (io.BytesIO(code_tar(src, "../c/h2")), root / "c" / "h2", "climbs out"),
-                                   (io.BytesIO(special_tar("c/h2")), root / "c" / "h2", "links outside")):
-        with pytest.raises(InputError, match=message):
-            unpack_code(root, where, stream)
-    assert sorted(p.name for p in (root / "c").iterdir()) == ["h1"] and not (tmp_path / "elsewhere").exists()
-    assert not (tmp_path / "c").exists()  # a member naming ../ did not land above the root
 
 
 def test_serve_refuses_a_driver_command():

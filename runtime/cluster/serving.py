@@ -23,22 +23,20 @@ run's first step comes without a torch import on the way.
 """
 from __future__ import annotations
 
-import io
 import json
 import os
-import shutil
+import re
 import signal
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 from pathlib import Path
 from typing import Callable
 
 from runtime import contract as C
-from runtime.cluster import lifeline, log_relay, preload, trampoline
+from runtime.cluster import code_unpack, lifeline, log_relay, preload, trampoline
 from runtime.errors import InputError, RaytrainError
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.constants: what the job supervisor sets
@@ -47,13 +45,16 @@ ZYGOTE_ENV = "RAYTRAIN_ZYGOTE_SOCKET"  # the head's zygote, which forks drivers 
 
 SERVING_LINE = "serving: the cluster is up"  # what hold logs once the barrier passed: targets wait for it
 MAX_REQUEST = 1 << 20
-MAX_CODE = 1 << 30  # the most a run's code on stdin may be (the app layer is code, not data)
 RUN_ENV_PREFIX = "RAYTRAIN_"  # what a run passes on from its own environment (its run id, say); nothing else
 
 
 def socket_path(env: dict) -> Path:
     """Where the head serves drivers: per job name (several jobs can share a host)."""
-    return Path(tempfile.gettempdir()) / f"raytrain-serving-{env.get(C.JOB_NAME) or 'job'}.sock"
+    name = env.get(C.JOB_NAME) or "job"
+    if not re.fullmatch(C.JOB_NAME_RE, name):
+        raise InputError(f"{C.JOB_NAME}={name[:80]!r}: a job name is lower-case letters, digits and '-' "
+                         "(a DNS label of at most 40); the deploy artifacts set it from deploy.name")
+    return Path(tempfile.gettempdir()) / f"raytrain-serving-{name}.sock"
 
 
 def hold(address: str, ip: str, log: Callable[[str], None], env: dict) -> int:
@@ -165,68 +166,6 @@ def _start_driver(code_dir: Path, cmd: list[str], env: dict, fds: list[int], on_
         log_relay.finish(relayed)
 
 
-def _name_inside(name: str) -> bool:
-    parts = Path(name).parts
-    return bool(parts) and not Path(name).is_absolute() and ".." not in parts
-
-
-def _link_inside(member: tarfile.TarInfo) -> bool:
-    """A link whose target stays inside the directory (a symlink's is relative to the link's own)."""
-    target = member.linkname if member.islnk() else os.path.join(os.path.dirname(member.name), member.linkname)
-    return not os.path.isabs(member.linkname) and not os.path.normpath(target).startswith("..")
-
-
-def unsafe_member(member: tarfile.TarInfo) -> str:
-    """Why MEMBER may not be unpacked ('' if it may): what tarfile's "data" filter refuses, checked
-    here because the images' Python (Debian's 3.11.2) has no extraction filters."""
-    if not _name_inside(member.name):
-        return f"{member.name!r} is absolute or climbs out with '..'"
-    if member.issym() or member.islnk():
-        return "" if _link_inside(member) else f"{member.name!r} links outside ({member.linkname!r})"
-    if not (member.isfile() or member.isdir()):
-        return f"{member.name!r} is a device, FIFO or other special file"
-    if member.mode & 0o7000:
-        return f"{member.name!r} has setuid/setgid/sticky bits"
-    return ""
-
-
-def unpack_code(root: Path, code_dir: Path, stream) -> None:
-    """The code a run brings on STREAM (its stdin: `kubectl exec -i`, an srun step into a container),
-    a tar whose members lie under CODE_DIR's path below ROOT; unpacked once, since CODE_DIR is named
-    by the code's hash (a version already there is the same bytes). Unpacked beside it and renamed
-    into place, so a run never sees half a tree."""
-    root, code_dir = root.resolve(), code_dir.resolve()
-    if not code_dir.is_relative_to(root) or code_dir == root:
-        raise InputError(f"--code-dir {code_dir}: must lie below --unpack-stdin {root}")
-    data = stream.read(MAX_CODE + 1)
-    if len(data) > MAX_CODE:
-        raise InputError(f"the code on stdin is over {MAX_CODE >> 20} MiB; keep data out of project.app_dir")
-    if code_dir.is_dir():
-        return
-    code_dir.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".unpack-", dir=code_dir.parent))
-    try:
-        try:
-            with tarfile.open(fileobj=io.BytesIO(data)) as tf:
-                problems = [p for p in map(unsafe_member, tf.getmembers()) if p]
-                if problems:
-                    raise InputError("the tar on stdin has members that would land outside its directory or "
-                                     "are not files: " + "; ".join(problems[:5]))
-                tf.extractall(scratch)  # every member checked above (the image's Python may predate filters)
-        except (tarfile.TarError, EOFError) as e:
-            raise InputError(f"the code on stdin is not a tar archive ({e})") from None
-        unpacked = scratch / code_dir.relative_to(root)
-        if not unpacked.is_dir():
-            raise InputError(f"the tar on stdin holds nothing under {code_dir.relative_to(root)}")
-        try:
-            unpacked.rename(code_dir)
-        except OSError:
-            if not code_dir.is_dir():  # another run of the same code may have put it there first
-                raise
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-
-
 def _connect(env: dict) -> socket.socket:
     path = socket_path(env)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -253,13 +192,13 @@ def request_stop(env: dict | None = None) -> int:
 
 def run(code_dir: Path, cmd: list[str], env: dict | None = None, unpack_root: Path | None = None) -> int:
     """Run CMD as a driver on the cluster this head holds, in CODE_DIR; its exit code (128+N for a signal).
-    With UNPACK_ROOT the code comes as a tar on stdin first (`unpack_code`) and the driver's stdin is
+    With UNPACK_ROOT the code comes as a tar on stdin first (runtime/cluster/code_unpack.py) and the driver's stdin is
     /dev/null. Signals this process gets (Ctrl-C, scancel of the step) go to the driver."""
     env = dict(os.environ if env is None else env)
     if not cmd:
         raise InputError("no driver command: python -m runtime run --code-dir DIR -- python train.py ...")
     if unpack_root is not None:
-        unpack_code(unpack_root, code_dir, sys.stdin.buffer)
+        code_unpack.unpack(unpack_root, code_dir, sys.stdin.buffer)
     if not code_dir.is_dir():
         raise InputError(f"--code-dir {code_dir}: not a directory; `invoke run` unpacks the project's code there")
     conn = _connect(env)
