@@ -16,6 +16,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from runtime import strict_json
+from runtime.contract import JOB_NAME_RE
 from runtime.errors import InputError
 from runtime.imageref import ImageRef, ImageRefError
 
@@ -83,9 +84,10 @@ class RunRecord(_Record):
 
 
 class ClusterRecord(_Record):
-    """A held cluster (`invoke up`): what it runs, so that `invoke run` sends only code it can honour."""
-    name: str
-    target: str
+    """A held cluster (`invoke up`): what it runs, so that `invoke run` sends only code it can honour.
+    Its handle is checked against its target's model when read (deploy/handles.py)."""
+    name: str = Field(..., pattern=JOB_NAME_RE)
+    target: str = Field(..., pattern=r"^[a-z0-9]{1,20}$")
     image: str                   # the pinned image every node runs
     variant: str
     spec_sha256: str = Field(..., pattern=SHA256)
@@ -108,8 +110,11 @@ def images_file(build_dir: Path) -> Path:
 
 
 def _read(path: Path, model: type[R], made_by: str) -> dict[str, R]:
-    if not path.is_file():
+    if not os.path.lexists(path):
         return {}
+    if not path.is_file():  # a directory, a FIFO (a read would block), a dangling link
+        raise InputError(f"{path}: not a regular file; it is written by `{made_by}`: remove it and run "
+                         f"`{made_by}` again")
     try:
         raw = path.read_bytes()
     except OSError as e:  # unreadable (permissions), or gone between the check and the read
@@ -121,7 +126,11 @@ def _read(path: Path, model: type[R], made_by: str) -> dict[str, R]:
             raise ValueError("not a JSON object")
         return {str(k): model.model_validate(v) for k, v in data.items()}
     except (ValueError, ValidationError, RecursionError) as e:
-        detail = str(e).splitlines()[0][:200]
+        if isinstance(e, ValidationError):
+            err = e.errors()[0]
+            detail = f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"[:200]
+        else:
+            detail = str(e).splitlines()[0][:200]
         raise InputError(f"{path} is malformed ({detail}); it is written by `{made_by}`: delete it and run "
                          f"`{made_by}` again") from None
 
@@ -180,10 +189,20 @@ def clusters_file(build_dir: Path) -> Path:
 
 
 def read_clusters(build_dir: Path) -> dict[str, ClusterRecord]:
-    return _read(clusters_file(build_dir), ClusterRecord, "invoke up")
+    from deploy import handles
+    path = clusters_file(build_dir)
+    out = {}
+    for key, rec in _read(path, ClusterRecord, "invoke up").items():
+        if key != rec.name:
+            raise InputError(f"{path}: the record under {key[:40]!r} is named {rec.name!r}; it is written by "
+                             "`invoke up`: correct it, or delete that entry")
+        out[key] = rec.model_copy(update={"handle": handles.check(rec.target, rec.handle, f"{path} [{key}]")})
+    return out
 
 
 def write_cluster(build_dir: Path, record: ClusterRecord) -> Path:
+    from deploy import handles
+    handles.check(record.target, record.handle, f"the handle of {record.name!r} from its target")  # readable back
     return _write(clusters_file(build_dir), {**read_clusters(build_dir), record.name: record})
 
 

@@ -94,6 +94,8 @@ def remove(client: docker.DockerClient, names: list[str], network: str) -> None:
             client.containers.get(name).remove(force=True)
         except docker.errors.NotFound:
             pass
+    if not network:
+        return
     try:
         client.networks.get(network).remove()
     except docker.errors.NotFound:
@@ -235,20 +237,37 @@ def held_run(client: docker.DockerClient, handle: dict, code_tar: bytes, rel_dir
     return api.exec_inspect(ex["Id"])["ExitCode"]
 
 
-def held_down(client: docker.DockerClient, handle: dict, grace_s: float = 20) -> list[str]:
-    """SIGTERM to the head (it stops serving and publishes 0, the workers leave), then remove everything."""
-    names = handle.get("containers", [])
+def _held_objects(client: docker.DockerClient, handle: dict) -> tuple[list[str], str]:
+    """The handle's containers and network that carry the held-cluster label its head carries: a record
+    naming anything else (another job's containers, the `host` network) removes nothing of it."""
     try:
-        head = client.containers.get(handle["head"])
-        head.stop(timeout=int(grace_s))
+        held = client.containers.get(handle["head"]).labels.get(LABEL_HELD)
+    except docker.errors.NotFound:
+        held = None
+    if not held:  # the head is gone: what is left of the cluster still carries one label value
+        found = {c.labels.get(LABEL_HELD) for c in client.containers.list(
+            all=True, filters={"label": LABEL_HELD}) if c.name in handle["containers"]}
+        held = found.pop() if len(found) == 1 else None
+    if not held:
+        return [], ""
+    ours = [c.name for c in client.containers.list(all=True, filters={"label": f"{LABEL_HELD}={held}"})
+            if c.name in handle["containers"]]
+    networks = client.networks.list(names=[handle["network"]], filters={"label": f"{LABEL_HELD}={held}"})
+    return ours, handle["network"] if any(n.name == handle["network"] for n in networks) else ""
+
+
+def held_down(client: docker.DockerClient, handle: dict, grace_s: float = 20) -> list[str]:
+    """SIGTERM to the head (it stops serving and publishes 0, the workers leave), then remove the
+    cluster's containers and network: only those that carry its held-cluster label."""
+    names, network = _held_objects(client, handle)
+    if handle["head"] in names:
+        client.containers.get(handle["head"]).stop(timeout=int(grace_s))
         for name in names:
             try:
                 client.containers.get(name).wait(timeout=grace_s)
             except Exception:  # noqa: BLE001 - removed below in any case
                 pass
-    except docker.errors.NotFound:
-        pass
-    remove(client, names, handle.get("network", ""))
+    remove(client, names, network)
     return names
 
 
