@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from runtime import numbers
+from runtime import addresses, numbers
 
 from runtime.cluster import selfcheck
 from runtime.contract import DEFAULT_PORT_BASE
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     la.add_argument("--no-auth", action="store_true", help="Run Ray without token authentication (trusted networks only).")
     la.add_argument("--num-cpus", type=numbers.arg_whole(1, 100_000), default=None, help="CPUs this node offers Ray (default: detected).")
     la.add_argument("--num-gpus", type=numbers.arg_whole(0, 1024), default=None, help="GPUs this node offers Ray (default: from the scheduler).")
-    la.add_argument("--node-ip", default=None, help="Address other nodes reach this one at (default: detected).")
+    la.add_argument("--node-ip", type=addresses.arg_host, default=None, help="Address other nodes reach this one at (default: detected).")
     la.add_argument("--warm-hosts", type=numbers.arg_whole(0, 1024), default=None,
                     help="Worker hosts started per node while the barrier waits, for the driver's first worker "
                          "group (default: the node's GPUs, or 1; 0: none).")

@@ -66,8 +66,8 @@ def boolean(value, what: str) -> bool:
     A number, a list or 'maybe' is refused rather than read by Python's truthiness."""
     if isinstance(value, bool):
         return value
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
+    if isinstance(value, str) and value.lower() in _TRUE | _FALSE:  # ' true ' is not a boolean either
+        return value.lower() in _TRUE
     raise InputError(f"{what}: {str(value)[:40]!r} is not a boolean; give true or false (or 1/0, yes/no, on/off)")
 
 

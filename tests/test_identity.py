@@ -105,3 +105,37 @@ def test_kubernetes_node_type_comes_from_the_node_name_not_the_pod_name():
     seen = detect({**pod, "RAYTRAIN_NODE_NAME": "gpu-node-17"}, spec)
     assert (seen.node_type, seen.gpu_type) == ("a100", "nvidia-a100-80gb")
     assert seen.hostname == "train-workers-2-x7k2p" and seen.node_name == "gpu-node-17"
+
+
+EXPLICIT = {"RAYTRAIN_NODE_RANK": "0", "RAYTRAIN_NUM_NODES": "2", "RAYTRAIN_HEAD_ADDRESS": "head-0.svc", "HOSTNAME": "n1"}
+
+
+@pytest.mark.parametrize("var,value", [
+    ("RAYTRAIN_HEAD_ADDRESS", "head 0"), ("RAYTRAIN_HEAD_ADDRESS", "head\n[launch] forged"),
+    ("RAYTRAIN_HEAD_ADDRESS", "$(id)"), ("RAYTRAIN_HEAD_ADDRESS", "-oProxyCommand=x"),
+    ("RAYTRAIN_HEAD_ADDRESS", "http://head:6379"), ("RAYTRAIN_HEAD_ADDRESS", "h" * 254),
+    ("HOSTNAME", "n1\n[launch node0/2 n1] barrier passed"), ("RAYTRAIN_NODE_NAME", "node 7"),
+    ("RAYTRAIN_NUM_NODES", " 2"), ("RAYTRAIN_NUM_NODES", "2\n"), ("RAYTRAIN_NODE_RANK", "+0"),
+])
+def test_the_launchers_environment_is_parsed_like_flags(var, value):
+    with pytest.raises(IdentityError, match=var if var.startswith("RAYTRAIN_N") else "not an IP address or a DNS name"):
+        detect({**EXPLICIT, var: value})
+
+
+def test_node_addresses_from_a_scheduler_are_checked_too():
+    env = {"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NODE_IPS": "10.0.0.1\n--all", "SKYPILOT_NUM_NODES": "2", "HOSTNAME": "n1"}
+    with pytest.raises(IdentityError, match="'--all' is not an IP address"):
+        detect(env)
+
+
+@pytest.mark.parametrize("good", ["10.0.0.1", "fd00::1", "head-0.job.ns.svc.cluster.local", "gpu_node-01", "n1."])
+def test_ips_and_dns_names_pass(good):
+    assert detect({**EXPLICIT, "RAYTRAIN_HEAD_ADDRESS": good}).head_address == good
+
+
+def test_node_ip_flag_is_an_address():
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "runtime", "launch", "--node-ip=$(id)", "--", "true"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--node-ip" in r.stderr and "not an IP address or a DNS name" in r.stderr, r.stderr

@@ -15,7 +15,7 @@ from typing import Mapping, Optional
 
 import hostlist
 
-from runtime import contract as C
+from runtime import addresses, contract as C
 from runtime import numbers
 from runtime.errors import InputError
 from runtime.spec import ClusterSpec
@@ -65,9 +65,17 @@ def _int(env: Mapping[str, str], name: str, low: int = 0) -> Optional[int]:
     v = env.get(name)
     if v is None or v == "":
         return None
-    if not (numbers.is_whole(v.strip()) and len(v.strip()) <= 9) or int(v) < low:
-        raise IdentityError(f"{name}={v[:40]!r} is not a whole number ({low}-999999999)")
-    return int(v)
+    try:
+        return numbers.whole(v, name, low, numbers.COUNT_MAX)
+    except InputError as e:
+        raise IdentityError(str(e)) from None
+
+
+def _host(value: str, what: str) -> str:
+    try:
+        return addresses.host(value, what)
+    except InputError as e:
+        raise IdentityError(str(e)) from None
 
 
 def _first(env: Mapping[str, str], names: tuple, low: int = 0) -> Optional[int]:
@@ -194,13 +202,15 @@ def detect(env: Mapping[str, str] | None = None, spec: ClusterSpec | None = None
         rank += offset  # a scheduler step that holds only some of the job's nodes (e.g. the workers' srun)
     if not 0 <= rank < n:
         raise IdentityError(f"node rank {rank} is outside 0..{n - 1} (source: {source})")
-    hostname = merged.get("hostname") or env.get("HOSTNAME") or socket.gethostname()
+    hostname = _host(merged.get("hostname") or env.get("HOSTNAME") or socket.gethostname(), "this node's host name")
     # in a container the hostname is the container's (a pod's name); the machine's name, when the scheduler
     # passes it (Kubernetes' downward API spec.nodeName), is what the spec's node-name patterns describe
-    node_name = env.get(C.NODE_NAME) or hostname
+    node_name = _host(env[C.NODE_NAME], C.NODE_NAME) if env.get(C.NODE_NAME) else hostname
+    head = _host(str(merged["head_address"]), f"the head address (source: {source})")
+    addresses = tuple(_host(a, f"a node address (source: {source})") for a in merged.get("node_addresses") or ())
     return NodeIdentity(
-        source=source, node_rank=rank, num_nodes=n, head_address=str(merged["head_address"]), hostname=hostname,
-        gpus_per_node=int(merged.get("gpus_per_node") or 0), node_addresses=tuple(merged.get("node_addresses") or ()),
+        source=source, node_rank=rank, num_nodes=n, head_address=head, hostname=hostname,
+        gpus_per_node=int(merged.get("gpus_per_node") or 0), node_addresses=addresses,
         node_type=spec.node_type(node_name) if spec else None, gpu_type=spec.gpu_type(node_name) if spec else None,
         node_name=node_name,
     )
