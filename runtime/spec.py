@@ -37,9 +37,51 @@ class SpecError(InputError):
         super().__init__(f"invalid cluster spec {source}:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
+MAX_TEXT = 4096     # any one string of a spec
+MAX_ENTRIES = 1000  # any one list or mapping of a spec
+# Unicode categories no spec text may hold: controls (Cc: NUL, newline, ESC), format characters (Cf: bidi
+# overrides, zero-width spaces) and line/paragraph separators (Zl, Zp): each makes a name read or print
+# other than it is (a forged log line, a label that looks like another)
+_BAD_CATEGORIES = ("Cc", "Cf", "Zl", "Zp")
+
+
+def _text_problem(value: str) -> Optional[str]:
+    import unicodedata
+    if len(value) > MAX_TEXT:
+        return f"is {len(value)} characters long; at most {MAX_TEXT}"
+    for ch in value:
+        if unicodedata.category(ch) in _BAD_CATEGORIES:
+            return (f"contains {unicodedata.name(ch, 'a control character')} (U+{ord(ch):04X}), a control, format or line "
+                    "separator character; use plain text")
+    return None
+
+
+def _check_texts(value: Any, path: str) -> None:
+    """Every string, list and mapping under VALUE (a spec's raw input), bounded and free of _BAD_CATEGORIES."""
+    if isinstance(value, str):
+        problem = _text_problem(value)
+        if problem:
+            raise ValueError(f"{path or 'value'} {problem}")
+    elif isinstance(value, (list, dict)):
+        if len(value) > MAX_ENTRIES:
+            raise ValueError(f"{path or 'value'} has {len(value)} entries; at most {MAX_ENTRIES}")
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(key, str):
+                _check_texts(key, f"{path}: key" if path else "key")
+            _check_texts(item, f"{path}.{key}" if path else str(key))
+
+
 class _Strict(BaseModel):
     # strict: true and "8" are not counts, 8 is not a string
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _texts(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            _check_texts(data, "")
+        return data
 
 
 class Mount(_Strict):
@@ -63,7 +105,7 @@ class SlurmOptions(_Strict):
         default_factory=list,
         description="Shell lines run before srun on clusters without containers (module load, venv activation).",
     )
-    gpus_per_node: int = Field(0, ge=0, description="GPUs per node requested with --gpus-per-node.")
+    gpus_per_node: int = Field(0, ge=0, le=1024, description="GPUs per node requested with --gpus-per-node.")
 
 
 class KubernetesOptions(_Strict):
@@ -73,7 +115,7 @@ class KubernetesOptions(_Strict):
     )
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector for every pod.")
     image_pull_secret: Optional[str] = Field(None, description="Name of an existing docker-registry Secret.")
-    gpus_per_pod: int = Field(0, ge=0, description="nvidia.com/gpu limit per pod.")
+    gpus_per_pod: int = Field(0, ge=0, le=1024, description="nvidia.com/gpu limit per pod.")
     pod_security: Literal["restricted", "privileged"] = Field(
         "restricted", description="The Pod Security level the pods are written for: 'restricted' (the default; "
         "no hostPath volumes) or 'privileged' (the spec's other mounts become hostPath volumes).")
@@ -120,8 +162,8 @@ class ClusterSpec(_Strict):
     cluster_type: Literal["slurm", "kubernetes", "local"] = Field(
         ..., description="Scheduler the cluster runs: slurm, kubernetes or local (Docker engine)."
     )
-    cluster_name: str = Field(..., min_length=1, max_length=253, pattern=r"^[^\x00-\x1f\x7f]+$",
-                              description="Name of the cluster. Arbitrary text on one line (it becomes an image label).")
+    cluster_name: str = Field(..., min_length=1, max_length=253, pattern=r"^[^\x00-\x1f\x7f\s](.*[^\x00-\x1f\x7f\s])?$",
+                              description="Name of the cluster. Text on one line, not starting or ending with a space (it becomes an image label).")
     fileroot: str = Field(..., description="Absolute path shared by all nodes for logs and checkpoints.")
     default_mount: str = Field(
         "", description="Comma-separated src:dst[:opts] mounts for every node; should include fileroot."
@@ -135,7 +177,7 @@ class ClusterSpec(_Strict):
     cpu_image: str = Field(..., min_length=1, description="Image for the head (driver) and CPU-only nodes.")
     gpu_image: str = Field(..., min_length=1, description="Image for GPU worker nodes.")
     node_name_prefix: str = Field(
-        "", description="Host names are this prefix followed by an integer, e.g. 'com-' for com-01."
+        "", max_length=253, description="Host names are this prefix followed by an integer, e.g. 'com-' for com-01."
     )
     registry: Optional[str] = Field(
         None, description="Registry host[:port][/path] images are pushed to; overrides the toolchain default."

@@ -1,5 +1,6 @@
 """Cluster spec model: the seed format loads unchanged; bad specs name field, value and fix."""
 import json
+import re
 from pathlib import Path
 
 import jsonschema
@@ -97,3 +98,28 @@ def test_not_json_and_missing_file(tmp_path):
         load_spec(bad)
     with pytest.raises(SpecError, match="cannot read the file"):
         load_spec(tmp_path / "absent.json")
+
+
+@pytest.mark.parametrize("field,value,said", [
+    ("cluster_name", "a\u2028b", "LINE SEPARATOR"), ("cluster_name", "a\u2029b", "PARAGRAPH SEPARATOR"),
+    ("cluster_name", "evil\u202etxt", "RIGHT-TO-LEFT OVERRIDE"), ("cluster_name", "\u200b", "ZERO WIDTH SPACE"),
+    ("cluster_name", " ", "cluster_name"), ("cluster_name", " padded", "cluster_name"),
+    ("node_name_prefix", "n" * 300, "node_name_prefix"), ("fileroot", "/" + "f" * 5000, "at most 4096"),
+    ("cpu_image", "a" * 5000, "at most 4096"),
+])
+def test_spec_text_is_plain_and_bounded(field, value, said):
+    from runtime.spec import SpecError, parse_spec
+    base = {"cluster_type": "local", "cluster_name": "c", "fileroot": "/f", "cpu_image": "a", "gpu_image": "b"}
+    with pytest.raises(SpecError, match=re.escape(said)):
+        parse_spec({**base, field: value})
+
+
+def test_spec_sections_and_counts_are_bounded():
+    from runtime.spec import SpecError, parse_spec
+    base = {"cluster_type": "slurm", "cluster_name": "c", "fileroot": "/f", "cpu_image": "a", "gpu_image": "b"}
+    for section, message in (({"env_setup": ["module load x\u0000"]}, r"U\+0000"), ({"gpus_per_node": 10**30}, "1024"),
+                             ({"env_setup": ["x"] * 1001}, "at most 1000")):
+        with pytest.raises(SpecError, match=message):
+            parse_spec({**base, "slurm": section})
+    with pytest.raises(SpecError, match="at most 1000"):
+        parse_spec({**base, "node_type_from_node_name": {f"n{i}": "t" for i in range(1001)}})

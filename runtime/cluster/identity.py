@@ -67,8 +67,9 @@ def _int(env: Mapping[str, str], name: str, low: int = 0) -> Optional[int]:
         return None
     try:
         return numbers.whole(v, name, low, numbers.COUNT_MAX)
-    except InputError as e:
-        raise IdentityError(str(e)) from None
+    except InputError:
+        raise IdentityError(f"{name}={v[:40]!r} is not a whole number ({low}-{numbers.COUNT_MAX}, ASCII digits "
+                            "and nothing else)") from None
 
 
 def _host(value: str, what: str) -> str:
