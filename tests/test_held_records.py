@@ -57,6 +57,13 @@ def tools(tmp_path):
     return bin_dir, log
 
 
+def write_clusters(tmp_path, records: dict) -> Path:
+    build = tmp_path / "build"
+    build.mkdir()
+    (build / "clusters.json").write_text(json.dumps(records))
+    return build / "clusters.json"
+
+
 def invoke(tmp_path, tools, *args):
     bin_dir, _ = tools
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "INVOKE_PROJECT_BUILD_DIR": str(tmp_path / "build")}
@@ -66,10 +73,7 @@ def invoke(tmp_path, tools, *args):
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_record_is_refused_naming_its_field_and_no_tool_runs(tmp_path, tools, case):
     target, handle, field = BAD[case]
-    build = tmp_path / "build"
-    build.mkdir()
-    clusters = build / "clusters.json"
-    clusters.write_text(json.dumps({"job": record("job", target, handle)}))
+    clusters = write_clusters(tmp_path, {"job": record("job", target, handle)})
     before = clusters.read_bytes()
     for command in (["status"], ["down", "--name", "job"], ["run", "--name", "job"]):
         r = invoke(tmp_path, tools, *command)
@@ -96,18 +100,14 @@ def test_a_records_file_that_is_not_a_regular_file_is_named(tmp_path, tools, wha
 
 
 def test_a_record_filed_under_another_name_is_refused(tmp_path, tools):
-    build = tmp_path / "build"
-    build.mkdir()
-    (build / "clusters.json").write_text(json.dumps({"job": record("other", "slurm", SLURM)}))
+    write_clusters(tmp_path, {"job": record("other", "slurm", SLURM)})
     r = invoke(tmp_path, tools, "status")
     assert r.returncode == 2 and "is named 'other'" in r.stderr, r.stderr
 
 
 def test_a_good_record_reaches_the_tool_as_one_argument(tmp_path, tools):
     """The check lets a well-formed record through: status asks squeue about exactly its job."""
-    build = tmp_path / "build"
-    build.mkdir()
-    (build / "clusters.json").write_text(json.dumps({"job": record("job", "slurm", SLURM)}))
+    write_clusters(tmp_path, {"job": record("job", "slurm", SLURM)})
     invoke(tmp_path, tools, "status")
     calls = tools[1].read_text().splitlines()
     assert calls and all(c.startswith("squeue") for c in calls) and any(" 42" in c for c in calls), calls
@@ -121,10 +121,8 @@ def test_local_down_removes_only_what_carries_the_clusters_label(tmp_path, tools
     other = client.containers.run(built["cpu"]["local_ref"], ["sleep", "300"], name=name, detach=True,
                                   labels={"io.raytrain.job": "someone-else"})
     try:
-        build = tmp_path / "build"
-        build.mkdir()
-        (build / "clusters.json").write_text(json.dumps({"job": record("job", "local", {
-            "network": "host", "head": name, "containers": [name], "aliases": ["job-head"]})}))
+        write_clusters(tmp_path, {"job": record("job", "local", {
+            "network": "host", "head": name, "containers": [name], "aliases": ["job-head"]})})
         r = invoke(tmp_path, tools, "down", "--name", "job")
         other.reload()
         assert other.status == "running", (r.stdout, r.stderr)
