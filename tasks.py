@@ -1,5 +1,9 @@
 """Invoke tasks: thin wrappers over toolchain.pipeline. `invoke --list` shows them all.
 
+Run them as `.venv/bin/raytrain ...` (toolchain/cli.py): the same tasks, with every configuration file
+read through the bounded loader (toolchain/config_files.py). Plain `invoke` reads /etc/invoke.yaml and
+~/.invoke.yaml itself, before this file is imported, without those bounds.
+
 Chain them on one line: `invoke build push`. Defaults live with the collection
 (toolchain/config.py); override them in an invoke.yaml, with INVOKE_* environment variables
 (e.g. INVOKE_REGISTRY_ADDRESS=host:5000, INVOKE_PROJECT_SPEC=cluster_specs/x.json for a whole

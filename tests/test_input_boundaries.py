@@ -280,6 +280,10 @@ def test_the_boundary_names_a_bug_as_one():
     assert failure.code == 2 and "/root/x: Permission denied (EACCES)" in failure.message
 
 
+BOMB = "unused:\n" + "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if i else ', '.join(['lol'] * 9)}]\n"
+                              for i in range(8))
+
+
 @pytest.mark.parametrize("files,args,needle", [
     ({"bad.yaml": "deploy:\n  nodes: [\n"}, ["-f", "bad.yaml", "spec.check", "cluster_specs/local.json"], "line 3"),
     ({"list.yaml": "deploy: [1, 2]\n"}, ["-f", "list.yaml", "spec.check", "cluster_specs/local.json"],
@@ -297,6 +301,13 @@ def test_the_boundary_names_a_bug_as_one():
     ({}, ["deploy", "--target", "", "--dry-run"], "--target: empty"),
     ({}, ["deploy", "--target", "slurm", "--spec", " ", "--dry-run"], "--spec: empty"),
     ({}, ["build", "--variant", ""], "--variant: empty"),
+    ({"bomb.yaml": BOMB}, ["-f", "bomb.yaml", "spec.check", "cluster_specs/local.json"], "more than 20 aliases"),
+    ({"deep.yaml": "x: " + "[" * 5000 + "]" * 5000 + "\n"}, ["-f", "deep.yaml", "spec.check", "cluster_specs/local.json"],
+     "nested more than 32 deep"),
+    ({"deep.json": '{"x": ' + "[" * 5000 + "]" * 5000 + "}"}, ["-f", "deep.json", "spec.check",
+                                                                 "cluster_specs/local.json"], "nested too deep"),
+    ({"s.yaml": "deploy:\n  nodes: 1:20\n"}, ["-f", "s.yaml", "deploy", "--target", "slurm", "--dry-run"],
+     "deploy.nodes"),
 ])
 def test_config_files_and_empty_flags_are_one_line_and_exit_2(tmp_path, files, args, needle):
     for name, text in files.items():
@@ -309,6 +320,28 @@ def test_config_files_and_empty_flags_are_one_line_and_exit_2(tmp_path, files, a
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert needle in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert not (tmp_path / "build").exists()
+
+
+def test_an_alias_bomb_anywhere_raytrain_reads_config_is_refused_at_once(tmp_path):
+    """In ~/.invoke.yaml (read before any project code), in INVOKE_RUNTIME_CONFIG and in a FIFO given as -f."""
+    from toolchain import config_files
+    from toolchain.boundary import ConfigFileError
+    (tmp_path / "bomb.yaml").write_text(BOMB)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigFileError, match="more than 20 aliases"):
+        config_files.load_yaml(tmp_path / "bomb.yaml")
+    assert time.monotonic() - t0 < 1
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".invoke.yaml").write_text(BOMB)
+    r = raytrain("--list", cwd=tmp_path, env={"HOME": str(home)})
+    assert r.returncode == 2 and ".invoke.yaml: line 5: more than 20 aliases" in r.stderr, r.stderr[-2000:]
+    check = ["spec.check", str(ROOT / "cluster_specs" / "local.json")]
+    r = raytrain(*check, cwd=tmp_path, env={"INVOKE_RUNTIME_CONFIG": str(tmp_path / "bomb.yaml")})
+    assert r.returncode == 2 and "more than 20 aliases" in r.stderr, r.stderr[-2000:]
+    os.mkfifo(tmp_path / "fifo.yaml")
+    r = raytrain("-f", str(tmp_path / "fifo.yaml"), *check, cwd=tmp_path)
+    assert r.returncode == 2 and "not a regular file" in r.stderr, r.stderr[-2000:]
 
 
 def test_raytrain_runs_from_any_directory(tmp_path):

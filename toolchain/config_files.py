@@ -1,0 +1,138 @@
+"""The one reader of Invoke configuration files (YAML), for `raytrain` and for the project's own files.
+
+Invoke reads its YAML with `yaml.safe_load` and then deep-copies and merges what it read. A file with
+a few nested aliases ("billion laughs") expands exponentially there, and no answer came in a minute,
+even under a key nothing uses; a 5,000-deep list hit the recursion limit; YAML 1.1 reads `1:20` as
+80 (base 60). Here a file is read only when it is a regular file of at most MAX_BYTES, with at most
+MAX_ALIASES aliases, nesting at most MAX_DEPTH deep, no key twice in one mapping, and numbers as YAML
+1.2 reads them (`1:20` stays a string, which the settings then refuse with the field's own message).
+Anything else is a ConfigFileError: one line, exit 2.
+"""
+from __future__ import annotations
+
+import os
+import re
+import stat
+from pathlib import Path
+
+import yaml
+from invoke.config import Config
+
+from toolchain.boundary import ConfigFileError
+
+MAX_BYTES = 1 << 20
+MAX_ALIASES = 20
+MAX_DEPTH = 32
+
+# YAML 1.1's int and float forms without the base-60 ones (SafeLoader's own resolvers otherwise)
+_INT = re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$")
+_FLOAT = re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+                    r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader with bounds on aliases and depth, no duplicate keys and no base-60 numbers."""
+
+    def __init__(self, stream, source: str):
+        super().__init__(stream)
+        self.source, self.aliases, self.depth = source, 0, 0
+
+    def _fail(self, node_or_mark, what: str) -> ConfigFileError:
+        mark = getattr(node_or_mark, "start_mark", node_or_mark)
+        line = f"line {mark.line + 1}: " if mark is not None else ""
+        return ConfigFileError(f"{self.source}: {line}{what}; fix or remove that file")
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            self.aliases += 1
+            if self.aliases > MAX_ALIASES:
+                raise self._fail(self.peek_event(), f"more than {MAX_ALIASES} aliases (*name); a configuration "
+                                                    "file needs few, and many expand without bound")
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise self._fail(self.peek_event(), f"nested more than {MAX_DEPTH} deep")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                twice = key in seen
+            except TypeError:  # an unhashable key: SafeLoader says so below
+                break
+            if twice:
+                raise self._fail(key_node, f"key {key!r} appears twice in one mapping; keep one (YAML keeps the "
+                                           "last silently)")
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+_Loader.yaml_implicit_resolvers = {k: [(tag, rx) for tag, rx in v if tag not in (
+    "tag:yaml.org,2002:int", "tag:yaml.org,2002:float")] for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver("tag:yaml.org,2002:int", _INT, list("-+0123456789"))
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _Loader.construct_mapping)
+
+
+def _text(path: Path) -> str:
+    """The file's text, bounded; FileNotFoundError stays itself (Invoke tries each suffix and skips
+    the missing), anything else is a ConfigFileError."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise ConfigFileError(f"{path}: cannot read it ({e.strerror}); fix or remove that file") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigFileError(f"{path}: not a regular file; give a YAML, JSON or .py configuration file")
+    if st.st_size > MAX_BYTES:
+        raise ConfigFileError(f"{path}: {st.st_size} bytes; a configuration file is at most {MAX_BYTES >> 10} KiB")
+    try:
+        return path.read_bytes()[:MAX_BYTES + 1].decode("utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigFileError(f"{path}: cannot read it as UTF-8 text ({e}); fix or remove that file") from None
+
+
+def load_json(path) -> object:
+    """The data of the JSON file at PATH (strict: no duplicate keys, no NaN), bounded as YAML files are."""
+    from runtime import strict_json
+    text = _text(Path(path))
+    try:
+        return strict_json.loads(text)
+    except ValueError as e:
+        raise ConfigFileError(f"{path}: not valid JSON ({' '.join(str(e).split())[:300]}); fix or remove that file") \
+            from None
+    except RecursionError:
+        raise ConfigFileError(f"{path}: nested too deep; fix or remove that file") from None
+
+
+def load_yaml(path) -> object:
+    """The data of the YAML file at PATH, read within the bounds above; ConfigFileError otherwise."""
+    source = str(path)
+    text = _text(Path(path))
+    loader = _Loader(text, source)
+    try:
+        return loader.get_single_data()
+    except yaml.YAMLError as e:
+        detail = " ".join(str(e).split())[:300]
+        raise ConfigFileError(f"{source}: not valid YAML ({detail}); fix or remove that file") from None
+    except RecursionError:
+        raise ConfigFileError(f"{source}: nested too deep; fix or remove that file") from None
+    finally:
+        loader.dispose()
+
+
+class RaytrainConfig(Config):
+    """Invoke's Config with every configuration file read by this module (system, user, project, -f)."""
+
+    def _load_yaml(self, path):
+        return load_yaml(path)
+
+    _load_yml = _load_yaml
+
+    def _load_json(self, path):
+        return load_json(path)
