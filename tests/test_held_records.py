@@ -129,3 +129,21 @@ def test_local_down_removes_only_what_carries_the_clusters_label(tmp_path, tools
         assert client.networks.list(names=["host"]), "the host network is gone"
     finally:
         other.remove(force=True)
+
+
+def test_status_asks_slurm_once_for_every_held_job(tmp_path, tools):
+    """400 held Slurm clusters: one squeue call for all (one call each took over 60 s), each cluster's
+    state read from its own line."""
+    bin_dir, log = tools
+    (bin_dir / "squeue").write_text(
+        f'#!/bin/sh\necho "squeue $*" >> {log}\n'
+        'for id in $(echo "$3" | tr , " "); do [ $((id % 2)) -eq 0 ] && echo "$id RUNNING"; done; exit 0\n')
+    records = {f"job{i}": record(f"job{i}", "slurm", {**SLURM, "job_id": str(1000 + i)}) for i in range(400)}
+    write_clusters(tmp_path, records)
+    r = invoke(tmp_path, tools, "status", "--json")
+    assert r.returncode == 1, r.stderr  # half of them are not up
+    calls = log.read_text().splitlines()
+    assert len(calls) == 1 and calls[0].startswith("squeue -h -j 1000,1001,"), calls[:3]
+    out = json.loads(r.stdout)
+    assert [out[f"job{i}"]["up"] for i in range(4)] == [True, False, True, False]
+    assert out["job3"]["nodes"] == {"job 1003 (head n1)": "gone"}

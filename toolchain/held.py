@@ -157,10 +157,14 @@ def status(settings: Settings, *, rep: Reporter, name: str | None = None, env: d
     else:
         raise ConfigError(f"no held cluster named {name!r} (build/clusters.json)")
     out = {}
-    for record in wanted:
-        state = _target(record.target).held_status(record.handle, _context(env))
-        out[record.name] = {"target": record.target, "image": record.image, "started": record.started, **state}
-    return out
+    by_target: dict[str, list] = {}
+    for record in wanted:  # each scheduler is asked once for all its held clusters, where it can answer so
+        by_target.setdefault(record.target, []).append(record)
+    for target_name, group in by_target.items():
+        states = _target(target_name).held_status_many([r.handle for r in group], _context(env))
+        for record, state in zip(group, states):
+            out[record.name] = {"target": record.target, "image": record.image, "started": record.started, **state}
+    return {name: out[name] for name in (r.name for r in wanted)}
 
 
 def down(settings: Settings, *, rep: Reporter, name: str | None = None, env: dict | None = None) -> dict:

@@ -159,6 +159,14 @@ class Target:
         """{"up": bool, "nodes": {name: state}}"""
         return self.held.status(handle, ctx.env)
 
+    def held_status_many(self, handles: list[dict], ctx: HeldContext) -> list[dict]:
+        """held_status of each of HANDLES, in order; a held module whose scheduler answers for all at
+        once (`status_many(handles, env)`: Slurm's one squeue) is asked once."""
+        many = getattr(self.held, "status_many", None)
+        if many is not None:
+            return many(handles, ctx.env)
+        return [self.held_status(h, ctx) for h in handles]
+
     def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
                  run_env: dict) -> int:
         """Unpack CODE_TAR (paths under REL_DIR) where the head reads it and run ARGV there through
