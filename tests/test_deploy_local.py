@@ -112,9 +112,9 @@ def test_a_worker_that_fails_first_is_named_with_its_lines_and_the_fix(client, b
     worker = client.containers.run(image, ["sh", "-c", failing], detach=True)
     try:
         t0 = time.monotonic()
-        code = local._watch(head, [lost, worker], timeout_s=120)
+        code, stopped = local._watch(head, [lost, worker], timeout_s=120)
         took = time.monotonic() - t0
-        assert code != 0 and local.WORKER_GRACE_S <= took < local.WORKER_GRACE_S + 20, (code, took)
+        assert code != 0 and stopped and local.WORKER_GRACE_S <= took < local.WORKER_GRACE_S + 20, (code, took)
         text = local.diagnose(head, "job-head", [lost, worker], ["job-w1", "job-w2"], cores=2, nodes=3)
     finally:
         for c in (head, lost, worker):

@@ -120,30 +120,35 @@ def _exit_code(c) -> int | None:
     return c.attrs["State"].get("ExitCode") if c.status in ("exited", "dead") else None
 
 
-def _watch(head, workers: list, timeout_s: float) -> int:
-    """The head's exit code; a worker that fails first gives the head WORKER_GRACE_S to fail by itself
-    (it hears of the node through Ray), then the head is stopped, so no job waits out a barrier."""
+def _watch(head, workers: list, timeout_s: float) -> tuple[int, bool]:
+    """The head's exit code, and whether it was stopped here: a worker that fails first gives the head
+    WORKER_GRACE_S to fail by itself (it hears of the node through Ray), then the head is stopped, so
+    no job waits out a barrier."""
     import time
     deadline = time.monotonic() + timeout_s
-    worker_failed = None
+    worker_failed, stopped = None, False
     while True:
         code = _exit_code(head)
         if code is not None:
-            return code
+            return code, stopped
         now = time.monotonic()
         if worker_failed is None and any(_exit_code(w) not in (None, 0) for w in workers):
             worker_failed = now
         if (worker_failed is not None and now - worker_failed > WORKER_GRACE_S) or now > deadline:
             head.stop(timeout=10)
+            stopped = True
         time.sleep(0.5)
 
 
-def diagnose(head, head_alias: str, workers: list, aliases: list[str], cores: int, nodes: int) -> str:
-    """Which node failed first (its own failure, not one that only lost the head), its last lines, and the fix."""
+def diagnose(head, head_alias: str, workers: list, aliases: list[str], cores: int, nodes: int,
+             head_stopped: bool = False) -> str:
+    """Which node failed first (its own failure, not one that only lost the head, unless the head was
+    stopped here because a worker failed), its last lines, and the fix."""
     def finished(c) -> str:
         return c.attrs["State"].get("FinishedAt", "")
+    consequence = () if head_stopped else (EXIT_HEAD_LOST,)
     failed = sorted(((finished(w), alias, w) for w, alias in zip(workers, aliases)
-                     if _exit_code(w) not in (None, 0, EXIT_HEAD_LOST)), key=lambda t: t[0])
+                     if _exit_code(w) not in (None, 0, *consequence)), key=lambda t: t[0])
     _, alias, culprit = failed[0] if failed else ("", head_alias, head)
     lines = culprit.logs(tail=12).decode(errors="replace").rstrip().splitlines()
     text = "\n".join(lines)
@@ -152,8 +157,9 @@ def diagnose(head, head_alias: str, workers: list, aliases: list[str], cores: in
                "beside whatever else runs here): deploy again when it is less busy, or with fewer nodes (--nodes)")
     else:
         fix = "its lines say why; fix that and deploy again"
-    return (f"node {alias} failed first (exit {_exit_code(culprit)}); its last lines:\n    " + "\n    ".join(lines)
-            + f"\n  fix: {fix}")
+    stopped = f" (the head was stopped {WORKER_GRACE_S} s later)" if head_stopped and culprit is not head else ""
+    return (f"node {alias} failed first (exit {_exit_code(culprit)}){stopped}; its last lines:\n    "
+            + "\n    ".join(lines) + f"\n  fix: {fix}")
 
 
 def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 3600) -> Outcome:
@@ -169,7 +175,7 @@ def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 
             t.start()
             threads.append(t)
         head, workers = containers[-1], containers[:-1]
-        code = _watch(head, workers, timeout_s)
+        code, stopped = _watch(head, workers, timeout_s)
         for c in workers:
             try:
                 c.wait(timeout=60)
@@ -180,7 +186,8 @@ def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 
         if code == 0:
             return Outcome(0)
         aliases = [n.alias for n in reversed(nodes)][:-1]
-        return Outcome(code, diagnose(head, nodes[0].alias, workers, aliases, os.cpu_count() or 1, job.nodes))
+        return Outcome(code, diagnose(head, nodes[0].alias, workers, aliases, os.cpu_count() or 1, job.nodes,
+                                      head_stopped=stopped))
     finally:
         remove(client, [c.name for c in containers], network.name)
 
