@@ -32,4 +32,5 @@ def test_golden(target, spec_name, flags, golden):
     path = GOLDEN / golden
     if os.environ.get("UPDATE_GOLDEN"):
         path.write_text(text)
+        pytest.skip(f"UPDATE_GOLDEN: rewrote {path}; review the diff and run again without it")
     assert text == path.read_text(), f"rendering changed; review and rerun with UPDATE_GOLDEN=1 ({path})"

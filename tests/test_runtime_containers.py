@@ -137,7 +137,10 @@ def _wait_for(j, rank, text, timeout=180):
     deadline = time.time() + timeout
     while text not in j.logs(rank):
         assert time.time() < deadline, f"{text!r} never appeared:\n" + j.logs(rank)[-3000:]
-        assert j.containers[rank].get_wrapped_container().reload() or True
+        c = j.containers[rank].get_wrapped_container()
+        c.reload()
+        assert c.status in ("created", "running"), (f"node {rank} exited ({c.attrs['State']['ExitCode']}) before "
+                                                    f"{text!r}:\n" + j.logs(rank)[-3000:])
         time.sleep(0.5)
 
 

@@ -60,6 +60,7 @@ def test_golden(spec_name, pyxis, tmp_path):
     golden = GOLDEN / f"{spec_name}.sbatch"
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(script)
+        pytest.skip(f"UPDATE_GOLDEN: rewrote {golden}; review the diff and run again without it")
     assert script == golden.read_text(), f"rendering changed; review and rerun with UPDATE_GOLDEN=1 ({golden})"
 
 
