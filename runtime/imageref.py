@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Optional
 
 from runtime import numbers
@@ -115,12 +115,6 @@ class ImageRef:
             return ipaddress.ip_address(host).is_loopback
         except ValueError:
             return False
-
-    def with_digest(self, digest: str) -> "ImageRef":
-        return ImageRef.parse(f"{self.name}@{digest}")
-
-    def without_tag(self) -> "ImageRef":
-        return replace(self, tag=None)
 
     # -- renderings ----------------------------------------------------------------
     def docker(self) -> str:

@@ -43,9 +43,6 @@ class NodeIdentity:
         return self.node_rank == 0
 
 
-MAX_NODES = 100_000  # python-hostlist's own cap: a node list can not expand without bound
-
-
 def expand_nodelist(nodelist: str) -> list[str]:
     """Slurm hostlist expression -> host names: 'n[1-3],gpu-[08-10,12]' -> n1 n2 n3 gpu-08 ...
 

@@ -15,6 +15,7 @@ from typing import Optional
 
 import ray
 
+from runtime.errors import RaytrainError
 from runtime.workers.worker_host import read_worker_log
 
 # how long a failed collective waits for Ray to say which worker is gone (health checks take ~5 s)
@@ -28,7 +29,7 @@ NODE_PROBE_S = 0.5
 NODE_PING_S = 3.0
 
 
-class WorkerFailureError(RuntimeError):
+class WorkerFailureError(RaytrainError, RuntimeError):  # RuntimeError: what user code caught before
     def __init__(self, message: str, rank: Optional[int] = None, node: Optional[str] = None):
         super().__init__(message)
         self.rank, self.node = rank, node

@@ -28,7 +28,8 @@ def _host_on(node_id: str, label: str, monitor_memory: bool = False, **options):
     """A host pinned to a node, holding no Ray resources, that imports torch (and DDP's imports) as
     it starts."""
     return WorkerHost.options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
-                              **options).remote(label, monitor_memory, True, True)
+                              **options).remote(label, monitor_memory=monitor_memory, preload_torch=True,
+                                                preload_ddp=True)
 
 
 def warm_up(node_id: str, count: int) -> list:
@@ -106,7 +107,9 @@ class HostPool:
                     num_cpus=num_cpus, num_gpus=num_gpus)
         if memory:
             opts["memory"] = memory
-        return WorkerHost.options(**opts).remote(f"rank{rank}", self.monitor_memory, backend)
+        # with a process group the host imports torch.distributed before its rank arrives; without, nothing
+        return WorkerHost.options(**opts).remote(f"rank{rank}", monitor_memory=self.monitor_memory,
+                                                 preload_torch=backend)
 
     def take(self, node: str):
         """A spare on `node`, or None."""

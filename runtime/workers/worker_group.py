@@ -41,7 +41,7 @@ from runtime.workers import transfer
 from runtime.workers.batched import BatchedDataDict
 from runtime.workers.rank_env import rank_env
 from runtime.workers.transfer import ShardLoader
-from runtime.workers.failures import Failure, FailureDetector, WorkerFailureError, WorkerGroupRestarted, format_phases  # noqa: F401
+from runtime.workers.failures import Failure, FailureDetector, WorkerFailureError, WorkerGroupRestarted, format_phases
 from runtime.workers.host_pool import HostPool
 from runtime.errors import InputError
 from runtime.workers.virtual_cluster import BundleSlot, RayVirtualCluster
