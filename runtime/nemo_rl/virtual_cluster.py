@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import socket
 import sys
 import time
@@ -34,17 +33,43 @@ from typing import Optional
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from runtime.workers import free_ports
 from runtime.workers.virtual_cluster import RayVirtualCluster as _CoreCluster
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RayVirtualCluster", "ResourceInsufficientError", "PY_EXECUTABLES", "init_ray",
-           "DEFAULT_MASTER_PORT_RANGE_LOW", "DEFAULT_MASTER_PORT_RANGE_HIGH"]
+           "DEFAULT_MASTER_PORT_RANGE_LOW", "DEFAULT_MASTER_PORT_RANGE_HIGH",
+           "DEFAULT_GENERATION_PORT_RANGE_LOW", "DEFAULT_GENERATION_PORT_RANGE_HIGH",
+           "DEFAULT_GYM_PORT_RANGE_LOW", "DEFAULT_GYM_PORT_RANGE_HIGH",
+           "DEFAULT_DYNAMO_CONTROL_PORT_RANGE_LOW", "DEFAULT_DYNAMO_CONTROL_PORT_RANGE_HIGH",
+           "DEFAULT_DYNAMO_HTTP_PORT_RANGE_LOW", "DEFAULT_DYNAMO_HTTP_PORT_RANGE_HIGH",
+           "DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_LOW", "DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_HIGH",
+           "DEFAULT_VLLM_PORT_RANGE_LOW", "DEFAULT_VLLM_PORTS_PER_ENGINE",
+           "DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW", "DEFAULT_SGLANG_ROUTER_PORT_RANGE_HIGH",
+           "DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_LOW", "DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_HIGH"]
 
-# Master address / TCPStore ports, half-open [LOW, HIGH): below the ephemeral range (no clash with
-# ports the kernel hands out) and below the Ray ports the launcher pins (runtime.contract, 20000+).
+# NeMo RL's port bands, the same values, so code that picks its ports from them runs unchanged. All lie
+# below the Ray ports the launcher pins (runtime.contract, 20000+) and below any ephemeral range.
+# Master address / TCPStore ports, half-open [LOW, HIGH)
 DEFAULT_MASTER_PORT_RANGE_LOW = 1400
 DEFAULT_MASTER_PORT_RANGE_HIGH = 1999
+DEFAULT_GENERATION_PORT_RANGE_LOW = 3000    # generation servers
+DEFAULT_GENERATION_PORT_RANGE_HIGH = 4999
+DEFAULT_DYNAMO_CONTROL_PORT_RANGE_LOW = 1313
+DEFAULT_DYNAMO_CONTROL_PORT_RANGE_HIGH = 1400
+DEFAULT_DYNAMO_HTTP_PORT_RANGE_LOW = 3000
+DEFAULT_DYNAMO_HTTP_PORT_RANGE_HIGH = 4000
+DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_LOW = 4000
+DEFAULT_DYNAMO_SYSTEM_PORT_RANGE_HIGH = 4100
+DEFAULT_GYM_PORT_RANGE_LOW = 5000           # environment servers
+DEFAULT_GYM_PORT_RANGE_HIGH = 5999
+DEFAULT_VLLM_PORT_RANGE_LOW = 7000          # engine i rendezvous at LOW + i * PORTS_PER_ENGINE
+DEFAULT_VLLM_PORTS_PER_ENGINE = 100
+DEFAULT_SGLANG_ROUTER_PORT_RANGE_LOW = 8600  # inside the vLLM band: one rollout backend runs at a time
+DEFAULT_SGLANG_ROUTER_PORT_RANGE_HIGH = 8799
+DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_LOW = 8800
+DEFAULT_SGLANG_PROMETHEUS_PORT_RANGE_HIGH = 8999
 
 PLACEMENT_TIMEOUT_S = 180
 MAX_RETRIES_ENV = "NRL_VIRTUAL_CLUSTER_MAX_RETRIES"
@@ -80,36 +105,26 @@ class ResourceInsufficientError(Exception):
 # -- ports -------------------------------------------------------------------------------------------
 def _bind_socket_in_range(sock: socket.socket, port_range_low: int, port_range_high: int,
                           max_retries: Optional[int] = 50, excluded_ports: Optional[set] = None) -> int:
-    """Bind `sock` to a port in [low, high) and return it. max_retries=None: every port of the range
-    (not excluded) once, in random order; else up to max_retries random picks."""
-    excluded = excluded_ports or set()
-    if max_retries is None:
-        candidates = [p for p in range(port_range_low, port_range_high) if p not in excluded]
-        random.shuffle(candidates)
-        tried = f"all {len(candidates)} available ports"
-    else:
-        candidates = (random.randint(port_range_low, port_range_high - 1) for _ in range(max_retries))
-        tried = f"{max_retries} attempts"
-    for port in candidates:
-        if port in excluded:
-            continue
-        try:
-            sock.bind(("", port))
-            return port
-        except OSError:
-            continue
-    raise RuntimeError(f"Could not find a free port in range [{port_range_low}, {port_range_high}) after {tried}.")
+    """Bind `sock` to a port in [low, high) and return it (runtime.workers.free_ports.bind_in_range)."""
+    return free_ports.bind_in_range(sock, port_range_low, port_range_high, max_retries, excluded_ports)
 
 
 def _get_free_port_local(port_range_low: int = DEFAULT_MASTER_PORT_RANGE_LOW,
                          port_range_high: int = DEFAULT_MASTER_PORT_RANGE_HIGH, *,
                          max_retries: Optional[int] = 50, excluded_ports: Optional[set] = None) -> int:
     """A port in [low, high) that this host could bind just now (bound, listened on, released)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        port = _bind_socket_in_range(s, port_range_low, port_range_high, max_retries=max_retries,
-                                     excluded_ports=excluded_ports)
-        s.listen(1)
-    return port
+    return free_ports.port_in_range(port_range_low, port_range_high, max_retries=max_retries,
+                                    excluded=excluded_ports)
+
+
+def _get_free_consecutive_ports_local(port_range_low: int, port_range_high: int, consecutive: int = 1,
+                                      start_port: Optional[int] = None) -> int:
+    """The base of CONSECUTIVE contiguous ports in [low, high) bindable now, scanning up from START_PORT
+    (clamped to low: a per-node cursor, so successive blocks do not overlap); RuntimeError when the range
+    has none. A non-positive count is an AssertionError, as NeMo RL raises it."""
+    if consecutive < 1:
+        raise AssertionError(f"consecutive must be >= 1, got {consecutive}")
+    return free_ports.consecutive_ports(port_range_low, port_range_high, consecutive, start_port)
 
 
 @ray.remote

@@ -215,8 +215,5 @@ def _remove_all(pgs: list) -> None:
 
 @ray.remote(num_cpus=0)
 def _free_port() -> tuple[str, int]:
-    import socket
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        port = s.getsockname()[1]
-    return ray.util.get_node_ip_address(), port
+    from runtime.workers import free_ports
+    return ray.util.get_node_ip_address(), free_ports.any_port()

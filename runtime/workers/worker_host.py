@@ -72,10 +72,8 @@ class _WorkerHost:
 
     def free_port(self) -> tuple[str, int]:
         """An address and a free port on this host's node (rank 0 gives the group its master port)."""
-        import socket
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+        from runtime.workers import free_ports
+        return ray.util.get_node_ip_address(), free_ports.any_port()
 
     def setup(self, worker_cls, env: dict, init_args: tuple, init_kwargs: dict, backend: Optional[str],
               timeout_s: float, memory_limit: Optional[int] = None) -> dict:
