@@ -297,3 +297,24 @@ def test_tied_groups_precedence_and_graceful_shutdown(cluster, tmp_path, monkeyp
     assert all(dead(w) for w in g_workers)
     with pytest.raises(ValueError):  # the names are released with the actors
         ray.get_actor("tied-grp1-0")
+
+
+# -- a worker that is gone ----------------------------------------------------------------------------------
+def test_get_results_names_the_worker_whose_actor_is_gone(cluster):
+    """NeMo RL's get_results raises Ray's bare actor error; here it names the worker (index, actor name,
+    node) and the cause, as a WorkerFailureError (the project's error base, still a RuntimeError)."""
+    from runtime.errors import RaytrainError
+    from runtime.workers.failures import WorkerFailureError
+    g = RayWorkerGroup(cluster, RayWorkerBuilder(f"{__name__}.Recorder"), name_prefix="gone",
+                       sharding_annotations=NamedSharding([[0, 1], [2, 3]], ["dp", "tp"]))
+    try:
+        assert len(g.get_all_worker_results(g.run_all_workers_sharded_data(
+            "take", in_sharded_axes=["dp", "tp"], x=[[0, 1], [2, 3]]))) == 4
+        ray.kill(g.workers[2], no_restart=True)
+        future = g.run_all_workers_sharded_data("take", in_sharded_axes=["dp", "tp"], x=[[0, 1], [2, 3]])
+        with pytest.raises(WorkerFailureError) as e:
+            g.get_all_worker_results(future)
+        assert e.value.rank == 2 and isinstance(e.value, RaytrainError) and isinstance(e.value, RuntimeError)
+        assert "worker 2 (gone-1-0, node 1" in str(e.value) and "is gone: actor exit" in str(e.value), str(e.value)
+    finally:
+        g.shutdown(force=True)

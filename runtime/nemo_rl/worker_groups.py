@@ -37,6 +37,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from runtime.nemo_rl.named_sharding import NamedSharding
 from runtime.nemo_rl.ray_actor_environment_registry import get_actor_python_env
 from runtime.nemo_rl.virtual_cluster import RAY_PRIVATE_ENV, RayVirtualCluster
+from runtime.workers.failures import WorkerFailureError, death_cause
 from runtime.workers.rank_env import rank_env
 
 __all__ = ["MultiWorkerFuture", "RayWorkerBuilder", "RayWorkerGroup"]
@@ -96,8 +97,37 @@ class MultiWorkerFuture:
                 streamed = True
             else:
                 refs.append(fut)
-        results = ray.get(refs)
+        try:
+            results = ray.get(refs)
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+            if streamed:
+                raise
+            raise self._failed_worker(e, worker_group) from e
         return results if streamed else self._keep(results)
+
+    def _failed_worker(self, err: BaseException, group: Optional["RayWorkerGroup"]) -> WorkerFailureError:
+        """Which worker's actor is gone behind ERR: its index, name and node, and the cause."""
+        for position, ref in enumerate(self.futures):
+            try:
+                ray.get(ref, timeout=5)
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+                worker = self.called_workers[position] if self.called_workers is not None else position
+                meta = group.worker_metadata[worker] if group is not None and worker < len(group.worker_metadata) else {}
+                node = _node_of(e)
+                where = f"{meta.get('name', '')}, node {meta['node_idx']}" if meta else "its node"
+                return WorkerFailureError(f"worker {worker} ({where}{f', {node}' if node else ''}) is gone: "
+                                          f"{death_cause(e)}: {str(e).strip().splitlines()[0][:300]}",
+                                          rank=worker, node=node or (str(meta["node_idx"]) if meta else None))
+            except Exception:  # noqa: BLE001 - this one answered (or failed in the user's code)
+                continue
+        return WorkerFailureError(f"a worker's actor is gone: {death_cause(err)}: {str(err).strip().splitlines()[0][:300]}")
+
+
+def _node_of(err: BaseException) -> Optional[str]:
+    """The node address Ray's error names (`ip: 10.0.0.2`, `node ... (ip ...)`), if any."""
+    import re
+    m = re.search(r"\bip:? ?([0-9]{1,3}(?:\.[0-9]{1,3}){3})", str(err))
+    return m.group(1) if m else None
 
 
 def _import_class(fqn: str):

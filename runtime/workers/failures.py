@@ -39,6 +39,16 @@ class WorkerGroupRestarted(WorkerFailureError):
     """The group was restarted after a failure; worker state is back at the last checkpoint."""
 
 
+def death_cause(err: BaseException) -> str:
+    """Why Ray says an actor is gone, in a word or two: 'OOM', 'node lost', or 'actor exit'."""
+    text = str(err)
+    if "OOM" in text or "out of memory" in text.lower() or "memory usage" in text.lower():
+        return "OOM"
+    if "node" in text.lower() and ("died" in text or "dead" in text or "lost" in text or "preempted" in text):
+        return "node lost"
+    return "actor exit"
+
+
 def format_phases(p: dict) -> str:
     """One line of a restart's phases, for logs and benchmarks."""
     return (f"failure seen at {p['failure_seen_at']:.3f}; lost rank found {p['lost_rank_found_s']:.2f} s; "
