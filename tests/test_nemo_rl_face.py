@@ -311,6 +311,7 @@ def test_get_results_names_the_worker_whose_actor_is_gone(cluster):
         assert len(g.get_all_worker_results(g.run_all_workers_sharded_data(
             "take", in_sharded_axes=["dp", "tp"], x=[[0, 1], [2, 3]]))) == 4
         ray.kill(g.workers[2], no_restart=True)
+        assert dead(g.workers[2])
         future = g.run_all_workers_sharded_data("take", in_sharded_axes=["dp", "tp"], x=[[0, 1], [2, 3]])
         with pytest.raises(WorkerFailureError) as e:
             g.get_all_worker_results(future)
@@ -318,3 +319,40 @@ def test_get_results_names_the_worker_whose_actor_is_gone(cluster):
         assert "worker 2 (gone-1-0, node 1" in str(e.value) and "is gone: actor exit" in str(e.value), str(e.value)
     finally:
         g.shutdown(force=True)
+
+
+def test_restart_on_failure_starts_a_dead_workers_actor_again_from_its_builder(cluster):
+    """Opt-in (NeMo RL's default, no restarts, is kept): the dead rank's actor is started again from the
+    same builder in the same bundle, with the same environment and name; the failed call raises
+    WorkerGroupRestarted naming it and can be made again; past max_restarts the error says so."""
+    from runtime.workers.failures import WorkerFailureError, WorkerGroupRestarted
+    shard = dict(in_sharded_axes=["dp", "tp"], x=[[0, 1], [2, 3]])
+    g = RayWorkerGroup(cluster, RayWorkerBuilder(f"{__name__}.Recorder", "a", k=1), name_prefix="again",
+                       sharding_annotations=NamedSharding([[0, 1], [2, 3]], ["dp", "tp"]),
+                       restart_on_failure=True, max_restarts=1)
+    try:
+        old = g.workers[1]
+        bundle_before = ray.get(old.where.remote())
+        ray.kill(old, no_restart=True)
+        assert dead(old)
+        with pytest.raises(WorkerGroupRestarted) as e:
+            g.get_all_worker_results(g.run_all_workers_sharded_data("take", **shard))
+        assert e.value.rank == 1 and "restarted worker(s) [1] (restart 1 of 1)" in str(e.value), str(e.value)
+        assert g.workers[1] is not old and g.restarts == 1
+        results = g.get_all_worker_results(g.run_all_workers_sharded_data("take", **shard))
+        assert [rank for rank, _ in results] == [0, 1, 2, 3]  # the same RANK in the new actor's environment
+        assert ray.get(g.workers[1].where.remote()) == bundle_before  # same node, same placement group
+        assert ray.get(g.workers[1].init_seen.remote())[0] == ("a",)  # its __init__ ran again, same arguments
+        assert ray.get(ray.get_actor("again-0-1").env.remote(["RANK"])) == {"RANK": "1"}  # the same name
+        ray.kill(g.workers[3], no_restart=True)
+        assert dead(g.workers[3])
+        with pytest.raises(WorkerFailureError, match=r"used its 1 restart\(s\)"):
+            g.get_all_worker_results(g.run_all_workers_sharded_data("take", **shard))
+    finally:
+        g.shutdown(force=True)
+    plain = RayWorkerGroup(cluster, RayWorkerBuilder(f"{__name__}.Recorder"), name_prefix="plain")
+    try:
+        with pytest.raises(WorkerFailureError, match="without restart_on_failure"):
+            plain.restart_failed_workers()
+    finally:
+        plain.shutdown(force=True)

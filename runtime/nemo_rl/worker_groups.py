@@ -37,7 +37,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from runtime.nemo_rl.named_sharding import NamedSharding
 from runtime.nemo_rl.ray_actor_environment_registry import get_actor_python_env
 from runtime.nemo_rl.virtual_cluster import RAY_PRIVATE_ENV, RayVirtualCluster
-from runtime.workers.failures import WorkerFailureError, death_cause
+from runtime.workers.failures import WorkerFailureError, WorkerGroupRestarted, death_cause
 from runtime.workers.rank_env import rank_env
 
 __all__ = ["MultiWorkerFuture", "RayWorkerBuilder", "RayWorkerGroup"]
@@ -102,7 +102,13 @@ class MultiWorkerFuture:
         except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
             if streamed:
                 raise
-            raise self._failed_worker(e, worker_group) from e
+            failure = self._failed_worker(e, worker_group)
+            if worker_group is not None and worker_group.restart_on_failure:
+                restarted = worker_group.restart_failed_workers()  # past max_restarts: raises, saying so
+                raise WorkerGroupRestarted(f"{failure}; restarted worker(s) {restarted} (restart "
+                                           f"{worker_group.restarts} of {worker_group.max_restarts}): call again",
+                                           rank=failure.rank, node=failure.node) from e
+            raise failure from e
         return results if streamed else self._keep(results)
 
     def _failed_worker(self, err: BaseException, group: Optional["RayWorkerGroup"]) -> WorkerFailureError:
@@ -253,7 +259,16 @@ class RayWorkerGroup:
     def __init__(self, cluster: RayVirtualCluster, remote_worker_builder: RayWorkerBuilder,
                  workers_per_node: Optional[Union[int, list[int]]] = None, name_prefix: str = "",
                  bundle_indices_list: Optional[list[tuple[int, list[int]]]] = None,
-                 sharding_annotations: Optional[NamedSharding] = None, env_vars: Optional[dict[str, str]] = None):
+                 sharding_annotations: Optional[NamedSharding] = None, env_vars: Optional[dict[str, str]] = None,
+                 restart_on_failure: bool = False, max_restarts: int = 0):
+        if not isinstance(restart_on_failure, bool):
+            raise TypeError(f"restart_on_failure must be True or False, got {restart_on_failure!r}")
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
+        self.restart_on_failure, self.max_restarts, self.restarts = restart_on_failure, max_restarts, 0
+        self._builder = remote_worker_builder
+        self._starts: list[tuple] = []  # per worker: (pg_idx, create_worker's args and options), to start it again
+        self._init_env: dict = {}
         self._workers: list = []
         self._worker_metadata: list[dict[str, Any]] = []
         self._initializer_pool: dict[int, Any] = {}  # pg_idx -> IsolatedWorkerInitializer
@@ -315,6 +330,7 @@ class RayWorkerGroup:
         import_vars = {k: base_env[k] for k in ("PYTHONPATH", "HF_HOME", "HF_MODULES_CACHE") if k in base_env}
         if import_vars:
             init_env["env_vars"] = import_vars
+        self._init_env = init_env
         for pg_idx in sorted({pg_idx for pg_idx, _ in bundle_indices_list}):
             self._initializer_pool[pg_idx] = remote_worker_builder.initializer(init_env)
         refs = []
@@ -339,9 +355,10 @@ class RayWorkerGroup:
                     self.dp_leader_worker_indices.append(rank)
                 name = (f"{self.name_prefix}-grp{group_idx}-{local_rank}" if tied
                         else f"{self.name_prefix}-{pg_idx}-{bundle_idx}")
-                refs.append(self._initializer_pool[pg_idx].create_worker.remote(
-                    pg, bundle_idx, num_gpus, bundle_indices, num_gpus_per_node=self.cluster.num_gpus_per_node,
-                    runtime_env=runtime_env, name=name))
+                start = ((pg, bundle_idx, num_gpus, bundle_indices),
+                         dict(num_gpus_per_node=self.cluster.num_gpus_per_node, runtime_env=runtime_env, name=name))
+                self._starts.append((pg_idx, start))
+                refs.append(self._initializer_pool[pg_idx].create_worker.remote(*start[0], **start[1]))
                 self._worker_metadata.append({"node_idx": pg_idx, "local_rank": local_rank, "global_rank": rank,
                                               "name": name, "bundle_indices": bundle_indices,
                                               "dp_shard_idx": group_idx})
@@ -476,6 +493,54 @@ class RayWorkerGroup:
                                return_generators_as_proxies: bool = False) -> list:
         """ray.get of a MultiWorkerFuture: one result per worker in its return_from_workers."""
         return future_bundle.get_results(self, return_generators_as_proxies=return_generators_as_proxies)
+
+    # -- recovery (opt-in: restart_on_failure) ------------------------------------------------------------
+    def dead_workers(self, timeout_s: float = 10.0) -> list[int]:
+        """The indices of the workers whose actors are gone (Ray says so, or they do not answer in time)."""
+        refs = [w.__ray_ready__.remote() for w in self._workers]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        dead = []
+        for i, ref in enumerate(refs):
+            if ref not in ready:
+                dead.append(i)
+                continue
+            try:
+                ray.get(ref, timeout=0)
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+                dead.append(i)
+        return dead
+
+    def restart_failed_workers(self) -> list[int]:
+        """Start the dead workers' actors again, each from the same builder in the same bundle, with the same
+        environment, init arguments and name (so its __init__, the worker's setup, runs again); the
+        indices restarted. What an actor held is gone with it: its state is the caller's to restore, as
+        in NeMo RL. Needs restart_on_failure=True; past max_restarts a WorkerFailureError says so."""
+        if not self.restart_on_failure:
+            raise WorkerFailureError("this group was made without restart_on_failure=True; its dead workers stay dead")
+        dead = self.dead_workers()
+        if not dead:
+            return []
+        if self.restarts >= self.max_restarts:
+            raise WorkerFailureError(f"worker(s) {dead} are gone and the group has used its {self.max_restarts} "
+                                     f"restart(s) (max_restarts)", rank=dead[0])
+        self.restarts += 1
+        refs = {}
+        for i in dead:
+            pg_idx, (args, options) = self._starts[i]
+            initializer = self._initializer_pool.get(pg_idx)
+            try:  # an initializer on a lost node went with it: start another
+                ray.get(initializer.__ray_ready__.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - gone or not answering: replaced
+                initializer = self._initializer_pool[pg_idx] = self._builder.initializer(self._init_env)
+            try:  # the dead actor's name is released with it; a killed one may take a moment
+                ray.kill(self._workers[i], no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+            refs[i] = initializer.create_worker.remote(*args, **options)
+        for i, ref in refs.items():
+            self._workers[i] = ray.get(ref)
+        ray.get([self._workers[i].__ray_ready__.remote() for i in dead])  # their __init__ done
+        return dead
 
     # -- teardown ---------------------------------------------------------------------------------------
     def shutdown(self, cleanup_method: Optional[str] = None, timeout: Optional[float] = 30.0,
