@@ -38,8 +38,9 @@ from typing import Optional
 
 from runtime import contract as C
 from runtime.cluster import lifeline, log_relay, node_records, preload, ray_node, serving, zygote
+from runtime.cluster.agent_client import BARRIER, EXIT, LOST, PUBLISHED, RayAgent
+from runtime.cluster.node_log import LaunchError, log
 from runtime.contract import DEFAULT_PORT_BASE
-from runtime.errors import RaytrainError
 from runtime.cluster.identity import NodeIdentity, detect
 from runtime.cluster.ports import RayPorts
 from runtime.spec import load_spec
@@ -47,15 +48,6 @@ from runtime.wait import wait_until
 
 GCS_RECONNECT_S = 5
 EXIT_HEAD_LOST = 3  # a worker that lost the head before the driver's code was published
-
-
-class LaunchError(RaytrainError):
-    """The node could not start or join the job; the message says what to check."""
-
-
-def log(ident: Optional[NodeIdentity], msg: str) -> None:
-    tag = f"[launch node{ident.node_rank}/{ident.num_nodes} {ident.hostname}]" if ident else "[launch]"
-    print(f"{tag} {msg}", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -197,7 +189,7 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
             agent = RayAgent(address, driver_env, "head", "--identity", json.dumps(dataclasses.asdict(ident)),
                              "--barrier-timeout", str(opts.barrier_timeout_s), "--warm-hosts", str(per_node),
                              "--leave-timeout", str(2 * GCS_RECONNECT_S))
-            since_last = float(agent.expect("barrier", node))
+            since_last = float(agent.expect(BARRIER, node))
         except BaseException:
             if early:
                 early.kill()
@@ -210,8 +202,8 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
             code = serving.hold(address, ip, lambda msg: log(ident, msg), driver_env)
             TERMINATING.set()  # the cluster is being taken down (invoke down): this node goes without the normal grace
             try:
-                agent.send(f"exit {code}")
-                agent.expect("published", node, timeout_s=2 * GCS_RECONNECT_S + 30)
+                agent.send(f"{EXIT} {code}")
+                agent.expect(PUBLISHED, node, timeout_s=2 * GCS_RECONNECT_S + 30)
             except LaunchError:  # Slurm signals every process of the step, the agent too: the nodes got
                 pass             # the same signal and leave with the same code
             return code
@@ -230,14 +222,14 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
             code = 128 - code
         log(ident, f"driver exited with {code}")
         try:
-            agent.send(f"exit {code}")
-            agent.expect("published", node, timeout_s=2 * GCS_RECONNECT_S + 30)
+            agent.send(f"{EXIT} {code}")
+            agent.expect(PUBLISHED, node, timeout_s=2 * GCS_RECONNECT_S + 30)
         except LaunchError as e:  # the code stands; the workers leave when this node's Ray stops
             log(ident, f"could not tell the workers the driver's exit code ({e}); they leave when the head stops")
         return code
     finally:
         if agent:
-            agent.stop()
+            agent.stop(terminating=TERMINATING.is_set())
         _stop(node)
 
 
@@ -258,69 +250,6 @@ def go(early: subprocess.Popen) -> subprocess.Popen:
     except BrokenPipeError:
         pass
     return early
-
-
-class RayAgent:
-    """`python -m runtime.cluster.ray_agent ROLE ...` (runtime/cluster/ray_agent.py): everything that talks to Ray,
-    in a child whose death this process reports instead of sharing. Lines come back on a pipe."""
-
-    def __init__(self, address: str, env: dict, role: str, *args: str):
-        r, w = os.pipe()
-        self.proc = subprocess.Popen([sys.executable, "-m", "runtime.cluster.ray_agent", "--status-fd", str(w),
-                                      "--address", address, role, *args], env=env, stdin=subprocess.PIPE,
-                                     pass_fds=(w,), preexec_fn=lifeline.tied_to_me(), **log_relay.streams())
-        self.relayed = log_relay.relay(self.proc)  # the warm hosts' output reaches the log through the agent
-        os.close(w)
-        self.status = os.fdopen(r, "rb", buffering=0)  # unbuffered: select() sees every line not yet read
-
-    def expect(self, word: str, node: ray_node.RayNode, timeout_s: Optional[float] = None) -> str:
-        """The rest of the agent's next line, which must start with `word`; LaunchError with the
-        agent's own words (`error ...`), or with what ended it."""
-        line = self.next_line(node, timeout_s)
-        kind, _, rest = line.partition(" ")
-        if kind == word:
-            return rest
-        if kind == "error":
-            raise LaunchError(rest)
-        if not line:
-            code = self.proc.poll()
-            if node.returncode is not None:
-                raise LaunchError(f"this node's Ray exited ({node.returncode}) while waiting for {word!r}:\n    "
-                                  f"{node.tail(5)}")
-            raise LaunchError(f"the Ray agent ended ({'exit ' + str(code) if code is not None else 'no answer'}) "
-                              f"before {word!r}; its output is above")
-        raise LaunchError(f"the Ray agent said {line!r}, expected {word!r}")
-
-    def next_line(self, node: ray_node.RayNode, timeout_s: Optional[float]) -> str:
-        """The agent's next line; "" when it ended, this node's Ray ended, or timeout_s passed."""
-        import select
-        deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while True:
-            ready, _, _ = select.select([self.status], [], [], 0.5)
-            if ready:
-                return self.status.readline().decode(errors="replace").strip()
-            if node.returncode is not None or (deadline is not None and time.monotonic() > deadline):
-                return ""
-
-    def send(self, line: str) -> None:
-        try:
-            self.proc.stdin.write(f"{line}\n".encode())
-            self.proc.stdin.flush()
-        except (BrokenPipeError, ValueError):
-            raise LaunchError(f"the Ray agent is gone (exit {self.proc.poll()})") from None
-
-    def stop(self) -> None:
-        try:
-            self.proc.stdin.close()
-        except (BrokenPipeError, OSError):
-            pass
-        try:  # the node is being taken away (SIGTERM): no time for the agent to leave in order
-            self.proc.wait(timeout=0.5 if TERMINATING.is_set() else 5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        log_relay.finish(self.relayed, timeout_s=2)
-        self.status.close()
 
 
 def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray_cmd: list[str]) -> int:
@@ -354,11 +283,11 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         agent = RayAgent(gcs, env, "follow", "--lost-after", str(GCS_RECONNECT_S))
         line = agent.next_line(node, None)
         kind, _, rest = line.partition(" ")
-        if kind == "exit":
+        if kind == EXIT:
             log(ident, "the held cluster was stopped; leaving" if opts.serve else f"driver finished with {rest}; leaving")
             return int(rest)
-        if kind == "lost" or not port_open(head, ports.gcs):  # this node's Ray may have seen it first
-            why = rest if kind == "lost" else f"its GCS {gcs} no longer answers (this node's Ray exited too)"
+        if kind == LOST or not port_open(head, ports.gcs):  # this node's Ray may have seen it first
+            why = rest if kind == LOST else f"its GCS {gcs} no longer answers (this node's Ray exited too)"
             log(ident, f"the head is gone before it published the driver's exit code: {why}; leaving with "
                        f"{EXIT_HEAD_LOST} (the driver's code is the head's)")
             return EXIT_HEAD_LOST
@@ -371,7 +300,7 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         return 2
     finally:
         if agent:
-            agent.stop()
+            agent.stop(terminating=TERMINATING.is_set())
         _stop(node)
 
 

@@ -28,15 +28,12 @@ from typing import Callable, Optional
 from runtime import contract as C
 from runtime import numbers
 from runtime.cluster import node_records
+from runtime.cluster.agent_client import BARRIER, ERROR, EXIT, LOST, PUBLISHED, say
 from runtime.cluster.identity import NodeIdentity
-from runtime.cluster.launch import LaunchError, log
+from runtime.cluster.node_log import LaunchError, log
 from runtime.wait import holds_within, wait_until
 
 EXIT_KEY = b"raytrain:driver_exit"
-
-
-def _say(fd: int, line: str) -> None:
-    os.write(fd, (line.rstrip("\n") + "\n").encode())
 
 
 def head(args, status_fd: int) -> int:
@@ -59,17 +56,17 @@ def head(args, status_fd: int) -> int:
         if "warm" in locals():
             warm.release()
         ray.shutdown()
-        _say(status_fd, f"error {e}")
+        say(status_fd, ERROR, e)
         return 2
-    _say(status_fd, f"barrier {time.monotonic() - last:.6f}")
+    say(status_fd, BARRIER, f"{time.monotonic() - last:.6f}")
     line = sys.stdin.readline()  # `exit N`, or EOF when the launcher is gone
-    if not line.startswith("exit "):
+    if not line.startswith(f"{EXIT} "):
         return 0
     from ray.experimental import internal_kv
     internal_kv._internal_kv_put(EXIT_KEY, line.split()[1].encode(), overwrite=True)
     _wait_workers_left(deadline=time.monotonic() + args.leave_timeout)
     ray.shutdown()  # before the GCS goes, or Ray's core worker ends this process with its own code
-    _say(status_fd, "published")
+    say(status_fd, PUBLISHED)
     return 0
 
 
@@ -187,12 +184,12 @@ def follow(args, status_fd: int) -> int:
             val = gcs.internal_kv_get(EXIT_KEY, None, timeout=2)
             lost_since = None
             if val is not None:
-                _say(status_fd, f"exit {int(val)}")
+                say(status_fd, EXIT, int(val))
                 return 0
         except Exception as e:
             lost_since = lost_since or time.monotonic()
             if time.monotonic() - lost_since > args.lost_after:
-                _say(status_fd, f"lost no answer from the head's GCS for {args.lost_after:.0f}s ({type(e).__name__})")
+                say(status_fd, LOST, f"no answer from the head's GCS for {args.lost_after:.0f}s ({type(e).__name__})")
                 return 0
         time.sleep(0.3)
 
