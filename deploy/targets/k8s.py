@@ -169,7 +169,9 @@ def pod_security(job: JobSpec) -> dict:
 
 
 def failure_policy(role: str) -> dict:
-    """podFailurePolicy (batch/v1, on by default since Kubernetes 1.26): disruptions are not failures."""
+    """podFailurePolicy (batch/v1, on by default since Kubernetes 1.26): disruptions are not failures, a
+    node that cannot start (2) fails the Job, a worker that lost the head (3) is replaced without counting;
+    any other code (4: the worker's own Ray died) counts against backoffLimit."""
     rules = [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
              {"action": "FailJob", "onExitCodes": {"containerName": "ray", "operator": "In",
                                                     "values": [EXIT_NODE_CANNOT_START]}}]

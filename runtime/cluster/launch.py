@@ -17,7 +17,7 @@ included (runtime/cluster/lifeline.py).
 
 Exit codes: the driver's (head); the driver's as published (workers); 2 the node could not start
 or join (the message says why); 3 (EXIT_HEAD_LOST) a worker lost the head before it published the
-driver's code.
+driver's code; 4 (EXIT_NODE_LOST) a worker's own Ray died after it joined.
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ from runtime.wait import wait_until
 
 GCS_RECONNECT_S = 5
 EXIT_HEAD_LOST = 3  # a worker that lost the head before the driver's code was published
+EXIT_NODE_LOST = 4  # a worker whose own Ray died after it joined (a crash, an OOM kill): luck, not configuration
 
 
 @dataclass
@@ -295,9 +296,9 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
             why = f"this node's Ray exited ({node.returncode}) before the driver finished: {node.cause()}"
         else:
             why = f"this node's Ray agent ended ({agent.proc.poll()}) before the driver finished; its output is above"
-        log(ident, f"{why}; leaving with 2")
+        log(ident, f"{why}; leaving with {EXIT_NODE_LOST}")
         tell_head("failed", 0, why)
-        return 2
+        return EXIT_NODE_LOST
     finally:
         if agent:
             agent.stop(terminating=TERMINATING.is_set())
