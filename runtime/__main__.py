@@ -7,8 +7,7 @@ import sys
 from runtime import addresses, numbers
 
 from runtime.cluster import selfcheck
-from runtime.contract import DEFAULT_PORT_BASE
-from runtime.cluster.launch import EXIT_HEAD_LOST
+from runtime.contract import DEFAULT_PORT_BASE, EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START, EXIT_NODE_LOST
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -19,9 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     la = sub.add_parser("launch", help="Form the Ray cluster from the scheduler's variables; run CMD on the head.",
                         description="Run on every node: python -m runtime launch [options] -- python train.py ...",
                         epilog="Exit codes: the driver's on the head (a driver killed by signal N: 128+N); on a "
-                               "worker, the driver's code the head published; 2: this node could not start or join "
-                               f"(the message says why); {EXIT_HEAD_LOST}: a worker lost the head before the driver's "
-                               "code was published (the job's code is the head's).")
+                               f"worker, the driver's code the head published; {EXIT_NODE_CANNOT_START}: this node "
+                               f"could not start or join (the message says why); {EXIT_HEAD_LOST}: a worker lost the "
+                               "head before the driver's code was published (the job's code is the head's); "
+                               f"{EXIT_NODE_LOST}: a worker's own Ray died after it joined.")
     la.add_argument("--port-base", type=numbers.arg_whole(1024, 65535), default=DEFAULT_PORT_BASE, help=f"GCS port; all of Ray's ports follow it (default {DEFAULT_PORT_BASE}).")
     la.add_argument("--port-stride", type=numbers.arg_whole(0, 1000), default=0,
                     help="Offset node k's own ports by k*STRIDE, for several nodes on one host (default 0).")

@@ -44,6 +44,11 @@ RUN_ID = "RAYTRAIN_RUN_ID"                      # one deploy = one run (checkpoi
 SEED = "RAYTRAIN_SEED"
 AUTH_TOKEN = "RAY_AUTH_TOKEN"                   # per job, generated at run time, never written to a file
 SPEC_PATH = "CLUSTER_SPEC_PATH"                 # the baked cluster spec (image ENV)
+# A node launcher's exit codes besides the driver's (runtime/cluster/launch.py), which the targets act on
+# (Kubernetes' podFailurePolicy, the local target's diagnosis)
+EXIT_NODE_CANNOT_START = 2  # the node could not start or join: configuration, not luck; retrying does not help
+EXIT_HEAD_LOST = 3          # a worker lost the head before the driver's code was published: a consequence
+EXIT_NODE_LOST = 4          # a worker's own Ray died after it joined (a crash, an OOM kill): luck, retryable
 # Set by the runtime for the user's code
 RESTARTS = "RAYTRAIN_RESTARTS"                  # how often the worker group was restarted
 

@@ -46,12 +46,11 @@ from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, ApplyContext, Ar
 from deploy.yaml_out import Dumper
 from runtime import contract as C
 from runtime import k8s_names, numbers
+from runtime.contract import EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START
 from runtime.cluster.ports import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
 
 TOKEN_KEY = "token"
-EXIT_NODE_CANNOT_START = 2  # the launcher's: configuration, not luck; retrying does not help
-EXIT_HEAD_LOST = 3          # the launcher's: a worker that lost the head rejoins the head's next pod
 
 
 @dataclass(frozen=True)

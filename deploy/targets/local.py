@@ -19,6 +19,7 @@ from deploy import held_step
 from deploy.job import JobSpec
 from deploy.targets.base import ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
+from runtime.contract import EXIT_HEAD_LOST
 from runtime.cluster import log_relay, serving as serving_module
 from runtime.spec import ClusterSpec
 
@@ -103,7 +104,6 @@ def remove(client: docker.DockerClient, names: list[str], network: str) -> None:
 
 
 WORKER_GRACE_S = 20  # a worker failed: the head hears of it and fails by itself well within this
-EXIT_HEAD_LOST = 3   # runtime.cluster.launch's code for a worker that lost the head: a consequence, not a cause
 SLOW_START = ("timed out during startup", "did not say it started", "ray start (worker) failed",
               "ray start --head failed")
 

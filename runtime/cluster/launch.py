@@ -40,15 +40,13 @@ from runtime import contract as C
 from runtime.cluster import lifeline, log_relay, node_records, preload, ray_node, serving, zygote
 from runtime.cluster.agent_client import BARRIER, EXIT, LOST, PUBLISHED, RayAgent
 from runtime.cluster.node_log import LaunchError, log
-from runtime.contract import DEFAULT_PORT_BASE
+from runtime.contract import DEFAULT_PORT_BASE, EXIT_HEAD_LOST, EXIT_NODE_LOST
 from runtime.cluster.identity import NodeIdentity, detect
 from runtime.cluster.ports import RayPorts
 from runtime.spec import load_spec
 from runtime.wait import wait_until
 
 GCS_RECONNECT_S = 5
-EXIT_HEAD_LOST = 3  # a worker that lost the head before the driver's code was published
-EXIT_NODE_LOST = 4  # a worker whose own Ray died after it joined (a crash, an OOM kill): luck, not configuration
 
 
 @dataclass

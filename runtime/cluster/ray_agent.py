@@ -41,6 +41,7 @@ def head(args, status_fd: int) -> int:
 
     fields = json.loads(args.identity)
     ident = NodeIdentity(**{**fields, "node_addresses": tuple(fields["node_addresses"])})
+    warm: Optional[Warmer] = None
     try:
         # log_to_driver: the warm hosts belong to this process's job, and their output (once a group
         # adopts them, the ranks') is printed on the head's output, as the driver's own workers' is
@@ -53,7 +54,7 @@ def head(args, status_fd: int) -> int:
     except LaunchError as e:
         # no job: the warm hosts go before this node's Ray does (a Ray worker whose raylet goes first
         # aborts, and its "Fatal Python error: Aborted" would bury the one line that says what failed)
-        if "warm" in locals():
+        if warm is not None:
             warm.release()
         ray.shutdown()
         say(status_fd, ERROR, e)
