@@ -117,3 +117,11 @@ def test_read_all_skips_what_is_not_a_record():
              node_records.PREFIX + b"3": None}
     got = node_records.read_all(lambda prefix: [k for k in store if k.startswith(prefix)], store.get)
     assert got == [record()]
+
+
+def test_no_retry_once_stop_if_gives_a_reason(tmp_path):
+    """A worker stops trying when its head is gone: nothing to join."""
+    with pytest.raises(ray_node.StartFailed, match="not trying again: the head's GCS no longer answers"):
+        ray_node.start(fake_ray(tmp_path, 99), [], dict(os.environ), timeout_s=60, what="ray start (worker)",
+                       say=lambda m: None, stop_if=lambda: "the head's GCS no longer answers")
+    assert attempts(tmp_path) == 1

@@ -233,10 +233,10 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
 
 
 def _start(ident: NodeIdentity, ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, what: str,
-           on_retry=None) -> ray_node.RayNode:
+           on_retry=None, stop_if=None) -> ray_node.RayNode:
     try:
         return ray_node.start(ray_cmd, args, env, timeout_s=timeout_s, what=what, say=lambda m: log(ident, m),
-                              on_retry=on_retry)
+                              on_retry=on_retry, stop_if=stop_if)
     except ray_node.StartFailed as e:
         raise LaunchError(str(e)) from None
 
@@ -272,8 +272,13 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
                                        *_start_args(opts, ident, ip)],
                       {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_S)},
                       timeout_s=max(1.0, deadline - time.monotonic()), what="ray start (worker)",
-                      on_retry=lambda attempt, cause: tell_head("retrying", attempt, cause))
+                      on_retry=lambda attempt, cause: tell_head("retrying", attempt, cause),
+                      stop_if=lambda: None if port_open(head, ports.gcs) else f"the head's GCS {gcs} no longer answers")
     except LaunchError as e:
+        if not port_open(head, ports.gcs):  # the head went while this node started: nothing to join, nobody to tell
+            log(ident, f"the head is gone before it published the driver's exit code ({e}); leaving with "
+                       f"{EXIT_HEAD_LOST} (the driver's code is the head's)")
+            return EXIT_HEAD_LOST
         tell_head("failed", 0, str(e))
         raise
     log(ident, f"joined: this node's Ray is up at {ip}:{ports.node_manager}")

@@ -103,9 +103,10 @@ class RayNode:
 
 def start(ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, what: str,
           say: Callable[[str], None], on_retry: Optional[Callable[[int, str], None]] = None,
-          attempt_s: float = ATTEMPT_S) -> RayNode:
+          stop_if: Optional[Callable[[], Optional[str]]] = None, attempt_s: float = ATTEMPT_S) -> RayNode:
     """This node's Ray, started; tried again after each failed attempt until `timeout_s` has passed.
-    `say` gets one line per failed attempt; `on_retry(attempt, cause)` is called before the next one."""
+    `say` gets one line per failed attempt; `on_retry(attempt, cause)` is called before the next one;
+    `stop_if()` is asked first, and a reason it gives ends the tries (a worker whose head is gone)."""
     deadline = time.monotonic() + timeout_s
     attempt = 0
     while True:
@@ -127,6 +128,9 @@ def start(ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, w
         except BaseException:
             node.stop()
             raise
+        final = stop_if() if stop_if else None
+        if final:
+            raise StartFailed(f"{what} failed ({cause}); not trying again: {final}")
         pause = BACKOFF_S[min(attempt, len(BACKOFF_S)) - 1]
         left = deadline - time.monotonic()
         if left < pause + 5:  # no time left for another attempt to come up
