@@ -260,6 +260,14 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
     wait_until(lambda: port_open(head, ports.gcs), timeout_s=opts.join_timeout_s, what=f"the head {gcs}",
                hint="check that the head started and that this node reaches it (address, firewall)")
 
+    def head_gone() -> Optional[str]:
+        return None if port_open(head, ports.gcs) else f"the head's GCS {gcs} no longer answers"
+
+    def leave_head_lost(why: str) -> int:
+        log(ident, f"the head is gone before it published the driver's exit code: {why}; leaving with "
+                   f"{EXIT_HEAD_LOST} (the driver's code is the head's)")
+        return EXIT_HEAD_LOST
+
     def tell_head(state: str, attempt: int, cause: str) -> None:
         record = node_records.NodeRecord(ident.node_rank, ident.hostname, socket.gethostname(), ip,
                                          ports.node_manager, state, attempt, cause[:2000])
@@ -273,12 +281,11 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
                       {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_S)},
                       timeout_s=max(1.0, deadline - time.monotonic()), what="ray start (worker)",
                       on_retry=lambda attempt, cause: tell_head("retrying", attempt, cause),
-                      stop_if=lambda: None if port_open(head, ports.gcs) else f"the head's GCS {gcs} no longer answers")
+                      stop_if=head_gone)
     except LaunchError as e:
-        if not port_open(head, ports.gcs):  # the head went while this node started: nothing to join, nobody to tell
-            log(ident, f"the head is gone before it published the driver's exit code ({e}); leaving with "
-                       f"{EXIT_HEAD_LOST} (the driver's code is the head's)")
-            return EXIT_HEAD_LOST
+        gone = head_gone()
+        if gone:  # the head went while this node started: nothing to join, nobody to tell
+            return leave_head_lost(f"{gone} ({e})")
         tell_head("failed", 0, str(e))
         raise
     log(ident, f"joined: this node's Ray is up at {ip}:{ports.node_manager}")
@@ -290,11 +297,11 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         if kind == EXIT:
             log(ident, "the held cluster was stopped; leaving" if opts.serve else f"driver finished with {rest}; leaving")
             return int(rest)
-        if kind == LOST or not port_open(head, ports.gcs):  # this node's Ray may have seen it first
-            why = rest if kind == LOST else f"its GCS {gcs} no longer answers (this node's Ray exited too)"
-            log(ident, f"the head is gone before it published the driver's exit code: {why}; leaving with "
-                       f"{EXIT_HEAD_LOST} (the driver's code is the head's)")
-            return EXIT_HEAD_LOST
+        if kind == LOST:
+            return leave_head_lost(rest)
+        gone = head_gone()  # this node's Ray may have seen it before the agent did
+        if gone:
+            return leave_head_lost(f"{gone} (this node's Ray exited too)")
         if node.returncode is not None:
             why = f"this node's Ray exited ({node.returncode}) before the driver finished: {node.cause()}"
         else:
