@@ -71,9 +71,10 @@ class RayAgent:
             if node.returncode is not None or (deadline is not None and time.monotonic() > deadline):
                 return ""
 
-    def send(self, line: str) -> None:
+    def send(self, word: str, rest: object = "") -> None:
+        """The launcher's side: one protocol line on the agent's stdin."""
         try:
-            self.proc.stdin.write(f"{line}\n".encode())
+            self.proc.stdin.write((f"{word} {rest}".rstrip() + "\n").encode())
             self.proc.stdin.flush()
         except (BrokenPipeError, ValueError):
             raise LaunchError(f"the Ray agent is gone (exit {self.proc.poll()})") from None

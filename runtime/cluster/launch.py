@@ -201,7 +201,7 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
             code = serving.hold(address, ip, lambda msg: log(ident, msg), driver_env)
             TERMINATING.set()  # the cluster is being taken down (invoke down): this node goes without the normal grace
             try:
-                agent.send(f"{EXIT} {code}")
+                agent.send(EXIT, code)
                 agent.expect(PUBLISHED, node, timeout_s=2 * GCS_RECONNECT_S + 30)
             except LaunchError:  # Slurm signals every process of the step, the agent too: the nodes got
                 pass             # the same signal and leave with the same code
@@ -221,7 +221,7 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
             code = 128 - code
         log(ident, f"driver exited with {code}")
         try:
-            agent.send(f"{EXIT} {code}")
+            agent.send(EXIT, code)
             agent.expect(PUBLISHED, node, timeout_s=2 * GCS_RECONNECT_S + 30)
         except LaunchError as e:  # the code stands; the workers leave when this node's Ray stops
             log(ident, f"could not tell the workers the driver's exit code ({e}); they leave when the head stops")
@@ -280,13 +280,13 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
                                        *_start_args(opts, ident, ip)],
                       {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_S)},
                       timeout_s=max(1.0, deadline - time.monotonic()), what="ray start (worker)",
-                      on_retry=lambda attempt, cause: tell_head("retrying", attempt, cause),
+                      on_retry=lambda attempt, cause: tell_head(node_records.RETRYING, attempt, cause),
                       stop_if=head_gone)
     except LaunchError as e:
         gone = head_gone()
         if gone:  # the head went while this node started: nothing to join, nobody to tell
             return leave_head_lost(f"{gone} ({e})")
-        tell_head("failed", 0, str(e))
+        tell_head(node_records.FAILED, 0, str(e))
         raise
     log(ident, f"joined: this node's Ray is up at {ip}:{ports.node_manager}")
     agent: Optional[RayAgent] = None
@@ -307,7 +307,7 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         else:
             why = f"this node's Ray agent ended ({agent.proc.poll()}) before the driver finished; its output is above"
         log(ident, f"{why}; leaving with {EXIT_NODE_LOST}")
-        tell_head("failed", 0, why)
+        tell_head(node_records.FAILED, 0, why)
         return EXIT_NODE_LOST
     finally:
         if agent:

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass
 from runtime import strict_json
 
 PREFIX = b"raytrain:node:"
-STATES = ("retrying", "failed")
+RETRYING, FAILED = "retrying", "failed"  # a record's state, named once for the worker and the head
+STATES = (RETRYING, FAILED)
 REPORT_TIMEOUT_S = 20
 
 

@@ -60,11 +60,11 @@ def head(args, status_fd: int) -> int:
         say(status_fd, ERROR, e)
         return 2
     say(status_fd, BARRIER, f"{time.monotonic() - last:.6f}")
-    line = sys.stdin.readline()  # `exit N`, or EOF when the launcher is gone
-    if not line.startswith(f"{EXIT} "):
+    word, _, code = sys.stdin.readline().strip().partition(" ")  # `exit N`, or EOF when the launcher is gone
+    if word != EXIT or not code:
         return 0
     from ray.experimental import internal_kv
-    internal_kv._internal_kv_put(EXIT_KEY, line.split()[1].encode(), overwrite=True)
+    internal_kv._internal_kv_put(EXIT_KEY, code.split()[0].encode(), overwrite=True)
     _wait_workers_left(deadline=time.monotonic() + args.leave_timeout)
     ray.shutdown()  # before the GCS goes, or Ray's core worker ends this process with its own code
     say(status_fd, PUBLISHED)
@@ -93,10 +93,10 @@ def barrier(ident: NodeIdentity, address: str, timeout_s: float,
         for rec in node_records.read_all(internal_kv._internal_kv_list, internal_kv._internal_kv_get):
             if (rec.rank, rec.state, rec.attempt) not in shown:
                 shown.add((rec.rank, rec.state, rec.attempt))
-                if rec.state == "retrying":
+                if rec.state == node_records.RETRYING:
                     log(ident, f"{rec.describe()}: its Ray start failed (attempt {rec.attempt}): {rec.cause}; "
                                "it is trying again")
-            if rec.state == "failed":
+            if rec.state == node_records.FAILED:
                 raise LaunchError(f"{rec.describe()} gave up before all {ident.num_nodes} nodes were up: {rec.cause}")
             out.append(rec)
         return out

@@ -45,6 +45,16 @@ ZYGOTE_ENV = "RAYTRAIN_ZYGOTE_SOCKET"  # the head's zygote, which forks drivers 
 
 SERVING_LINE = "serving: the cluster is up"  # what hold logs once the barrier passed: targets wait for it
 MAX_REQUEST = 1 << 20
+
+# The words of the line protocol between a head (_serve) and a client (`run`, `request_stop`), named once
+# for both ends. The client sends one JSON request: a run's, with its stdio as three descriptors, or
+# {STOP: true}. The head answers, one line each:
+#     pid <n>          the driver started (signals to the client go to it)
+#     exit <status>    the driver ended (negative: the signal that ended it)
+#     error <message>  the run was refused, in words for the user
+#     stopping         the stop request was accepted
+PID, EXIT, ERROR, STOPPING = "pid", "exit", "error", "stopping"
+STOP = "stop"  # the stop request's key
 RUN_ENV_PREFIX = "RAYTRAIN_"  # what a run passes on from its own environment (its run id, say); nothing else
 
 
@@ -115,9 +125,9 @@ def _serve(conn: socket.socket, env: dict, address: str, stop: threading.Event) 
     try:
         msg, fds, _, _ = socket.recv_fds(conn, MAX_REQUEST, 3)
         req = json.loads(msg)
-        if req.get("stop") is True:
+        if req.get(STOP) is True:
             stop.set()
-            conn.sendall(b"stopping\n")
+            _say(conn, STOPPING)
             return
         if len(fds) != 3:
             raise InputError("a run hands over its stdin, stdout and stderr")
@@ -127,17 +137,22 @@ def _serve(conn: socket.socket, env: dict, address: str, stop: threading.Event) 
         if not cmd or not code_dir.is_dir():
             raise InputError(f"--code-dir {code_dir}: not a directory on the head, or no command")
         status = _start_driver(code_dir, cmd, driver_env(code_dir, {**env, **extra}, address), fds,
-                               lambda pid: conn.sendall(f"pid {pid}\n".encode()))
-        conn.sendall(f"exit {status}\n".encode())
+                               lambda pid: _say(conn, PID, pid))
+        _say(conn, EXIT, status)
     except Exception as e:  # noqa: BLE001 - said to the client, whose run fails with it
         try:
-            conn.sendall(f"error {' '.join(str(e).split())[:2000]}\n".encode())
+            _say(conn, ERROR, " ".join(str(e).split())[:2000])
         except OSError:
             pass
     finally:
         for fd in fds:
             os.close(fd)
         conn.close()
+
+
+def _say(conn: socket.socket, word: str, rest: object = "") -> None:
+    """The head's side: one protocol line to the client."""
+    conn.sendall((f"{word} {rest}".rstrip() + "\n").encode())
 
 
 def _start_driver(code_dir: Path, cmd: list[str], env: dict, fds: list[int], on_pid) -> int:
@@ -183,9 +198,9 @@ def request_stop(env: dict | None = None) -> int:
     and every node leaves in order, without a signal to any process of the job. 0 once it said so."""
     conn = _connect(dict(os.environ if env is None else env))
     with conn:
-        conn.sendall(json.dumps({"stop": True}).encode())
+        conn.sendall(json.dumps({STOP: True}).encode())
         answer = conn.makefile("rb").readline().decode(errors="replace").strip()
-    if answer != "stopping":
+    if answer != STOPPING:
         raise RaytrainError(f"the head did not accept the stop request ({answer or 'no answer'})")
     return 0
 
@@ -214,13 +229,13 @@ def run(code_dir: Path, cmd: list[str], env: dict | None = None, unpack_root: Pa
     pid = None
     for raw in reader:
         kind, _, rest = raw.decode(errors="replace").strip().partition(" ")
-        if kind == "pid":
+        if kind == PID:
             pid = int(rest)
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, lambda s, _f: os.kill(pid, s))
-        elif kind == "exit":
+        elif kind == EXIT:
             code = int(rest)
             return 128 - code if code < 0 else code
-        elif kind == "error":
+        elif kind == ERROR:
             raise RaytrainError(f"the head refused the run: {rest}")
     raise RaytrainError("the head closed the connection before the driver's exit code (the cluster is stopping?)")

@@ -12,6 +12,26 @@ import signal
 import socket
 import sys
 
+# The words of the zygote's line protocol (runtime/cluster/zygote.py answers, fork_from_zygote asks),
+# named once for both ends. The request: an 8-byte length, JSON {argv, env, cwd}, and three descriptors
+# (the worker's stdio). The zygote answers, one line each:
+#     pid <n>          it forked the worker
+#     exit <status>    the worker ended (negative: the signal that killed it)
+#     refused <why>    it will not fork (a thread is running): start the worker plainly
+PID, EXIT, REFUSED = "pid", "exit", "refused"
+
+
+def protocol_line(word: str, rest: object = "") -> bytes:
+    """One protocol line, as the zygote sends it."""
+    return (f"{word} {rest}".rstrip() + "\n").encode()
+
+
+def _word(raw: bytes) -> tuple[str, str]:
+    """A protocol line as (word, rest)."""
+    word, _, rest = raw.decode(errors="replace").strip().partition(" ")
+    return word, rest
+
+
 WAIT_FOR_ZYGOTE_S = 30  # a worker waits this long for a zygote still importing, then starts plainly (Ray allows 60 s)
 
 
@@ -84,14 +104,15 @@ def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds
     conn.settimeout(WAIT_FOR_ZYGOTE_S)  # it may still be importing
     reader = conn.makefile("rb")
     try:
-        line = reader.readline()
+        answer = reader.readline()
     except OSError:
-        line = b""
-    if not line.startswith(b"pid "):
+        answer = b""
+    word, rest = _word(answer)
+    if word != PID:
         conn.close()  # first, so that the zygote sees the hang-up before it would fork for this request
         return None
     conn.settimeout(None)
-    pid = int(line.split()[1])
+    pid = int(rest)
     if on_pid is not None:
         on_pid(pid)
     if forward_signals:
@@ -99,12 +120,13 @@ def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds
             signal.signal(sig, lambda s, _f: os.kill(pid, s))
     while True:
         try:
-            line = reader.readline()
+            answer = reader.readline()
             break
         except InterruptedError:
             continue
     conn.close()
-    return int(line.split()[1]) if line.startswith(b"exit ") else -signal.SIGKILL
+    word, rest = _word(answer)
+    return int(rest) if word == EXIT else -signal.SIGKILL
 
 
 def trampoline_main(real_python: str, socket_path: str) -> None:

@@ -32,7 +32,7 @@ import socket
 import sys
 
 from runtime.cluster.preload import Target, import_all, run
-from runtime.cluster.trampoline import python_for_raylet
+from runtime.cluster.trampoline import EXIT, PID, REFUSED, protocol_line, python_for_raylet
 
 # What a forked worker finds imported; one that fails to import is skipped (the worker imports it
 # itself). Not ray: a worker forked after `import ray` fails Ray's own start-up check of RAY_JOB_ID
@@ -215,7 +215,7 @@ def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True))
             if conn is not None:  # None: its trampoline had hung up already
                 code = os.waitstatus_to_exitcode(status)
                 try:
-                    conn.sendall(f"exit {code}\n".encode())
+                    conn.sendall(protocol_line(EXIT, code))
                 except OSError:
                     pass
                 sel.unregister(conn)
@@ -301,7 +301,7 @@ def _serve_one(conn: socket.socket, sel, children: dict, log, inherited: tuple) 
             os.close(fd)
         return
     if _threads() != 1:
-        conn.sendall(b"refused threads\n")
+        conn.sendall(protocol_line(REFUSED, "threads"))
         conn.close()
         for fd in fds:
             os.close(fd)
@@ -316,7 +316,7 @@ def _serve_one(conn: socket.socket, sel, children: dict, log, inherited: tuple) 
         os.close(fd)
     children[pid] = conn
     conn.settimeout(None)
-    conn.sendall(f"pid {pid}\n".encode())
+    conn.sendall(protocol_line(PID, pid))
     sel.register(conn, selectors.EVENT_READ, pid)
 
 
