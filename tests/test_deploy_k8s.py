@@ -1,6 +1,7 @@
 """Kubernetes manifests: strict schema validation, hostile values, seed fan-out, launch/destroy,
 and the exact container specs run as Docker containers until the job finishes."""
 import json
+import os
 import stat
 import time
 import uuid
@@ -12,6 +13,7 @@ import yaml
 
 from deploy.job import DeployError
 from deploy.targets import k8s
+from deploy.targets.base import ApplyContext
 from helpers import jobs, k8s_docker, pod_security
 from runtime.spec import KubernetesOptions, load_spec
 
@@ -181,6 +183,50 @@ def test_launch_sends_fresh_secrets_and_destroy_selects_what_was_rendered(tmp_pa
     key, value = selector.split("=")
     assert all(i["metadata"]["labels"][key] == value for i in items)
     assert delete["argv"][:2] == ["delete", k8s.kubectl.KINDS]
+
+
+@pytest.mark.parametrize("serve, remove", [(False, "invoke destroy --name train"), (True, "invoke down --name train")])
+def test_submit_counts_every_object_it_applied_the_secret_included(tmp_path, monkeypatch, serve, remove):
+    """--submit's line says how many objects kubectl was sent (the token Secret too), and how to remove
+    them: a held cluster (invoke up) with `invoke down`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").write_text(RECORDER)
+    (bin_dir / "kubectl").chmod(stat.S_IRWXU)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("KUBECTL_RECORD", str(tmp_path / "calls.jsonl"))
+    monkeypatch.setattr(k8s.held, "wait_serving", lambda *a, **kw: {})  # no API server here to serve from
+    job, _ = spec_job(nodes=2)
+    job = job.model_copy(update={"serve": serve})
+    spec = load_spec(ROOT / "cluster_specs" / "kubernetes.json")
+    opts = k8s.K8sFlags(submit=True)
+    said = []
+    k8s.TARGET.apply(k8s.TARGET.render(job, spec, opts), job, spec, opts,
+                     ApplyContext(out_dir=tmp_path / "out", engine=None, progress=said.append))
+    items = json.loads(json.loads((tmp_path / "calls.jsonl").read_text())["stdin"])["items"]
+    assert [i["kind"] for i in items] == ["Secret", "Service", "Job", "Job"]
+    line = next(m for m in said if m.startswith("applied "))
+    assert line == f"applied 4 object(s) (1 Secret, 1 Service, 2 Job); remove them with `{remove}`"
+
+
+def test_the_pull_secret_fix_is_the_readmes_command_from_the_docker_config_in_use(monkeypatch):
+    """The missing image pull Secret's fix: the README's command, from $DOCKER_CONFIG/config.json when
+    DOCKER_CONFIG is set (where `docker login` wrote it), else from $HOME/.docker/config.json."""
+    job, opts = spec_job()
+    opts = opts.model_copy(update={"image_pull_secret": "regcred"})
+    view = k8s.kubectl.ClusterView(True, None, frozenset({"train-ray-token"}))
+
+    def fix() -> str:
+        problem, = k8s.cluster_problems(view, ["train-ray-token"], "train", opts, False, False)
+        return problem.partition("create it from your docker login: ")[2]
+
+    monkeypatch.delenv("DOCKER_CONFIG", raising=False)
+    assert fix() == k8s.pull_secret_command("regcred", opts.namespace, {}) == (
+        f'kubectl -n {opts.namespace} create secret docker-registry regcred '
+        '--from-file=.dockerconfigjson="$HOME/.docker/config.json"')
+    assert k8s.pull_secret_command("regcred", "NS", {}) in " ".join((ROOT / "README.md").read_text().split())
+    monkeypatch.setenv("DOCKER_CONFIG", "/elsewhere/docker")
+    assert fix().endswith('--from-file=.dockerconfigjson="$DOCKER_CONFIG/config.json"')
 
 
 def test_exact_container_specs_run_the_job(client, pushed, tmp_path):

@@ -29,7 +29,9 @@ kubernetes.io/hostname and NVIDIA_VISIBLE_DEVICES/CUDA_VISIBLE_DEVICES instead o
 """
 from __future__ import annotations
 
+import os
 import re
+from collections import Counter
 import secrets as _secrets
 from dataclasses import dataclass
 from typing import Annotated, Optional, Sequence
@@ -258,9 +260,12 @@ def secrets_for(objs: list[dict], namespace: str, token_factory) -> list[dict]:
     return [secret(name, namespace, token_factory(), _labels_of(objs, name)) for name in job_names(objs)]
 
 
-def launch(objs: list[dict], namespace: str, token_factory, kubectl_bin: str = "kubectl") -> str:
-    """Create each job's token Secret, then apply the objects."""
-    return kubectl.launch(secrets_for(objs, namespace, token_factory), objs, namespace, kubectl_bin)
+def launch(objs: list[dict], namespace: str, token_factory, kubectl_bin: str = "kubectl") -> tuple[str, list[str]]:
+    """Create each job's token Secret, then apply the objects: kubectl's answer, and every object sent
+    as kind/name (the Secrets first; never their values)."""
+    secrets = secrets_for(objs, namespace, token_factory)
+    answer = kubectl.launch(secrets, objs, namespace, kubectl_bin)
+    return answer, [f"{o['kind']}/{o['metadata']['name']}" for o in secrets + objs]
 
 
 def destroy(group: str, namespace: str, kubectl_bin: str = "kubectl", env: Optional[dict] = None) -> str:
@@ -278,6 +283,14 @@ def create_secret_command(secret_name: str, namespace: str, group: str) -> str:
     return (f"kubectl -n {namespace} create secret generic {secret_name} "
             f"--from-literal={TOKEN_KEY}=\"$(openssl rand -hex 32)\" && "
             f"kubectl -n {namespace} label secret {secret_name} {LABEL_GROUP}={group}")
+
+
+def pull_secret_command(secret_name: str, namespace: str, env: Optional[dict] = None) -> str:
+    """What a user runs to make the image pull Secret from their `docker login` (the README's command; the
+    one place its text is made): docker keeps config.json in $DOCKER_CONFIG when that is set."""
+    env = os.environ if env is None else env
+    config = "$DOCKER_CONFIG/config.json" if env.get("DOCKER_CONFIG") else "$HOME/.docker/config.json"
+    return f'kubectl -n {namespace} create secret docker-registry {secret_name} --from-file=.dockerconfigjson="{config}"'
 
 
 def deadline_problem(job: JobSpec) -> str:
@@ -322,9 +335,7 @@ def cluster_problems(view: kubectl.ClusterView, objs_secrets: list[str], group: 
                         "refuses the hostPath volumes the spec's mounts need; use the fileroot claim instead")
     if opts.image_pull_secret and opts.image_pull_secret not in view.secrets:
         problems.append(f"kubernetes.image_pull_secret: Secret {opts.image_pull_secret!r} is not in namespace {ns}; "
-                        f"create it from your docker login: kubectl -n {ns} create secret generic "
-                        f"{opts.image_pull_secret} --type=kubernetes.io/dockerconfigjson "
-                        "--from-file=.dockerconfigjson=$HOME/.docker/config.json")
+                        f"create it from your docker login: {pull_secret_command(opts.image_pull_secret, ns)}")
     missing = [n for n in objs_secrets if n not in view.secrets]
     if missing and not submit:
         more = f" (and {len(missing) - 1} more, one per run)" if len(missing) > 1 else ""
@@ -441,9 +452,11 @@ class Kubernetes(Target):
         out = super().apply(artifacts, job, spec, opts, ctx)
         if opts.submit:
             namespace = spec.kubernetes.namespace
-            out["kubectl"] = launch(artifacts.objects, namespace, lambda: _secrets.token_hex(32))
-            ctx.progress(f"applied {len(artifacts.objects)} object(s); remove them with "
-                         f"`invoke destroy --name {job.name}`")
+            out["kubectl"], applied = launch(artifacts.objects, namespace, lambda: _secrets.token_hex(32))
+            remove = "invoke down" if job.serve else "invoke destroy"  # a held cluster is ended as one
+            kinds = Counter(a.partition("/")[0] for a in applied)
+            ctx.progress(f"applied {len(applied)} object(s) ({', '.join(f'{n} {k}' for k, n in kinds.items())}); "
+                         f"remove them with `{remove} --name {job.name}`")
             if job.serve:
                 out["held"] = held.wait_serving(job, namespace, ctx.progress, ctx.env)
         return out
