@@ -162,8 +162,6 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
         return
     if result.get("exit_code") is not None:
         print(f"job {result['job']['name']} finished with exit code {result['exit_code']}")
-    for w in result.get("written", []):
-        print(f"wrote {w}")
     if result.get("slurm_job_id"):
         print(f"submitted Slurm job {result['slurm_job_id']}")
 
@@ -187,8 +185,9 @@ def destroy(c, spec=None, name=None):
 })
 @TARGET_FLAGS.add_to
 def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=False, **options):
-    """Start a held cluster: deploy's nodes (from the pushed digest, or the nodes' own environment on plain
-    Slurm), the head serving drivers instead of running one.
+    """Start a held cluster: deploy's nodes, the head serving drivers (invoke run) instead of running one.
+
+    The nodes run the pushed digest, or the nodes' own environment on plain Slurm.
 
     Returns once every node is up and the barrier passed (on Slurm: once the job runs and its head serves).
     Then `invoke run` sends code to it (seconds), `invoke status` shows it and `invoke down` ends it.
@@ -223,7 +222,9 @@ def held_run(c, name=None, command=None, spec=None, quiet=False, json=False):
 
 @task(name="status", help={"name": "One held cluster (default: all recorded).", "json": COMMON["json"]})
 def held_status(c, name=None, json=False):
-    """Say what each held cluster (invoke up) is running and whether its nodes are up (exit 1 if one is not)."""
+    """Say what each held cluster (invoke up) runs and whether its nodes are up; exit 1 if one is not.
+
+    The registry's own check is `registry.ping`."""
     from toolchain import held
     out = _run(c, held.status, as_json=json, name=name)
     if not json:
@@ -239,8 +240,10 @@ def held_status(c, name=None, json=False):
 
 @task(name="down", help={"name": "The held cluster (default: deploy.name).", "quiet": COMMON["quiet"]})
 def held_down(c, name=None, quiet=False):
-    """End a held cluster: the head stops serving, the nodes leave, and what the target made is removed
-    (the containers and network; the Slurm job; the Kubernetes objects; the SkyPilot cluster)."""
+    """End a held cluster (invoke up): the head stops serving, the nodes leave, the target's objects go.
+
+    What the target made is removed: the containers and network; the Slurm job; the Kubernetes objects;
+    the SkyPilot cluster."""
     from toolchain import held
     out = _run(c, held.down, quiet=quiet, name=name)
     print(f"cluster {out['cluster']} is down")
@@ -290,9 +293,11 @@ def stop(c):
     print("stopped" if stopped else "not running (nothing started by this project)")
 
 
-@task
-def status(c):
-    """Say whether the configured registry answers."""
+@task(name="ping")
+def registry_ping(c):
+    """Say whether the configured registry (registry.address) answers; exit 1 if not.
+
+    Held clusters have their own `status` (invoke up/run/status/down)."""
     with _boundary():
         st = registry_mod.status(_settings(c))
     print(f"registry {st.address}: {'up' if st.reachable else 'down'}")
@@ -302,6 +307,6 @@ def status(c):
 
 spec_ns = Collection("spec", check, schema)
 base_ns = Collection("base", base_bootstrap)
-registry_ns = Collection("registry", start, stop, status)
+registry_ns = Collection("registry", start, stop, registry_ping)
 ns = Collection(build, push, deploy, destroy, held_up, held_run, held_status, held_down, spec_ns, base_ns, registry_ns)
 ns.configure(defaults())  # the one source of defaults (toolchain/config.py); invoke.yaml / INVOKE_* / flags override

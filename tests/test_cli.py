@@ -18,9 +18,13 @@ def inv(*args, env=None, cwd=ROOT):
 
 def test_list_shows_every_task_with_help():
     out = inv("--list").stdout
-    for name in ("build", "push", "spec.check", "spec.schema", "base.bootstrap", "registry.start", "registry.stop"):
+    for name in ("build", "push", "deploy", "destroy", "up", "run", "status", "down", "spec.check", "spec.schema",
+                 "base.bootstrap", "registry.start", "registry.stop", "registry.ping"):
         line = next((l for l in out.splitlines() if l.strip().startswith(name + " ")), "")
         assert len(line.split()) > 2, f"{name} has no one-line help: {line!r}"
+    names = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    leaves = [n.rpartition(".")[2] for n in names]
+    assert len(set(leaves)) == len(leaves), f"two tasks share a name: {names}"  # `status` is the held clusters'
 
 
 @pytest.mark.parametrize("task_name,flag", [("build", "--variant"), ("push", "--spec"), ("build", "--quiet"), ("push", "--json")])
@@ -86,6 +90,17 @@ def test_out_naming_an_existing_file_exits_2(tmp_path):
     r = inv("deploy", "--target", "slurm", "--spec", str(spec), "--out", str(f), env={"INVOKE_PROJECT_BUILD_DIR": str(b)})
     assert r.returncode == 2 and "exists and is not a directory" in r.stderr, r.stderr
     assert f.read_text() == "keep" and spec_hash(spec)
+
+
+def test_deploy_says_once_what_it_wrote(tmp_path):
+    b = tmp_path / "b"
+    b.mkdir()
+    (b / "images.json").write_text(json.dumps({}))  # plain Slurm runs the nodes' own environment: no image
+    r = inv("deploy", "--target", "slurm", "--spec", str(ROOT / "cluster_specs" / "slurm.json"),
+            "--out", str(tmp_path / "out"), env={"INVOKE_PROJECT_BUILD_DIR": str(b)})
+    assert r.returncode == 0, r.stderr
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "wrote " in line]
+    assert len(said) == 1 and said[0].strip().endswith(".sbatch"), r.stdout + r.stderr
 
 
 def test_malformed_images_json_exits_2_with_the_fix(tmp_path):
