@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from runtime import contract as C
 from runtime.errors import InputError
@@ -57,10 +57,12 @@ class LocalHandle(Handle):
     aliases: list[str] = Field(..., max_length=10_000)
 
     @model_validator(mode="after")
-    def _names(self) -> "LocalHandle":
-        for name in (*self.containers, *self.aliases):
-            if not re.fullmatch(DOCKER_NAME, name):
-                raise ValueError(f"{name[:80]!r} is not a name the local target gives its containers")
+    def _names(self, info: ValidationInfo) -> "LocalHandle":
+        job = (info.context or {}).get("name")
+        for name in (self.network, *self.containers, *self.aliases):
+            if not re.fullmatch(DOCKER_NAME, name) or (job and not name.startswith(f"{job}-")):
+                raise ValueError(f"{name[:80]!r} is not a name the local target gives cluster {job!r}'s network "
+                                 f"and containers ({job}-...)")
         if self.head not in self.containers:
             raise ValueError(f"the head {self.head!r} is not one of the cluster's containers")
         return self
@@ -70,13 +72,14 @@ BY_TARGET: dict[str, type[Handle]] = {"local": LocalHandle, "slurm": SlurmHandle
                                       "k8s": K8sHandle, "skypilot": SkyHandle}
 
 
-def check(target: str, raw: object, where: str) -> dict:
-    """RAW as TARGET's handle (a plain dict, as the held modules take it); InputError naming the field."""
+def check(target: str, raw: object, where: str, name: str | None = None) -> dict:
+    """RAW as TARGET's handle (a plain dict, as the held modules take it) of the cluster NAME (the local
+    target's objects are named after it); InputError naming the field."""
     model = BY_TARGET.get(target)
     if model is None:
         raise InputError(f"{where}: target {target[:40]!r} holds no clusters ({', '.join(sorted(BY_TARGET))} do)")
     try:
-        return model.model_validate(raw).model_dump(exclude_none=True)
+        return model.model_validate(raw, context={"name": name}).model_dump(exclude_none=True)
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "handle"

@@ -16,27 +16,10 @@ import pytest
 
 from runtime.cluster import code_unpack
 from runtime.errors import InputError
+from scripts.probe_inputs import tar_of  # the probe's hostile tars and these tests', made one way
 
 ROOT = Path(__file__).resolve().parent.parent
 REL = "raytrain-code/abc"
-
-
-def tar_of(*members: tuple) -> bytes:
-    """(name, kind, payload-or-linkname[, mode]) members, as an attacker would write them."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name, kind, extra, *mode in members:
-            info = tarfile.TarInfo(name)
-            info.type = kind
-            if mode:
-                info.mode = mode[0]
-            if kind == tarfile.REGTYPE:
-                info.size = len(extra)
-                tf.addfile(info, io.BytesIO(extra))
-            else:
-                info.linkname = extra or ""
-                tf.addfile(info)
-    return buf.getvalue()
 
 
 def good() -> bytes:

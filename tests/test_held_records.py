@@ -43,6 +43,10 @@ BAD = {
     "the host network": ("local", {"network": "host", "head": "job-head-1", "containers": ["job-head-1", "/etc"],
                                    "aliases": []}, "handle"),
     "a target that holds nothing": ("plain", {}, "holds no clusters"),
+    "another job's network": ("local", {"network": "bridge", "head": "job-head-1", "containers": ["job-head-1"],
+                                        "aliases": []}, "handle"),
+    "another job's container": ("local", {"network": "job-net", "head": "job-head-1",
+                                          "containers": ["job-head-1", "registry"], "aliases": []}, "handle"),
 }
 
 
@@ -147,3 +151,28 @@ def test_status_asks_slurm_once_for_every_held_job(tmp_path, tools):
     out = json.loads(r.stdout)
     assert [out[f"job{i}"]["up"] for i in range(4)] == [True, False, True, False]
     assert out["job3"]["nodes"] == {"job 1003 (head n1)": "gone"}
+
+
+def test_a_held_run_that_fails_leaves_runs_json_as_it_was(tmp_path, tools):
+    """`invoke run` on a held Slurm cluster whose srun step exits 5: exit 1 naming the run, and
+    build/runs.json byte for byte as before (a failed run is not the run `invoke build` reproduces)."""
+    from invoke import Config
+
+    from runtime.spec import spec_hash
+    from toolchain.config import defaults, load_settings
+    from toolchain.images import source_keys
+    settings = load_settings(Config(defaults=defaults()), ROOT)
+    keys = source_keys(settings)
+    bin_dir, log = tools
+    (bin_dir / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> {log}\necho RUNNING\n')
+    (bin_dir / "srun").write_text(f'#!/bin/sh\necho "srun $*" >> {log}\ncat > /dev/null\nexit 5\n')
+    write_clusters(tmp_path, {"job": {**record("job", "slurm", SLURM), "below_app_key": keys["below_app_key"],
+                                      "runtime_sha256": keys["runtime_sha256"],
+                                      "spec_sha256": spec_hash(settings.path(settings.project.spec))}})
+    runs = tmp_path / "build" / "runs.json"
+    runs.write_text('{"other": {"run_id": "r-1", "target": "slurm", "started": "then"}}')
+    before = runs.read_bytes()
+    r = invoke(tmp_path, tools, "run", "--name", "job")
+    assert r.returncode == 1 and "failed with exit code 5" in r.stderr, (r.stdout, r.stderr)
+    assert any(c.startswith("srun --jobid=42") for c in log.read_text().splitlines())  # the step did run
+    assert runs.read_bytes() == before

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import ROOT, make_settings
 from toolchain import held
+from runtime.errors import InputError
 from toolchain.errors import ConfigError
 from toolchain.hashing import tree_hash
 from toolchain.progress import Reporter
@@ -56,6 +57,27 @@ def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):
         # the code came on the run step's stdin, unpacked on the head (every slurmd here is this host)
         assert (Path("/tmp/raytrain-code") / code_sha[:16] / "train.py").read_text() == train.read_text()
         assert not (fileroot / "raytrain-code").exists()
+        # the record edited to hold option-like values: refused when read, before the real tools run
+        # (each logs its argv through a shim, then runs the real one), and the held job is still there
+        shim, calls = tmp_path / "shim", tmp_path / "calls.log"
+        shim.mkdir()
+        for tool in ("squeue", "scancel", "srun"):
+            (shim / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {calls}\nexec {shutil.which(tool)} "$@"\n')
+            (shim / tool).chmod(0o755)
+        clusters = s.build_dir / "clusters.json"
+        good = clusters.read_bytes()
+        shim_env = {**cluster.env, "PATH": f"{shim}{os.pathsep}{cluster.env.get('PATH', os.environ['PATH'])}"}
+        for field, value in (("job_id", "--user=root"), ("head_node", "-w"), ("job_name", f"{name},LD_PRELOAD=/x.so")):
+            bad = json.loads(good)
+            bad[name]["handle"][field] = value
+            clusters.write_text(json.dumps(bad))
+            for step in (held.status, held.down):
+                with pytest.raises(InputError, match=f"handle.{field}"):
+                    step(s, rep=Reporter(), name=name, env=shim_env)
+        clusters.write_bytes(good)
+        assert not calls.exists(), calls.read_text()  # no argv reached squeue, scancel or srun
+        assert held.status(s, rep=Reporter(), name=name, env=shim_env)[name]["up"]
+        assert calls.read_text().startswith("squeue -h -j " + record.handle["job_id"])
         runtime_copy = tmp_path / "runtime"  # a runtime other than the one the nodes run: refused
         shutil.copytree(ROOT / "runtime", runtime_copy, ignore=shutil.ignore_patterns("__pycache__"))
         (runtime_copy / "numbers.py").write_text((runtime_copy / "numbers.py").read_text() + "\n# changed\n")

@@ -10,8 +10,9 @@
 `run` refuses what the running image cannot honour: a change below the code (requirements, base,
 torch, image settings), in the runtime package, or in the spec; a cluster started by another
 project; an image that is no longer the one the spec's build recorded. Each refusal says to
-redeploy. Each run is recorded (build/runs.json) with the image digest and the code's hash, so
-`invoke build` from that code makes the image the run ran (the app layer's key is that hash).
+redeploy. Each run that succeeds is recorded (build/runs.json) with the image digest and the code's
+hash, so `invoke build` from that code makes the image the run ran (the app layer's key is that
+hash); a failed run leaves the file as it was.
 """
 from __future__ import annotations
 
@@ -26,8 +27,8 @@ from runtime.spec import load_spec, spec_hash
 from toolchain.config import Settings
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.progress import Reporter
-from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, write_cluster,
-                               write_run)
+from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, restore_run,
+                               runs_before, write_cluster, write_run)
 
 CODE_DIR = "raytrain-code"  # each code version a cluster was sent, by content: <where the target unpacks>/CODE_DIR/<hash>
 
@@ -138,12 +139,18 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
     tar = code_archive(app_dir, rel_dir)
     rep.step(f"run {run_id}: code {code_sha[:12]} ({len(tar) // 1024} KiB) to {record.name} "
              f"({time.monotonic() - t0:.2f}s to send)")
+    before = runs_before(settings.build_dir)
     write_run(settings.build_dir, record.name, RunRecord(run_id=run_id, target=record.target, image=record.image,
                                                          started=pipeline.now(), code_sha256=code_sha))
-    code = target.held_run(record.handle, ctx, tar, rel_dir, argv, {C.RUN_ID: run_id, C.JOB_NAME: record.name})
+    code = None
+    try:
+        code = target.held_run(record.handle, ctx, tar, rel_dir, argv, {C.RUN_ID: run_id, C.JOB_NAME: record.name})
+    finally:
+        if code != 0:  # the record is of runs that ran to the end: a failed one leaves runs.json as it was
+            restore_run(settings.build_dir, record.name, before)
     if code != 0:
         raise ToolchainError(f"the run {run_id} on {record.name!r} failed with exit code {code}; its output above "
-                             "says why")
+                             "says why (build/runs.json is as it was)")
     return {"run_id": run_id, "cluster": record.name, "image": record.image, "code_sha256": code_sha,
             "exit_code": code}
 

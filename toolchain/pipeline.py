@@ -13,7 +13,7 @@ from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.images import LAYER_STORE, build_all
 from runtime import contract as C
-from toolchain.records import (PushRecord, RunRecord, read_builds, read_pushes, read_runs, restore_run, runs_file,
+from toolchain.records import (PushRecord, RunRecord, read_builds, read_pushes, read_runs, restore_run, runs_before, runs_file,
                                write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import push_image
@@ -221,7 +221,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         if not artifacts.files:
             summary["objects"] = artifacts.objects
         return summary
-    previous, runs_existed = read_runs(settings.build_dir).get(job.name), runs_file(settings.build_dir).exists()
+    before = runs_before(settings.build_dir)
     if not serve:  # a held cluster runs nothing itself; each `invoke run` is a run (toolchain/held.py)
         write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
                                                           image=str(job.image or ""), started=now()))
@@ -231,7 +231,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))
     except Exception:  # nothing ran (no engine for the .sqsh, sbatch refused): --resume keeps the last run
         if not serve:
-            restore_run(settings.build_dir, job.name, previous, runs_existed)
+            restore_run(settings.build_dir, job.name, before)
         raise
     if summary.get("exit_code") not in (None, 0):
         diagnosis = f"\n  {summary['diagnosis']}" if summary.get("diagnosis") else ""

@@ -172,16 +172,30 @@ def write_run(build_dir: Path, name: str, record: RunRecord) -> Path:
     return _write(runs_file(build_dir), {**read_runs(build_dir), name: record})
 
 
-def restore_run(build_dir: Path, name: str, previous: RunRecord | None, existed: bool = True) -> None:
-    """Put back what NAME's record was before a deploy that started nothing (None: no record; a file
-    that did not exist before is removed again)."""
+def runs_before(build_dir: Path) -> bytes | None:
+    """build/runs.json's bytes before a run is recorded (None: no file), for restore_run; the file is
+    checked first, so a malformed one is refused before anything starts."""
+    read_runs(build_dir)
+    path = runs_file(build_dir)
+    return path.read_bytes() if path.exists() else None
+
+
+def restore_run(build_dir: Path, name: str, before: bytes | None) -> None:
+    """Put NAME's record back as it was BEFORE (runs_before) a run that failed or started nothing.
+    When nothing else changed meanwhile, the file is left byte for byte as it was (or removed again)."""
+    path = runs_file(build_dir)
+    old = {str(k): RunRecord.model_validate(v) for k, v in strict_json.loads(before.decode()).items()} if before else {}
     runs = {k: v for k, v in read_runs(build_dir).items() if k != name}
-    if previous:
-        runs[name] = previous
-    if runs or existed:
-        _write(runs_file(build_dir), runs)
+    if name in old:
+        runs[name] = old[name]
+    if runs != old:  # another job's run was recorded meanwhile: keep it
+        _write(path, runs)
+    elif before is None:
+        path.unlink(missing_ok=True)
     else:
-        runs_file(build_dir).unlink(missing_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_bytes(before)
+        os.replace(tmp, path)
 
 
 def clusters_file(build_dir: Path) -> Path:
@@ -196,13 +210,15 @@ def read_clusters(build_dir: Path) -> dict[str, ClusterRecord]:
         if key != rec.name:
             raise InputError(f"{path}: the record under {key[:40]!r} is named {rec.name!r}; it is written by "
                              "`invoke up`: correct it, or delete that entry")
-        out[key] = rec.model_copy(update={"handle": handles.check(rec.target, rec.handle, f"{path} [{key}]")})
+        out[key] = rec.model_copy(update={"handle": handles.check(rec.target, rec.handle, f"{path} [{key}]",
+                                                                        rec.name)})
     return out
 
 
 def write_cluster(build_dir: Path, record: ClusterRecord) -> Path:
     from deploy import handles
-    handles.check(record.target, record.handle, f"the handle of {record.name!r} from its target")  # readable back
+    handles.check(record.target, record.handle, f"the handle of {record.name!r} from its target",
+                  record.name)  # readable back
     return _write(clusters_file(build_dir), {**read_clusters(build_dir), record.name: record})
 
 
