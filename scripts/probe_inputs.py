@@ -84,6 +84,8 @@ def cases(canary: str):
                         ("INVOKE_REGISTRY_START_LOCAL", ["maybe", "-1"]), ("INVOKE_DEPLOY_COMMAND", ["python x.py"])):
         for v in values:
             yield f"env {var}={v!r}", slurm, {var: v}, {}, "refuse"
+    for v in ("", "  ", "build\nx", "\x7f"):
+        yield f"env INVOKE_PROJECT_BUILD_DIR={v!r}", ["status"], {"INVOKE_PROJECT_BUILD_DIR": v}, {}, "refuse"
     for var, v in (("INVOKE_QUIET", "false"), ("INVOKE_QUIET", "TRUE"), ("INVOKE_DEPLOY_NODES", "2"),
                    ("INVOKE_REGISTRY_RETRY_BACKOFF_S", "0.5")):
         yield f"env {var}={v!r}", slurm, {var: v}, {}, "accept"

@@ -284,6 +284,15 @@ BOMB = "unused:\n" + "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if 
                               for i in range(8))
 
 
+@pytest.mark.parametrize("value", ["", "  ", "build\nx"])
+def test_an_empty_blank_or_multiline_path_setting_is_refused(tmp_path, value):
+    """An empty INVOKE_PROJECT_BUILD_DIR was the project root itself: status read, and deploy wrote,
+    records there."""
+    r = raytrain("status", cwd=tmp_path, env={"INVOKE_PROJECT_BUILD_DIR": value})
+    assert r.returncode == 2 and "project.build_dir: " in r.stderr, (r.returncode, r.stdout, r.stderr)
+
+
+
 @pytest.mark.parametrize("files,args,needle", [
     ({"bad.yaml": "deploy:\n  nodes: [\n"}, ["-f", "bad.yaml", "spec.check", "cluster_specs/local.json"], "line 3"),
     ({"list.yaml": "deploy: [1, 2]\n"}, ["-f", "list.yaml", "spec.check", "cluster_specs/local.json"],

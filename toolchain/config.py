@@ -7,9 +7,9 @@ them: `check_env`), or with flags. `load_settings` validates the merged result.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from runtime import numbers
 from runtime.contract import DEFAULT_PORT_BASE
@@ -78,12 +78,26 @@ class DeploySettings(_Strict):
     time_limit: str = "01:00:00"
 
 
+def _path_text(value: str) -> str:
+    """A path setting: relative to the project or absolute, never empty or blank (an empty build_dir
+    was the project root itself), one line, no control characters."""
+    if not value.strip():
+        raise ValueError("empty or blank; give a path, relative to the project or absolute")
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in value):
+        raise ValueError(f"{value[:80]!r} holds a control character (a newline?); give the path on one line")
+    return value
+
+
+PathText = Annotated[str, Field(max_length=4096), AfterValidator(_path_text)]
+
+
 class ProjectSettings(_Strict):
-    spec: str = "cluster_specs/local.json"
-    app_dir: str = "examples/train"
-    runtime_dir: str = Field("runtime", description="The in-image runtime package copied into the app layer.")
-    requirements: list[str] = Field(default_factory=lambda: ["runtime/requirements.txt", "examples/train/requirements.txt"])
-    build_dir: str = "build"
+    spec: PathText = "cluster_specs/local.json"
+    app_dir: PathText = "examples/train"
+    runtime_dir: PathText = Field("runtime", description="The in-image runtime package copied into the app layer.")
+    requirements: list[PathText] = Field(default_factory=lambda: ["runtime/requirements.txt",
+                                                                  "examples/train/requirements.txt"])
+    build_dir: PathText = "build"
 
 
 class Settings(_Strict):
@@ -160,7 +174,7 @@ def load_settings(config: Any, root: Path) -> Settings:
     try:
         settings = Settings(root=root, **data)
     except ValidationError as e:
-        lines = [f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+        lines = [f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}" for err in e.errors()]
         raise ConfigError("invalid toolchain configuration (invoke.yaml, INVOKE_* variables):\n  - " + "\n  - ".join(lines)) from None
     for v in settings.image.variants:
         if v not in VARIANTS:
