@@ -1,5 +1,6 @@
 """The driver's output as the head's log (runtime/cluster/log_relay.py): ANSI codes removed, Ray's
-missing-metrics-agent line dropped while metrics collection is off, every other line kept in order."""
+missing-metrics-agent line dropped while metrics collection is off, torch's c10d hostname warning and
+gloo's all-connected count dropped, every other line kept in order."""
 import io
 import os
 
@@ -46,3 +47,16 @@ def test_with_collection_on_the_line_is_a_real_fault_and_stays(monkeypatch):
     monkeypatch.setenv(log_relay.METRICS_ENV, "1")
     out = relayed([OTHER[1], GCS_LINE])
     assert out == OTHER[1] + GCS_LINE
+
+
+C10D_HOSTNAME = (b"(rank1@10.0.3.4 pid=311) [W1127 13:46:02.512874154 socket.cpp:752] [c10d] The hostname of the "
+                 b"client socket cannot be retrieved. err=-3\n")
+GLOO_ALL = (b"(warm@127.0.0.1 pid=15297) [Gloo] Rank 1 is connected to 2 peer ranks. Expected number of connected "
+            b"peer ranks is : 2 [repeated 2x across cluster] (Ray deduplicates logs by default.)\n")
+GLOO_SHORT = (b"(rank2@10.0.3.5 pid=90) [Gloo] Rank 2 is connected to 1 peer ranks. Expected number of connected "
+              b"peer ranks is : 2\n", b"(rank2@10.0.3.5 pid=90) [Gloo] Rank 2 is NOT connected to: [0]\n")
+
+
+def test_the_c10d_hostname_warning_and_gloos_all_connected_count_are_dropped_a_missing_peer_stays():
+    out = relayed([OTHER[1], C10D_HOSTNAME, GLOO_ALL, *GLOO_SHORT, OTHER[2]])
+    assert out == OTHER[1] + b"".join(GLOO_SHORT) + OTHER[2]

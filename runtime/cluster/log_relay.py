@@ -1,5 +1,6 @@
 """The driver's output as the head's log: passed through unchanged on a terminal; in a file or a
-scheduler's pipe, with ANSI escape sequences removed (and Ray's missing-metrics-agent line, below).
+scheduler's pipe, with ANSI escape sequences removed and the lines below that say nothing left out
+(Ray's missing-metrics-agent line, torch's c10d hostname warning, gloo's connection count).
 
 Ray colours some of what it prints in the driver whatever RAY_COLOR_PREFIX says (the green
 "[repeated Nx across cluster]" of its log deduplication), and a job log is read with grep, less and
@@ -13,7 +14,7 @@ import re
 import subprocess
 import sys
 import threading
-from typing import IO, Optional
+from typing import IO, Callable, Optional
 
 # CSI sequences (colours, cursor moves) and the two-byte escapes; text is never touched otherwise
 ANSI = re.compile(rb"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
@@ -25,9 +26,29 @@ METRICS_ENV, METRICS_DEFAULT = "RAY_enable_metrics_collection", "0"
 METRICS_AGENT_MISSING = re.compile(rb"Failed to establish connection to the (?:event\+)?metrics exporter agent")
 
 
-def dropped() -> Optional[re.Pattern]:
-    """What the relay leaves out: the missing metrics agent's line while collection is off."""
-    return METRICS_AGENT_MISSING if os.environ.get(METRICS_ENV, METRICS_DEFAULT) == "0" else None
+# torch's TCPStore names each client in its own log by a reverse lookup of the client's address; where
+# no resolver answers (a container on an offline host: err=-3, EAI_AGAIN) it warns once per connection
+# and uses the address itself. Nothing about the connection is wrong, and no setting but muting every
+# C++ warning of torch (TORCH_CPP_LOG_LEVEL) turns it off; this line only is dropped.
+C10D_HOSTNAME = re.compile(rb"\[c10d\] The hostname of the client socket cannot be retrieved")
+# gloo prints each rank's connection count to stdout when its group forms (an unconditional std::cout in
+# gloo's tcp transport, so no setting turns it off): dropped when every peer is connected; a rank
+# that is not (and gloo's "is NOT connected to" line after it) stays.
+GLOO_CONNECTED = re.compile(rb"\[Gloo\] Rank \d+ is connected to (\d+) peer ranks\. "
+                            rb"Expected number of connected peer ranks is : (\d+)")
+
+
+def dropped() -> Callable[[bytes], bool]:
+    """Whether the relay leaves a line out: the lines above (the missing metrics agent's only while
+    collection is off)."""
+    metrics_off = os.environ.get(METRICS_ENV, METRICS_DEFAULT) == "0"
+
+    def drop(line: bytes) -> bool:
+        if metrics_off and METRICS_AGENT_MISSING.search(line):
+            return True
+        gloo = GLOO_CONNECTED.search(line)
+        return bool(C10D_HOSTNAME.search(line) or (gloo and gloo.group(1) == gloo.group(2)))
+    return drop
 
 
 def wanted() -> bool:
@@ -44,7 +65,7 @@ def _copy(src: IO[bytes], dst: IO[bytes], close_dst: bool = False) -> None:
     writing, drop = True, dropped()
     try:
         for line in iter(src.readline, b""):
-            if writing and not (drop and drop.search(line)):
+            if writing and not drop(line):
                 try:
                     dst.write(ANSI.sub(b"", line))
                     dst.flush()
