@@ -1,6 +1,8 @@
 """Held clusters on the local target (invoke up / run / status / down), end to end on this engine:
-a one-line change reaches the running cluster and shows in its first step, the image's copy of the
-code is gone from the run, a change below the code is refused, and down leaves nothing running."""
+a one-line change reaches the running cluster and shows in its first step on every rank, the image's
+copy of the code is gone from the run, a change below the code is refused, and down leaves nothing
+running."""
+import re
 import shutil
 import uuid
 
@@ -29,7 +31,7 @@ def project(session_dir):
     shutil.copytree(session_dir / "runtime", root / "runtime")
     s = make_settings(root, app, runtime_dir=root / "runtime")
     own_requirements = [str(root / "runtime" / "requirements.txt"), str(app / "requirements.txt")]  # same text
-    s = s.model_copy(update={"deploy": DeploySettings(name=f"held-{uuid.uuid4().hex[:6]}", nodes=2),
+    s = s.model_copy(update={"deploy": DeploySettings(name=f"held-{uuid.uuid4().hex[:6]}", nodes=3),
                              "project": s.project.model_copy(update={"requirements": own_requirements})})
     yield s
     shutil.rmtree(root, ignore_errors=True)
@@ -40,10 +42,10 @@ def test_up_run_status_down(client, registry, project, capfd):
     assert OLD_PRINT in (s.path(s.project.app_dir) / "train.py").read_text()
     pipeline.build(s, str(SPEC), "cpu", Reporter())
     image = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]["repo_digest"]
-    held.up(s, str(SPEC), "local", rep=Reporter(), name=name, nodes=2)
+    held.up(s, str(SPEC), "local", rep=Reporter(), name=name, nodes=3)
     try:
         with pytest.raises(ConfigError, match="already recorded"):
-            held.up(s, str(SPEC), "local", rep=Reporter(), name=name, nodes=2)
+            held.up(s, str(SPEC), "local", rep=Reporter(), name=name, nodes=3)
         assert held.status(s, rep=Reporter(), name=name)[name]["up"]
         app = s.path(s.project.app_dir)
         train = app / "train.py"
@@ -55,7 +57,8 @@ def test_up_run_status_down(client, registry, project, capfd):
         logs = capfd.readouterr().out
         assert out["exit_code"] == 0, logs[-3000:]
         first = [line for line in logs.splitlines() if "step 1 loss" in line and "(rank" in line]
-        assert first, logs[-3000:]  # the workers' own first step (Ray folds lines repeated across ranks)
+        # every rank's own first step: a held run does not fold the lines ranks print alike into one
+        assert sorted(re.search(r"\(rank(\d+)@", line).group(1) for line in first) == ["0", "1", "2"], logs[-3000:]
         assert all("CHANGED old_module=False" in line for line in first), "\n".join(first)  # new code; the image's gone
         assert '"trained_steps": 3' in logs
         run = read_runs(s.build_dir)[name]

@@ -67,13 +67,13 @@ def wait_serving(proc, timeout=180):
     raise AssertionError("the head did not start serving")
 
 
-def run(code: Path, token: str, job: str, unpack: tuple[Path, bytes] | None = None, **env):
-    """`python -m runtime run` of CODE; UNPACK (root, tar): the code comes on stdin instead."""
+def run(code: Path, token: str, job: str, unpack: tuple[Path, bytes] | None = None, script: str = "drive.py", **env):
+    """`python -m runtime run` of CODE's SCRIPT; UNPACK (root, tar): the code comes on stdin instead."""
     e = {**node_env(0, 2, token, RAYTRAIN_JOB_NAME=job), **env}
     e.pop("RAY_AUTH_TOKEN")  # the run needs no token: the head's driver gets its own
     extra = ["--unpack-stdin", str(unpack[0])] if unpack else []
     r = subprocess.run([sys.executable, "-m", "runtime", "run", "--code-dir", str(code), *extra, "--",
-                        sys.executable, "drive.py"], env=e, capture_output=True, timeout=180,
+                        sys.executable, script], env=e, capture_output=True, timeout=180,
                        input=unpack[1] if unpack else b"")
     return subprocess.CompletedProcess(r.args, r.returncode, r.stdout.decode(errors="replace"),
                                        r.stderr.decode(errors="replace"))
@@ -128,6 +128,56 @@ def test_runs_on_a_held_cluster_see_their_own_code_and_the_cluster_leaves_on_sig
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
         finish([head, worker], timeout=60)
+
+
+EVERY_RANK = r'''
+import os, time
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy as On
+ray.init(address=os.environ["RAY_ADDRESS"])
+
+@ray.remote(num_cpus=0.1)
+class Rank:
+    def __init__(self, rank):
+        self.rank = rank
+
+    def say(self):
+        print("the same line on every rank", flush=True)
+
+    def __repr__(self):  # Ray's prefix of this actor's lines
+        return f"rank{self.rank}"
+
+ids = sorted(n["NodeID"] for n in ray.nodes() if n["Alive"])
+ranks = [Rank.options(scheduling_strategy=On(node, soft=False)).remote(r) for r, node in enumerate(ids)]
+ray.get([r.say.remote() for r in ranks])
+time.sleep(4)  # the workers' lines reach the driver through each node's log monitor
+'''
+
+
+def test_a_run_shows_every_ranks_line_even_when_they_are_alike(tmp_path):
+    """Ray's driver folds lines that several workers print alike into one; a held run shows each rank's."""
+    token = secrets.token_hex(32)
+    job = f"dedup-{secrets.token_hex(3)}"
+    workers = [launch(r, 3, token, args=["--serve"], RAYTRAIN_JOB_NAME=job) for r in (1, 2)]
+    head = launch(0, 3, token, args=["--serve"], RAYTRAIN_JOB_NAME=job)
+    nodes = [head, *workers]
+    try:
+        wait_serving(head)
+        code = tmp_path / "code"
+        code.mkdir()
+        (code / "every_rank.py").write_text(EVERY_RANK)
+        r = run(code, token, job, script="every_rank.py")
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        said = [line for line in (r.stdout + r.stderr).splitlines() if "the same line on every rank" in line]
+        assert sorted(re.match(r"\((rank\d) pid=", line).group(1) for line in said) == ["rank0", "rank1", "rank2"], said
+        assert not any("repeated" in line for line in said), said
+        head.send_signal(signal.SIGTERM)
+        assert [c for c, _ in finish(nodes, timeout=120)] == [0, 0, 0]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        finish(nodes, timeout=60)
 
 
 def test_run_without_a_serving_head_says_so(tmp_path):

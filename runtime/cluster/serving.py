@@ -107,15 +107,21 @@ def without_image_code(pythonpath: str) -> str:
     return os.pathsep.join(p for p in pythonpath.split(os.pathsep) if p and os.path.realpath(p) != image_code)
 
 
+# Ray's driver folds a line that several workers print alike into the first one and a "[repeated Nx
+# across cluster]" note: a run made to see what its change does on each rank would see rank 0's line only
+DEDUP_ENV = "RAY_DEDUP_LOGS"
+
+
 def driver_env(code_dir: Path, env: dict, address: str) -> dict:
     """The driver's environment: the head's, with the cluster's address, DIR as the job's working_dir,
-    and the image's project directory off PYTHONPATH (the raylets of a held cluster run without it)."""
+    the image's project directory off PYTHONPATH (the raylets of a held cluster run without it), and
+    every worker's lines shown as they come (DEDUP_ENV off, unless the head's environment sets it)."""
     job = json.loads(env.get(JOB_CONFIG_ENV) or "{}")
     if job.get("runtime_env", {}).get("working_dir"):
         raise InputError(f"{JOB_CONFIG_ENV} already names a working_dir; `run` sets it to the code it was sent")
     job.setdefault("runtime_env", {})["working_dir"] = str(code_dir)
-    return {**env, "PYTHONPATH": without_image_code(env.get("PYTHONPATH", "")), "RAY_ADDRESS": address,
-            JOB_CONFIG_ENV: json.dumps(job)}
+    return {DEDUP_ENV: "0", **env, "PYTHONPATH": without_image_code(env.get("PYTHONPATH", "")),
+            "RAY_ADDRESS": address, JOB_CONFIG_ENV: json.dumps(job)}
 
 
 def _serve(conn: socket.socket, env: dict, address: str, stop: threading.Event) -> None:
