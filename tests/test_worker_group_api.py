@@ -172,6 +172,8 @@ def test_restart_failed_workers_only_the_dead_without_collectives(vc):
     assert g.restart_failed_workers() == [1]
     after = g.run_all_workers_single_data("pid")
     assert after[0] == before[0] and after[2:] == before[2:] and after[1] != before[1]
+    # the failure detector's view names the new process (its log is the one a later failure shows)
+    assert [p.pid for p in g.failure_view().processes] == after
     g.shutdown()
 
 

@@ -10,8 +10,8 @@ The group then decides (RayWorkerGroup._fail): restart, or raise WorkerFailureEr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
 
 import ray
 
@@ -59,6 +59,32 @@ def format_phases(p: dict) -> str:
             f"restart total {p['restart_s']:.2f} s")
 
 
+@dataclass(frozen=True)
+class WorkerProcess:
+    """Where one rank's worker runs: its process id, and its node (Ray's node ID and address)."""
+    pid: int
+    node_id: str
+    node: str
+
+
+@dataclass(frozen=True)
+class GroupView:
+    """What FailureDetector reads of a worker group, as of the moment the group built it.
+
+    workers[r] is rank r's actor and slots[r] its bundle; spares_by_node holds the spare hosts per node
+    ID (asked along with the workers, so that one probe also tells which nodes still work); processes[r]
+    is rank r's process, once the group has started (empty before); call_timeout_s names the limit in
+    a stuck call's cause."""
+    workers: tuple
+    slots: tuple
+    spares_by_node: Mapping[str, tuple] = field(default_factory=dict)
+    processes: tuple = ()
+    call_timeout_s: Optional[float] = None
+
+    def spares_on(self, node_id: str) -> tuple:
+        return self.spares_by_node.get(node_id, ())
+
+
 @dataclass
 class Failure:
     """Where a failed call failed: the rank (None: not known), why, and whether its node is lost;
@@ -72,44 +98,48 @@ class Failure:
 class FailureDetector:
     """Finds the rank behind a failed call, and whether its node still works, with probes of its own.
 
-    It reads the group's current `workers`, `slots` and `spares` (and `_info`, the workers' pids and
-    nodes, for log tails); it starts, kills and restarts nothing: the group decides what to do."""
+    `view` returns the group's GroupView now (the workers change with every restart); the detector
+    reads only that. It starts, kills and restarts nothing: the group decides what to do."""
 
-    def __init__(self, group):
-        self.group = group
+    def __init__(self, view: Callable[[], GroupView]):
+        self.view = view
 
     def locate(self, refs: list, ranks: list[int], err: Exception) -> Optional[Failure]:
         """The failure behind `err` from ray.get(refs), where refs[i] ran on rank ranks[i]; None when
         it is the user's own error (every worker still answers)."""
         seen = time.time()
+        view = self.view()
         if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
                             ray.exceptions.WorkerCrashedError)):
-            rank, cause = self.find_failure(refs, err, ranks)
+            rank, cause = self.find_failure(refs, err, ranks, view)
             answered = None  # Ray named the dead worker; node_alive asks its node
         else:
             # A collective (all-reduce) fails on the survivors, "connection reset by peer", before Ray
             # reports the lost worker: that is a worker failure, not an error in the user's code.
-            rank, silent, answered = self.lost_worker(PEER_CHECK_S)
+            rank, silent, answered = self.lost_worker(PEER_CHECK_S, view)
             if rank is None:
                 return None
             how = "stopped answering" if silent else "died"
             cause = f"{how} while the others were in a collective ({str(err).splitlines()[0][:160]})"
         found = time.time()
-        node_lost = rank is not None and not self.node_alive(rank, answered)
+        node_lost = rank is not None and not self.node_alive(rank, answered, view)
         detect = {"failure_seen_at": seen, "lost_rank_found_s": found - seen, "node_check_s": time.time() - found}
         return Failure(rank, cause, node_lost, detect)
 
-    def lost_worker(self, within_s: float) -> tuple[Optional[int], bool, set]:
+    def lost_worker(self, within_s: float,
+                    view: Optional[GroupView] = None) -> tuple[Optional[int], bool, Optional[set]]:
         """Which worker is gone, asking each one: (rank, silent, nodes that answered). A worker Ray
         reports dead is gone (silent=False). A worker on a lost node cannot answer, and Ray reports it
         only when its health checks declare the node dead (seconds): once the others have answered,
         one that stays silent LOST_GRACE_S longer is taken as lost (silent=True). (None, False, ...)
         when every worker answers: the error was the user's. Calls run beside a busy method
         (max_concurrency=2), so a busy worker still answers. One spare per node is asked too, so
-        the same window tells which nodes still work."""
-        refs = [w.__ray_ready__.remote() for w in self.group.workers]
-        nodes = {ref: sl.node_id for ref, sl in zip(refs, self.group.slots)}
-        nodes.update({hosts[0].__ray_ready__.remote(): node for node, hosts in self.group.spares.by_node.items() if hosts})
+        the same window tells which nodes still work; when Ray names a dead worker before the window
+        is over, the nodes are None (not all asked yet: node_alive asks them itself)."""
+        view = view or self.view()
+        refs = [w.__ray_ready__.remote() for w in view.workers]
+        nodes = {ref: sl.node_id for ref, sl in zip(refs, view.slots)}
+        nodes.update({hosts[0].__ray_ready__.remote(): node for node, hosts in view.spares_by_node.items() if hosts})
         pending, answered, alive_nodes = list(nodes), set(), set()
         deadline, last = time.monotonic() + within_s, None
         while pending:
@@ -121,8 +151,8 @@ class FailureDetector:
                 try:
                     ray.get(ref, timeout=0)
                 except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
-                    if ref in refs:
-                        return refs.index(ref), False, alive_nodes
+                    if ref in refs:  # the others' answers are not all in: a silent spare proves nothing yet
+                        return refs.index(ref), False, None
                     continue
                 alive_nodes.add(nodes[ref])
                 if ref in refs:
@@ -133,19 +163,20 @@ class FailureDetector:
             return silent[0], True, alive_nodes
         return None, False, alive_nodes
 
-    def node_alive(self, rank: int, alive_nodes: Optional[set] = None) -> bool:
+    def node_alive(self, rank: int, alive_nodes: Optional[set] = None, view: Optional[GroupView] = None) -> bool:
         """Whether the node of `rank` still works: Ray has not declared it dead, and something there
         answers: another rank or a spare (asked by lost_worker, or here within NODE_PROBE_S), or
         else a small task within NODE_PING_S (it may need a worker process started)."""
-        node_id = self.group.slots[rank].node_id
+        view = view or self.view()
+        node_id = view.slots[rank].node_id
         if alive_nodes and node_id in alive_nodes:
             return True
         if any(n["NodeID"] == node_id and not n["Alive"] for n in ray.nodes()):
             return False
-        if alive_nodes is not None and self.group.spares.count(node_id):
+        if alive_nodes is not None and view.spares_on(node_id):
             return False  # its spare was asked with the others and stayed silent
-        hosts = [w for r, w in enumerate(self.group.workers) if r != rank and self.group.slots[r].node_id == node_id]
-        hosts += self.group.spares.by_node.get(node_id, [])[:1]
+        hosts = [w for r, w in enumerate(view.workers) if r != rank and view.slots[r].node_id == node_id]
+        hosts += list(view.spares_on(node_id)[:1])
         if hosts:
             pending = [h.__ray_ready__.remote() for h in hosts]
             deadline = time.monotonic() + NODE_PROBE_S
@@ -159,7 +190,8 @@ class FailureDetector:
                     continue
             return False
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-        ping = read_worker_log.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(-1, 0)
+        ping = read_worker_log.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote(
+            pid=-1, lines=0)
         try:
             ray.get(ping, timeout=NODE_PING_S)
             return True
@@ -168,18 +200,20 @@ class FailureDetector:
 
     def log_tail(self, rank: Optional[int], lines: int = 20) -> str:
         """The failing worker's last log lines, read on its node (if that node is still up)."""
-        info = getattr(self.group, "_info", None)
-        if rank is None or not info:
+        processes = self.view().processes
+        if rank is None or rank >= len(processes) or processes[rank] is None:
             return ""
+        proc = processes[rank]
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         try:
             text = ray.get(read_worker_log.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                info[rank]["node_id"], soft=False)).remote(info[rank]["pid"], lines), timeout=10)
+                proc.node_id, soft=False)).remote(pid=proc.pid, lines=lines), timeout=10)
         except Exception:
-            return f"\n  (no log tail: node {info[rank]['node']} is gone)"
+            return f"\n  (no log tail: node {proc.node} is gone)"
         return f"\n  last log lines of rank {rank}:\n    " + "\n    ".join(text.splitlines()) if text else ""
 
-    def find_failure(self, refs: list, err: Exception, ranks: list[int]) -> tuple[Optional[int], str]:
+    def find_failure(self, refs: list, err: Exception, ranks: list[int],
+                     view: Optional[GroupView] = None) -> tuple[Optional[int], str]:
         ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
         for i, ref in enumerate(refs):
             if ref in ready:
@@ -190,5 +224,6 @@ class FailureDetector:
                 except Exception:
                     continue
         if isinstance(err, ray.exceptions.GetTimeoutError) and not_ready:
-            return ranks[refs.index(not_ready[0])], f"no answer within {self.group.call_timeout_s}s (stuck)"
+            timeout_s = (view or self.view()).call_timeout_s
+            return ranks[refs.index(not_ready[0])], f"no answer within {timeout_s}s (stuck)"
         return None, str(err).splitlines()[0]

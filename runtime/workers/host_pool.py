@@ -70,7 +70,7 @@ class HostPool:
         for node, n in self.plan(slot_nodes).items():
             have = self.by_node.setdefault(node, [])
             for _ in range(n - len(have)):
-                have.append(_host_on(node, "spare", self.monitor_memory))
+                have.append(_host_on(node, "spare", monitor_memory=self.monitor_memory))
                 started += 1
         return started
 

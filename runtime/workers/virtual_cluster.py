@@ -21,16 +21,19 @@ from typing import Optional, Union
 import ray
 from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
 
+from runtime.errors import InputError
+
 BACKENDS = ("nccl", "gloo")
 
 
 def parse_bytes(value: Union[int, str, None], what: str) -> Optional[int]:
-    """8 * 2**30, "8GB", "8GiB", "512M" -> bytes."""
+    """8 * 2**30, "8GB", "8GiB", "512M" -> bytes (the one parser of sizes); InputError (a ValueError)
+    naming WHAT for anything else."""
     if value is None or isinstance(value, int):
         return value
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(i?B)?\s*", str(value), re.I)
     if not m:
-        raise ValueError(f"{what}: {value!r} is not a size such as 8GB, 512MiB or a number of bytes")
+        raise InputError(f"{what}: {value!r} is not a size such as 8GB, 512MiB or a number of bytes")
     return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))
 
 

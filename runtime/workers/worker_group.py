@@ -6,12 +6,16 @@ reloads its last checkpoint in __init__. After a restart the call raises WorkerG
 the driver can re-sync its step; past max_restarts it raises WorkerFailureError naming the worker
 and the cause. Groups without collectives (backend=None) restart only their dead workers.
 
+Every option is checked once, by GroupOptions, before Ray or the cluster sees any: a bad one is an
+InputError (a ValueError) that names it, says what was wrong and what to give.
+
 A failed collective is traced to the lost rank by the group itself (every worker and a spare per
-node are asked; the one still silent LOST_GRACE_S after the others answered is lost), and a lost
-node's placement group is moved at once, without waiting for Ray's health checks. With
-spare_workers=True the new ranks are taken from spare hosts (started, torch imported: see
-runtime.workers.host_pool). Call data goes through runtime.workers.transfer: put once, passed by reference, CPU
-tensors zero-copy; or made on the workers with run_all_workers_own_shard and a ShardLoader.
+node are asked; the one still silent LOST_GRACE_S after the others answered is lost: its
+FailureDetector, which sees the group only through failure_view()), and a lost node's placement
+group is moved at once, without waiting for Ray's health checks. With spare_workers=True the new
+ranks are taken from spare hosts (started, torch imported: see runtime.workers.host_pool). Call
+data goes through runtime.workers.transfer: put once, passed by reference, CPU tensors zero-copy;
+or made on the workers with run_all_workers_own_shard and a ShardLoader.
 
 The seed's (NeMo RL's) group options, each with a meaning here:
     memory_limit                each worker's RSS is held to it (over it, the worker is stopped and the
@@ -33,6 +37,7 @@ import time
 from typing import Callable, Optional
 
 import ray
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from runtime.workers.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
 from runtime.contract import RESTARTS
@@ -41,10 +46,11 @@ from runtime.workers import transfer
 from runtime.workers.batched import BatchedDataDict
 from runtime.workers.rank_env import rank_env
 from runtime.workers.transfer import ShardLoader
-from runtime.workers.failures import Failure, FailureDetector, WorkerFailureError, WorkerGroupRestarted, format_phases
+from runtime.workers.failures import (Failure, FailureDetector, GroupView, WorkerFailureError, WorkerGroupRestarted,
+                                      WorkerProcess, format_phases)
 from runtime.workers.host_pool import HostPool
 from runtime.errors import InputError
-from runtime.workers.virtual_cluster import BundleSlot, RayVirtualCluster
+from runtime.workers.virtual_cluster import BACKENDS, BundleSlot, RayVirtualCluster, parse_bytes
 
 LB_STRATEGIES = ("round_robin", "least_loaded")
 
@@ -74,6 +80,170 @@ def gather_futures(*futures: WorkerGroupFuture) -> list[list]:
     return [f.result() for f in futures]
 
 
+WEEK_S = 7 * 86400.0  # the longest timeout an option takes
+
+
+class GroupOptions(BaseModel):
+    """Every option of a RayWorkerGroup, checked once (GroupOptions.parse), by name, before Ray or the
+    cluster sees any. Numbers go through runtime.numbers, sizes through parse_bytes; a bad option is an
+    InputError (a ValueError) that starts with the option's name, says what was wrong and what to give.
+    `strategy` and `compression` are the resolved load-balancing strategy and compression kind."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    init_args: tuple = ()
+    init_kwargs: dict = Field(default_factory=dict)
+    backend: Optional[str] = "auto"  # "auto" (the cluster's communication_backend), "nccl", "gloo", None
+    restart_on_failure: bool = False
+    max_restarts: int = 0
+    call_timeout_s: Optional[float] = None
+    init_timeout_s: float = 120.0
+    env: dict = Field(default_factory=dict)
+    colocated_share: Optional[float] = None
+    memory_limit: Optional[int] = None  # bytes
+    async_communication: bool = False
+    enable_load_balancing: bool = False
+    load_balancing_strategy: Optional[str] = None
+    enable_gradient_compression: Optional[str] = None  # the kind; True is given as "fp16", False as None
+    spare_workers: bool = False
+
+    @classmethod
+    def parse(cls, **options) -> "GroupOptions":
+        try:
+            return cls.model_validate(options)
+        except ValidationError as e:
+            raise InputError("\n".join(_option_errors(e))) from None
+
+    @property
+    def strategy(self) -> str:
+        return self.load_balancing_strategy or ("least_loaded" if self.enable_load_balancing else "round_robin")
+
+    @property
+    def compression(self) -> Optional[str]:
+        return self.enable_gradient_compression
+
+    @field_validator("init_args", mode="before")
+    @classmethod
+    def _init_args(cls, v):
+        if not isinstance(v, (tuple, list)):
+            raise InputError(f"init_args: {str(v)[:40]!r} is not a tuple; give the worker class's positional "
+                             "arguments as a tuple, e.g. (path,)")
+        return tuple(v)
+
+    @field_validator("init_kwargs", "env", mode="before")
+    @classmethod
+    def _mapping(cls, v, info):
+        v = {} if v is None else v
+        what = "keyword arguments of the worker class" if info.field_name == "init_kwargs" else "variables"
+        if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
+            raise InputError(f"{info.field_name}: {str(v)[:40]!r} is not a dict of names; give the {what} as a "
+                             "dict with str keys")
+        bad = [k for k, x in v.items() if not isinstance(x, str)] if info.field_name == "env" else []
+        if bad:
+            raise InputError(f"env: {bad[0]}={v[bad[0]]!r:.40} is not text; give every variable's value as "
+                             "a str (e.g. \"1\")")
+        return dict(v)
+
+    @field_validator("backend", mode="before")
+    @classmethod
+    def _backend(cls, v):
+        if v not in (None, "auto", *BACKENDS):
+            raise InputError(f"backend: {str(v)[:40]!r} is not one of auto, {', '.join(BACKENDS)} or None "
+                             "(None: no torch process group)")
+        return v
+
+    @field_validator("restart_on_failure", "async_communication", "enable_load_balancing", "spare_workers",
+                     mode="before")
+    @classmethod
+    def _boolean(cls, v, info):
+        return numbers.boolean(v, info.field_name)
+
+    @field_validator("max_restarts", mode="before")
+    @classmethod
+    def _restarts(cls, v):
+        return numbers.integer(v, "max_restarts", 0, 10_000)
+
+    @field_validator("call_timeout_s", mode="before")
+    @classmethod
+    def _call_timeout(cls, v):
+        return None if v is None else numbers.finite(v, "call_timeout_s", 0, WEEK_S, low_open=True)
+
+    @field_validator("init_timeout_s", mode="before")
+    @classmethod
+    def _init_timeout(cls, v):
+        return numbers.finite(v, "init_timeout_s", 0, WEEK_S, low_open=True)
+
+    @field_validator("colocated_share", mode="before")
+    @classmethod
+    def _share(cls, v):
+        return None if v is None else numbers.finite(v, "colocated_share", 0, 1, low_open=True)
+
+    @field_validator("memory_limit", mode="before")
+    @classmethod
+    def _memory_limit(cls, v):
+        if isinstance(v, (bool, float)):
+            raise InputError(f"memory_limit: {v!r} is not a size; give bytes as an int or text such as 8GB")
+        size = parse_bytes(v, "memory_limit")
+        if size is not None and size <= 0:
+            raise InputError(f"memory_limit: {v!r} must be a positive size such as 8GB")
+        return size
+
+    @field_validator("load_balancing_strategy", mode="before")
+    @classmethod
+    def _strategy(cls, v):
+        if v not in (None, *LB_STRATEGIES):
+            raise InputError(f"load_balancing_strategy: {str(v)[:40]!r} is not one of {', '.join(LB_STRATEGIES)}")
+        return v
+
+    @field_validator("enable_gradient_compression", mode="before")
+    @classmethod
+    def _compression(cls, v):
+        kind = "fp16" if v is True else (v or None)
+        if kind not in (None, *COMPRESSIONS):
+            raise InputError(f"enable_gradient_compression: {str(v)[:40]!r} is not True or one of "
+                             f"{', '.join(COMPRESSIONS)}")
+        return kind
+
+    @model_validator(mode="after")
+    def _compression_needs_backend(self):
+        if self.compression and not self.backend:
+            raise InputError("enable_gradient_compression: it compresses DDP gradients, which needs a torch process "
+                             "group; give backend \"auto\", \"nccl\" or \"gloo\", or drop the compression")
+        return self
+
+    def reserved_memory(self, cluster: RayVirtualCluster) -> Optional[int]:
+        """The memory Ray reserves per worker: memory_limit, where the cluster reserves memory per bundle
+        (memory_per_bundle), checked against the worker's share of it; None where it reserves none."""
+        reserved = cluster.memory_per_bundle
+        if not (self.memory_limit and reserved):
+            return None
+        colocated = cluster.max_colocated_worker_groups
+        share = reserved / colocated
+        if self.memory_limit > share:
+            raise InputError(f"memory_limit {self.memory_limit / 2**30:.2f} GiB cannot be met: the cluster reserves "
+                             f"{share / 2**30:.2f} GiB per worker (memory_per_bundle); lower memory_limit, or create "
+                             f"the cluster with memory_per_bundle=\"{self.memory_limit * colocated / 2**30:.0f}GB\"")
+        if self.spare_workers:
+            raise InputError("spare_workers: with a reserved memory_limit, a rank taken by a spare does not hold a "
+                             "Ray memory reservation; use one or the other (without memory_per_bundle the limit "
+                             "is enforced on each worker and spares work)")
+        return self.memory_limit
+
+
+def _option_errors(err: ValidationError) -> list[str]:
+    """One line per bad option: our own validators' words (they name the option), else pydantic's."""
+    lines = []
+    for e in err.errors():
+        cause = (e.get("ctx") or {}).get("error")
+        name = str(e["loc"][0]) if e["loc"] else "(options)"
+        if isinstance(cause, InputError):
+            lines.append(str(cause))
+        elif e["type"] == "extra_forbidden":
+            lines.append(f"{name}: not an option of RayWorkerGroup (its options: {', '.join(GroupOptions.model_fields)})")
+        else:
+            lines.append(f"{name}: {e['msg']} (got {str(e.get('input'))[:80]!r})")
+    return lines
+
+
 class RayWorkerGroup:
     def __init__(self, virtual_cluster: RayVirtualCluster, worker_class, *, init_args: tuple = (),
                  init_kwargs: Optional[dict] = None, backend: Optional[str] = "auto", restart_on_failure: bool = False,
@@ -82,71 +252,55 @@ class RayWorkerGroup:
                  memory_limit=None, async_communication: bool = False, enable_load_balancing: bool = False,
                  load_balancing_strategy: Optional[str] = None, enable_gradient_compression=False,
                  spare_workers: bool = False):
-        # every option checked here, by name, before Ray sees it (Ray's own words name no option)
-        max_restarts = numbers.integer(max_restarts, "max_restarts", 0, 10_000)
-        if call_timeout_s is not None:
-            call_timeout_s = numbers.finite(call_timeout_s, "call_timeout_s", 0, 7 * 86400, low_open=True)
-        init_timeout_s = numbers.finite(init_timeout_s, "init_timeout_s", 0, 7 * 86400, low_open=True)
-        if colocated_share is not None:
-            colocated_share = numbers.finite(colocated_share, "colocated_share", 0, 1, low_open=True)
-        if isinstance(memory_limit, (bool, float)):
-            raise InputError(f"memory_limit: {memory_limit!r} is not a size; give bytes as an int or text such as 8GB")
-        from runtime.workers.virtual_cluster import parse_bytes
-        self.memory_limit = parse_bytes(memory_limit, "memory_limit")
-        if self.memory_limit is not None and self.memory_limit <= 0:
-            raise InputError(f"memory_limit: {memory_limit!r} must be a positive size such as 8GB")
+        # every option checked once, by name, before Ray or the cluster sees it (Ray's own words name no option)
+        opts = self.options = GroupOptions.parse(
+            init_args=init_args, init_kwargs=init_kwargs, backend=backend, restart_on_failure=restart_on_failure,
+            max_restarts=max_restarts, call_timeout_s=call_timeout_s, init_timeout_s=init_timeout_s, env=env,
+            colocated_share=colocated_share, memory_limit=memory_limit, async_communication=async_communication,
+            enable_load_balancing=enable_load_balancing, load_balancing_strategy=load_balancing_strategy,
+            enable_gradient_compression=enable_gradient_compression, spare_workers=spare_workers)
+        # Ray reserves the limit where the cluster reserves memory (memory_per_bundle); every worker's
+        # RSS is held to it in any case (runtime.workers.usage.enforce_memory_limit): over it, the worker stops
+        self._ray_memory = opts.reserved_memory(virtual_cluster)
         self._closed = False
         self.cluster = virtual_cluster
         self.worker_class = worker_class
-        self.init_args, self.init_kwargs = init_args, dict(init_kwargs or {})
-        self.backend = virtual_cluster.communication_backend if backend == "auto" else backend
-        if load_balancing_strategy not in (None, *LB_STRATEGIES):
-            raise ValueError(f"load_balancing_strategy: {load_balancing_strategy!r} is not one of {', '.join(LB_STRATEGIES)}")
-        self.load_balancing_strategy = load_balancing_strategy or ("least_loaded" if enable_load_balancing else "round_robin")
-        self.async_communication = async_communication
-        compression = "fp16" if enable_gradient_compression is True else (enable_gradient_compression or None)
-        if compression not in (None, *COMPRESSIONS):
-            raise ValueError(f"enable_gradient_compression: {enable_gradient_compression!r} is not True or one of "
-                             f"{', '.join(COMPRESSIONS)}")
-        if compression and not self.backend:
-            raise ValueError("enable_gradient_compression compresses DDP gradients; it needs a backend (nccl/gloo)")
-        self.compression = compression
-        # Ray reserves the limit where the cluster reserves memory (memory_per_bundle); every worker's
-        # RSS is held to it in any case (runtime.workers.usage.enforce_memory_limit): over it, the worker stops
-        reserved = virtual_cluster.memory_per_bundle
-        self._ray_memory = self.memory_limit if (self.memory_limit and reserved) else None
-        if self._ray_memory:
-            share = reserved / virtual_cluster.max_colocated_worker_groups
-            if self.memory_limit > share:
-                raise ValueError(f"memory_limit {self.memory_limit / 2**30:.2f} GiB cannot be met: the cluster reserves "
-                                 f"{share / 2**30:.2f} GiB per worker (memory_per_bundle); lower memory_limit, or "
-                                 f"create the cluster with memory_per_bundle=\"{self.memory_limit * virtual_cluster.max_colocated_worker_groups / 2**30:.0f}GB\"")
-            if spare_workers:
-                raise ValueError("spare_workers with a reserved memory_limit: a rank taken by a spare does not hold a "
-                                 "Ray memory reservation; use one or the other (without memory_per_bundle the limit "
-                                 "is enforced on each worker and spares work)")
-        self.restart_on_failure, self.max_restarts = restart_on_failure, max_restarts
-        self.call_timeout_s, self.init_timeout_s = call_timeout_s, init_timeout_s
-        self.extra_env = dict(env or {})
-        share = colocated_share or 1 / virtual_cluster.max_colocated_worker_groups
+        self.init_args, self.init_kwargs = opts.init_args, dict(opts.init_kwargs)
+        self.backend = virtual_cluster.communication_backend if opts.backend == "auto" else opts.backend
+        self.memory_limit = opts.memory_limit
+        self.load_balancing_strategy = opts.strategy
+        self.async_communication = opts.async_communication
+        self.compression = opts.compression
+        self.restart_on_failure, self.max_restarts = opts.restart_on_failure, opts.max_restarts
+        self.call_timeout_s, self.init_timeout_s = opts.call_timeout_s, opts.init_timeout_s
+        self.extra_env = dict(opts.env)
+        share = opts.colocated_share or 1 / virtual_cluster.max_colocated_worker_groups
         self._cpus = virtual_cluster.num_cpus_per_bundle * share
         self._gpus = share if virtual_cluster.use_gpus else 0
         self.restarts = 0
         self.slots: list[BundleSlot] = virtual_cluster.slots()
-        self.detector = FailureDetector(self)  # finds the rank behind a failed call; _fail decides what then
+        # finds the rank behind a failed call, seeing only failure_view(); _fail decides what then
+        self.detector = FailureDetector(self.failure_view)
         self.workers: list = []
+        self._processes: list[Optional[WorkerProcess]] = []  # rank -> its process (pid, node), for log tails
         self.spares = HostPool(virtual_cluster.monitor_memory)  # every host of this group comes from here
-        self.keep_spares = spare_workers
+        self.keep_spares = opts.spare_workers
         self._spares_due = False  # set once the group has (re)started: see _fill_spares
         self.last_start: dict = {}
         self.last_restart: dict = {}
         t0 = time.monotonic()
         if not self._ray_memory:  # hosts the launcher warmed up while its barrier waited (none outside it)
-            self.spares.adopt({sl.node_id for sl in self.slots}, timeout_s=init_timeout_s)
+            self.spares.adopt({sl.node_id for sl in self.slots}, timeout_s=self.init_timeout_s)
         adopt_s = time.monotonic() - t0
         self._start()
         self.last_start["adopt_s"] = adopt_s  # waiting for warm hosts still importing
         self._spares_due = self.keep_spares
+
+    def failure_view(self) -> GroupView:
+        """What the FailureDetector may read of this group, now: workers, slots, spares, processes."""
+        return GroupView(workers=tuple(self.workers), slots=tuple(self.slots),
+                         spares_by_node={node: tuple(hosts) for node, hosts in self.spares.by_node.items()},
+                         processes=tuple(self._processes), call_timeout_s=self.call_timeout_s)
 
     # -- lifecycle --------------------------------------------------------------
     @property
@@ -167,17 +321,15 @@ class RayWorkerGroup:
             spare = self.spares.take(slot.node_id) if slot.node_id != lost_node else None
             reused += spare is not None
             hosts.append(spare or self._spawn(rank, slot))
-        self.workers = hosts
+        self.workers, self._processes = hosts, []  # the processes are known once the hosts answer
         addr, port = self._guard(lambda: [hosts[0].free_port.remote()], timeout=self.init_timeout_s, restartable=False)[0]
         self.master = (addr, port)
         t1 = time.monotonic()
-        timings = self._guard(lambda: [h.setup.remote(self.worker_class, self._env(r, sl, addr, port), self.init_args,
-                                                      self.init_kwargs, self.backend, self.init_timeout_s,
-                                                      self.memory_limit)
+        timings = self._guard(lambda: [self._setup(h, self._env(r, sl, addr, port), self.backend)
                                        for r, (h, sl) in enumerate(zip(hosts, self.slots))],
                               timeout=self.init_timeout_s, restartable=False)
-        self._info = self._guard(lambda: [w.status.remote() for w in self.workers], timeout=self.init_timeout_s,
-                                 restartable=False)
+        self._processes = self._process_of(self._guard(lambda: [w.status.remote() for w in self.workers],
+                                                       timeout=self.init_timeout_s, restartable=False))
         self.last_start = {"hosts_s": t1 - t0, "spares_used": reused, "new_hosts": len(hosts) - reused,
                            "import_s": max(t["import_s"] for t in timings),
                            "dist_init_s": max(t["dist_init_s"] for t in timings),
@@ -190,8 +342,18 @@ class RayWorkerGroup:
             env[COMPRESSION_ENV] = self.compression
         return env
 
+    def _setup(self, host, env: dict, backend: Optional[str]):
+        """The host takes its rank: joins the process group (when `backend`) and builds the worker."""
+        return host.setup.remote(self.worker_class, env, init_args=self.init_args, init_kwargs=self.init_kwargs,
+                                 backend=backend, timeout_s=self.init_timeout_s, memory_limit=self.memory_limit)
+
+    @staticmethod
+    def _process_of(statuses: list[dict]) -> list[WorkerProcess]:
+        return [WorkerProcess(pid=st["pid"], node_id=st["node_id"], node=st["node"]) for st in statuses]
+
     def _spawn(self, rank: int, slot: BundleSlot):
-        return self.spares.in_bundle(rank, slot, self._cpus, self._gpus, self._ray_memory, bool(self.backend))
+        return self.spares.in_bundle(rank, slot, self._cpus, self._gpus, memory=self._ray_memory,
+                                     backend=bool(self.backend))
 
     def _require_open(self) -> None:
         if self._closed:
@@ -340,7 +502,7 @@ class RayWorkerGroup:
         self._require_open()
         strategy = strategy or self.load_balancing_strategy
         if strategy not in LB_STRATEGIES:
-            raise ValueError(f"strategy {strategy!r} is not one of {', '.join(LB_STRATEGIES)}")
+            raise InputError(f"strategy: {strategy!r} is not one of {', '.join(LB_STRATEGIES)}")
         results: list = [None] * len(items)
         n = len(self.workers)
         if strategy == "round_robin":
@@ -407,8 +569,10 @@ class RayWorkerGroup:
             ray.kill(self.workers[rank], no_restart=True)
             self.workers[rank] = self._spawn(rank, self.slots[rank])
         env = [self._env(r, self.slots[r], *self.master) for r in dead]
-        ray.get([self.workers[r].setup.remote(self.worker_class, e, self.init_args, self.init_kwargs, None,
-                                              self.init_timeout_s, self.memory_limit) for r, e in zip(dead, env)], timeout=self.init_timeout_s)
+        ray.get([self._setup(self.workers[r], e, backend=None) for r, e in zip(dead, env)], timeout=self.init_timeout_s)
+        for r, proc in zip(dead, self._process_of(ray.get([self.workers[r].status.remote() for r in dead],
+                                                         timeout=self.init_timeout_s))):
+            self._processes[r] = proc  # the new processes' logs, for the next failure's log tail
         return dead
 
     def get_worker_status(self, timeout_s: float = 5) -> list[dict]:

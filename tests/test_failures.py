@@ -1,0 +1,55 @@
+"""FailureDetector (runtime.workers.failures) on a two-raylet Ray cluster, given only a GroupView: plain
+actors stand in for a group's workers and spares, so no worker group is built and the detector has
+nothing else to read."""
+import os
+import time
+
+import pytest
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from runtime.workers.failures import FailureDetector, GroupView, WorkerProcess
+from runtime.workers.virtual_cluster import BundleSlot
+
+
+class Probe:
+    def say(self, text):
+        print(text, flush=True)
+        return os.getpid()
+
+    def sleep(self, seconds):
+        time.sleep(seconds)
+
+
+def on(node_id: str):
+    return ray.remote(Probe).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+
+
+@pytest.mark.cluster  # starts real Ray nodes
+def test_the_detector_finds_the_lost_rank_its_node_and_log_from_a_view_alone(two_nodes):
+    nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    assert len(nodes) == 2
+    ids = sorted(nodes)
+    workers = [on(node) for node in ids]
+    spare = on(ids[1])
+    pids = ray.get([w.say.remote(f"probe rank {r} here") for r, w in enumerate(workers)])
+    slots = tuple(BundleSlot(None, 0, r, 0, nodes[node], 1, None, node) for r, node in enumerate(ids))
+    view = GroupView(workers=tuple(workers), slots=slots, spares_by_node={ids[1]: (spare,)},
+                     processes=tuple(WorkerProcess(pid=p, node_id=n, node=nodes[n]) for p, n in zip(pids, ids)),
+                     call_timeout_s=1.5)
+    detector = FailureDetector(lambda: view)  # no group: the view is all it has
+
+    assert detector.lost_worker(5) == (None, False, set(ids))  # every worker and the spare answer
+    assert "probe rank 0 here" in detector.log_tail(0)
+
+    stuck = [workers[0].sleep.remote(5)]
+    with pytest.raises(ray.exceptions.GetTimeoutError) as err:
+        ray.get(stuck, timeout=1.5)
+    failure = detector.locate(stuck, [0], err.value)
+    assert failure.rank == 0 and failure.cause == "no answer within 1.5s (stuck)" and not failure.node_lost
+
+    ray.kill(workers[1], no_restart=True)
+    rank, silent, answered = detector.lost_worker(5)
+    assert (rank, silent) == (1, False)
+    assert detector.node_alive(1, answered)  # its spare answered: the node works, only the worker is gone
+    assert detector.log_tail(None) == "" and GroupView(workers=(), slots=()).processes == ()
