@@ -1,6 +1,6 @@
-"""FailureDetector (runtime.workers.failures) on a two-raylet Ray cluster, given only a GroupView: plain
-actors stand in for a group's workers and spares, so no worker group is built and the detector has
-nothing else to read."""
+"""runtime.workers.failures: death_cause on Ray's own words, and FailureDetector on a two-raylet Ray
+cluster, given only a GroupView: plain actors stand in for a group's workers and spares, so no worker
+group is built and the detector has nothing else to read."""
 import os
 import time
 
@@ -8,8 +8,27 @@ import pytest
 import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from runtime.workers.failures import FailureDetector, GroupView, WorkerProcess
+from runtime.workers.failures import FailureDetector, GroupView, WorkerProcess, death_cause
 from runtime.workers.virtual_cluster import BundleSlot
+
+# Ray 2.60's words for an actor whose process exited (os._exit, a segfault) while a call was running: its
+# note on the "common causes" of any such exit names the OOM killer and node deaths, which are not the cause
+EXITED = ("The actor died unexpectedly before finishing this task.\n\tclass_name: A\n\tip: 192.0.2.2\nThe actor is "
+          "dead because its worker process has died. Worker exit type: SYSTEM_ERROR Worker exit detail: Worker "
+          "unexpectedly exits with a connection error code 2. End of file. Some common causes include: (1) the "
+          "process was killed by the OOM killer due to high memory usage, (2) ray stop --force was called, or (3) "
+          "the worker crashed unexpectedly due to SIGSEGV or another unexpected error. If the process was killed "
+          "by the kernel OOM killer (verifiable by checking for OOM in dmesg of the OOMing node), consider enabling "
+          "resource isolation via --enable-resource-isolation to prevent node deaths by resource contention")
+
+
+def test_death_cause_reads_what_ray_says_of_this_death_not_its_list_of_common_causes():
+    assert death_cause(RuntimeError(EXITED)) == "actor exit"
+    assert death_cause(RuntimeError("The actor is dead because it was killed by `ray.kill`.")) == "actor exit"
+    assert death_cause(RuntimeError("The actor is dead because its worker process has died. Worker exit type: "
+                                    "NODE_OUT_OF_MEMORY Worker exit detail: Task was killed due to the node running "
+                                    "low on memory.")) == "OOM"
+    assert death_cause(RuntimeError("The actor died because its node has died. Node Id: 27981e")) == "node lost"
 
 
 class Probe:

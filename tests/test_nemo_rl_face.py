@@ -73,6 +73,37 @@ class TiedRecorder(Recorder):
                 {"env_vars": {"FACE_OVERRIDE": "runtime_env_override"}})
 
 
+class Lifecycle:
+    """A worker whose setup (__init__) leaves one line per run in init-<RANK>, and which can die in the
+    middle of a call: os._exit on rank `die_on_rank`, after `after_s` seconds of the call."""
+
+    def __init__(self, marker_dir):
+        self.marker_dir = marker_dir
+        with open(os.path.join(marker_dir, f"init-{os.environ['RANK']}"), "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    def env(self, names):
+        return {n: os.environ.get(n) for n in names}
+
+    def step(self, x, die_on_rank=-1, after_s=0.0):
+        open(os.path.join(self.marker_dir, f"running-{os.environ['RANK']}"), "w").close()
+        time.sleep(after_s)
+        if int(os.environ["RANK"]) == die_on_rank:
+            os._exit(1)
+        return int(os.environ["RANK"]), x
+
+    def where(self):
+        ctx = ray.get_runtime_context()
+        return ctx.get_node_id(), ctx.get_placement_group_id()
+
+
+def bundles_held(pg) -> set:
+    """The bundles of placement group `pg` that an actor sits in (each takes 0.001 of its bundle's
+    bundle_group_<i>_<pg> resource)."""
+    free = ray.available_resources()
+    return {i for i in range(pg.bundle_count) if free.get(f"bundle_group_{i}_{pg.id.hex()}", 1000) < 1000}
+
+
 def state_of(name: str) -> list:
     return [pg["state"] for pg in placement_group_table().values() if pg["name"] == name]
 
@@ -356,3 +387,70 @@ def test_restart_on_failure_starts_a_dead_workers_actor_again_from_its_builder(c
             plain.restart_failed_workers()
     finally:
         plain.shutdown(force=True)
+
+
+def test_a_worker_killed_mid_call_is_named_then_recreated_in_a_spare_bundle(cluster, tmp_path):
+    """Restarts on: rank 1 dies (os._exit) while its call is in flight; the call's error names the rank,
+    its node and the cause; its actor is re-created in the spare bundle of its node (the group has one
+    worker per node on 2-bundle nodes), with the same options and environment; the user's setup
+    (__init__) runs again; the call made again succeeds."""
+    from runtime.wait import wait_until
+    from runtime.workers.failures import WorkerGroupRestarted
+    g = RayWorkerGroup(cluster, RayWorkerBuilder(f"{__name__}.Lifecycle", marker_dir=str(tmp_path)),
+                       name_prefix="phoenix", workers_per_node=1, sharding_annotations=NamedSharding([0, 1], ["dp"]),
+                       restart_on_failure=True, max_restarts=2)
+    call = dict(in_sharded_axes=["dp"], x=["a", "b"])
+    try:
+        pgs = cluster.get_placement_groups()
+        assert g.get_all_worker_results(g.run_all_workers_sharded_data("step", **call)) == [(0, "a"), (1, "b")]
+        assert wait_until(lambda: [bundles_held(pg) for pg in pgs] == [{0}, {0}], timeout_s=10, what="bundle 0 held")
+        old, (node, pg_id) = g.workers[1], ray.get(g.workers[1].where.remote())
+        env_before = ray.get(old.env.remote(RANK_VARS))
+        with pytest.raises(WorkerGroupRestarted) as e:
+            g.get_all_worker_results(g.run_all_workers_sharded_data("step", common_kwargs=dict(die_on_rank=1, after_s=0.5), **call))
+        assert e.value.rank == 1 and e.value.node, str(e.value)
+        assert "worker 1 (phoenix-1-0, node 1" in str(e.value) and "is gone: actor exit" in str(e.value), str(e.value)
+        assert g.workers[1] is not old and g.restarts == 1
+        assert g.get_all_worker_results(g.run_all_workers_sharded_data("step", **call)) == [(0, "a"), (1, "b")]
+        assert ray.get(g.workers[1].where.remote()) == (node, pg_id)  # the same node and placement group ...
+        assert wait_until(lambda: [bundles_held(pg) for pg in pgs] == [{0}, {1}], timeout_s=10,
+                          what="rank 1 in its node's spare bundle")  # ... in the bundle no worker held
+        assert ray.get(g.workers[1].env.remote(RANK_VARS)) == env_before  # the same environment
+        assert ray.get(ray.get_actor("phoenix-1-0").env.remote(["RANK"])) == {"RANK": "1"}  # and name
+        assert g.worker_metadata[1]["node_idx"] == 1 and g.worker_metadata[1]["bundle_indices"] == (1, [1])
+        inits = {r: (tmp_path / f"init-{r}").read_text().split() for r in (0, 1)}
+        assert len(inits[0]) == 1 and len(inits[1]) == 2 and inits[1][0] != inits[1][1]  # setup ran again, anew
+        with pytest.raises(WorkerGroupRestarted):  # again: back into bundle 0, now the spare one
+            g.get_all_worker_results(g.run_all_workers_sharded_data("step", common_kwargs=dict(die_on_rank=1), **call))
+        assert g.get_all_worker_results(g.run_all_workers_sharded_data("step", **call)) == [(0, "a"), (1, "b")]
+        assert wait_until(lambda: [bundles_held(pg) for pg in pgs] == [{0}, {0}], timeout_s=10, what="bundle 0 again")
+    finally:
+        g.shutdown(force=True)
+
+
+def test_without_restarts_a_worker_killed_mid_call_is_named_and_stays_dead(cluster, tmp_path):
+    """NeMo RL's default (no restart_on_failure): ray.kill lands while the call is in flight; the error
+    names the rank, node and cause (Ray's error is its __cause__), nothing is restarted and the
+    worker stays dead, as in NeMo RL."""
+    from runtime.workers.failures import WorkerFailureError, WorkerGroupRestarted
+    g = RayWorkerGroup(cluster, RayWorkerBuilder(f"{__name__}.Lifecycle", marker_dir=str(tmp_path)),
+                       name_prefix="mortal", workers_per_node=1, sharding_annotations=NamedSharding([0, 1], ["dp"]))
+    call = dict(in_sharded_axes=["dp"], x=["a", "b"])
+    try:
+        from runtime.wait import wait_until
+        victim = g.workers[1]
+        future = g.run_all_workers_sharded_data("step", common_kwargs=dict(after_s=20), **call)
+        wait_until((tmp_path / "running-1").exists, timeout_s=60, what="rank 1's call to start")
+        ray.kill(victim, no_restart=True)  # while its call is running
+        with pytest.raises(WorkerFailureError) as e:
+            g.get_all_worker_results(future)
+        assert not isinstance(e.value, WorkerGroupRestarted) and e.value.rank == 1
+        assert "worker 1 (mortal-1-0, node 1" in str(e.value) and "is gone: actor exit" in str(e.value), str(e.value)
+        assert isinstance(e.value.__cause__, ray.exceptions.RayActorError)
+        # rank 0 is still in its call (it does not answer), on a live node: busy, not dead
+        assert g.restarts == 0 and g.workers[1] is victim and g.dead_workers(timeout_s=2) == [1]
+        assert (tmp_path / "init-1").read_text().count("\n") == 1  # its setup did not run again
+        with pytest.raises(WorkerFailureError, match="worker 1 "):
+            g.get_all_worker_results(g.run_all_workers_sharded_data("step", **call))
+    finally:
+        g.shutdown(force=True)

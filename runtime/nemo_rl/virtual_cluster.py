@@ -241,7 +241,7 @@ class RayVirtualCluster(_CoreCluster):
                 num_cpus=0,  # runs even while the bundle's CPUs are taken
                 scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
                                                                      placement_group_bundle_index=bundle_idx),
-            ).remote(self.port_range_low, self.port_range_high))
+            ).remote(port_range_low=self.port_range_low, port_range_high=self.port_range_high))
         out: dict = {}
         pending = list(refs)
         while pending:

@@ -16,6 +16,11 @@ A worker's environment, lowest precedence first (as in NeMo RL):
 Calls take their data by keyword, as NeMo RL's do: positional data raises AssertionError (NeMo RL
 rejects it because Ray mishandled positional arguments in some signatures, NVIDIA-NeMo/RL#582).
 
+Recovery is opt-in (restart_on_failure=True, max_restarts=N; NeMo RL's default, none, is kept): a call
+whose worker's actor is gone raises WorkerFailureError naming the worker, its node and the cause; with
+restarts the dead actor is started again first (in a spare bundle of the cluster where there is one,
+else its own) and the error is WorkerGroupRestarted. The actor's state is the caller's to restore.
+
 As in NeMo RL, the worker class is imported and its actors started by one IsolatedWorkerInitializer
 actor per node (`_initializer_pool`), not by the driver. Not provided: nsight profiling options
 (NRL_NSYS_*; no Nsight Systems here).
@@ -188,6 +193,21 @@ def _start_worker(fqn: str, init_args: tuple, init_kwargs: dict, placement_group
     return cls.options(**options).remote(*init_args, **{**init_kwargs, **more_kwargs})
 
 
+@dataclass
+class _WorkerStart:
+    """How one worker of a group was started, to start it again: the index of its placement group in
+    the cluster, whether it is one of a tied group's workers, and create_worker's keyword arguments
+    (placement_group, placement_group_bundle_index, num_gpus, bundle_indices, num_gpus_per_node,
+    runtime_env, name)."""
+    pg_idx: int
+    tied: bool
+    options: dict
+
+    @property
+    def bundle(self) -> tuple:
+        return self.options["placement_group"].id, self.options["placement_group_bundle_index"]
+
+
 class RayWorkerBuilder:
     """Makes worker actors of one class: `RayWorkerBuilder("pkg.mod.Class", *init_args, **init_kwargs)`.
 
@@ -232,8 +252,10 @@ class RayWorkerBuilder:
         """(ObjectRef of the worker's handle, its initializer): start one worker without waiting.
         The initializer runs in extra_options' runtime_env; keep it alive as long as the worker."""
         initializer = self.initializer(extra_options.get("runtime_env"))
-        return initializer.create_worker.remote(placement_group, placement_group_bundle_index, num_gpus,
-                                                bundle_indices, **extra_options), initializer
+        return initializer.create_worker.remote(placement_group=placement_group,
+                                                placement_group_bundle_index=placement_group_bundle_index,
+                                                num_gpus=num_gpus, bundle_indices=bundle_indices,
+                                                **extra_options), initializer
 
     def __call__(self, placement_group, placement_group_bundle_index: int, num_gpus: Union[float, int],
                  bundle_indices: Optional[tuple[int, list[int]]] = None, **extra_options: Any):
@@ -267,7 +289,7 @@ class RayWorkerGroup:
             raise ValueError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
         self.restart_on_failure, self.max_restarts, self.restarts = restart_on_failure, max_restarts, 0
         self._builder = remote_worker_builder
-        self._starts: list[tuple] = []  # per worker: (pg_idx, create_worker's args and options), to start it again
+        self._starts: list[_WorkerStart] = []  # per worker: how it was started, to start it again
         self._init_env: dict = {}
         self._workers: list = []
         self._worker_metadata: list[dict[str, Any]] = []
@@ -355,10 +377,12 @@ class RayWorkerGroup:
                     self.dp_leader_worker_indices.append(rank)
                 name = (f"{self.name_prefix}-grp{group_idx}-{local_rank}" if tied
                         else f"{self.name_prefix}-{pg_idx}-{bundle_idx}")
-                start = ((pg, bundle_idx, num_gpus, bundle_indices),
-                         dict(num_gpus_per_node=self.cluster.num_gpus_per_node, runtime_env=runtime_env, name=name))
-                self._starts.append((pg_idx, start))
-                refs.append(self._initializer_pool[pg_idx].create_worker.remote(*start[0], **start[1]))
+                start = _WorkerStart(pg_idx, tied, dict(
+                    placement_group=pg, placement_group_bundle_index=bundle_idx, num_gpus=num_gpus,
+                    bundle_indices=bundle_indices, num_gpus_per_node=self.cluster.num_gpus_per_node,
+                    runtime_env=runtime_env, name=name))
+                self._starts.append(start)
+                refs.append(self._initializer_pool[pg_idx].create_worker.remote(**start.options))
                 self._worker_metadata.append({"node_idx": pg_idx, "local_rank": local_rank, "global_rank": rank,
                                               "name": name, "bundle_indices": bundle_indices,
                                               "dp_shard_idx": group_idx})
@@ -496,25 +520,39 @@ class RayWorkerGroup:
 
     # -- recovery (opt-in: restart_on_failure) ------------------------------------------------------------
     def dead_workers(self, timeout_s: float = 10.0) -> list[int]:
-        """The indices of the workers whose actors are gone (Ray says so, or they do not answer in time)."""
+        """The indices of the workers whose actors are gone: Ray says so when asked (within timeout_s), or
+        the worker does not answer in time and its bundle's node is dead. One that does not answer while
+        its node is alive is busy (a call waits for the one running before it) and is not counted: a
+        worker still in a long call is not taken for dead and restarted."""
         refs = [w.__ray_ready__.remote() for w in self._workers]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        dead = []
+        dead, silent = [], []
         for i, ref in enumerate(refs):
             if ref not in ready:
-                dead.append(i)
+                silent.append(i)
                 continue
             try:
                 ray.get(ref, timeout=0)
             except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
                 dead.append(i)
-        return dead
+        if silent:
+            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+            node_of = self._node_of_bundle()
+            dead += [i for i in silent if node_of.get(self._starts[i].bundle) not in alive]
+        return sorted(dead)
+
+    def _node_of_bundle(self) -> dict:
+        """(placement group ID, bundle index) -> the Ray node ID it is on, for every bundle of the cluster."""
+        return {(sl.placement_group.id, sl.bundle_index): sl.node_id for sl in self.cluster.slots()}
 
     def restart_failed_workers(self) -> list[int]:
-        """Start the dead workers' actors again, each from the same builder in the same bundle, with the same
-        environment, init arguments and name (so its __init__, the worker's setup, runs again); the
-        indices restarted. What an actor held is gone with it: its state is the caller's to restore, as
-        in NeMo RL. Needs restart_on_failure=True; past max_restarts a WorkerFailureError says so."""
+        """Start the dead workers' actors again from the same builder, with the same options, environment,
+        init arguments and name (so its __init__, the worker's setup, runs again); the indices restarted.
+        Each goes into a spare bundle of the cluster where there is one (a bundle that holds none of this
+        group's workers, on a node Ray counts alive; one on the dead worker's own node first), else into
+        the dead worker's own bundle; a tied group's worker (bundle_indices_list) always goes back into
+        its own. What an actor held is gone with it: its state is the caller's to restore, as in NeMo
+        RL. Needs restart_on_failure=True; past max_restarts a WorkerFailureError says so."""
         if not self.restart_on_failure:
             raise WorkerFailureError("this group was made without restart_on_failure=True; its dead workers stay dead")
         dead = self.dead_workers()
@@ -524,23 +562,64 @@ class RayWorkerGroup:
             raise WorkerFailureError(f"worker(s) {dead} are gone and the group has used its {self.max_restarts} "
                                      f"restart(s) (max_restarts)", rank=dead[0])
         self.restarts += 1
+        spares = self._spare_bundles()
         refs = {}
         for i in dead:
-            pg_idx, (args, options) = self._starts[i]
-            initializer = self._initializer_pool.get(pg_idx)
-            try:  # an initializer on a lost node went with it: start another
-                ray.get(initializer.__ray_ready__.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - gone or not answering: replaced
-                initializer = self._initializer_pool[pg_idx] = self._builder.initializer(self._init_env)
             try:  # the dead actor's name is released with it; a killed one may take a moment
                 ray.kill(self._workers[i], no_restart=True)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-            refs[i] = initializer.create_worker.remote(*args, **options)
+            if spares and not self._starts[i].tied:
+                self._move(i, *self._nearest(spares, self._starts[i].pg_idx))
+            refs[i] = self._live_initializer(self._starts[i].pg_idx).create_worker.remote(**self._starts[i].options)
         for i, ref in refs.items():
             self._workers[i] = ray.get(ref)
         ray.get([self._workers[i].__ray_ready__.remote() for i in dead])  # their __init__ done
         return dead
+
+    def _live_initializer(self, pg_idx: int):
+        """The initializer of placement group `pg_idx`, started now if it has none or its own is gone (an
+        initializer on a lost node went with it)."""
+        initializer = self._initializer_pool.get(pg_idx)
+        if initializer is not None:
+            try:
+                ray.get(initializer.__ray_ready__.remote(), timeout=10)
+                return initializer
+            except Exception:  # noqa: BLE001 - gone or not answering: replaced
+                pass
+        initializer = self._initializer_pool[pg_idx] = self._builder.initializer(self._init_env)
+        return initializer
+
+    def _spare_bundles(self) -> list[tuple[int, Any, int]]:
+        """(pg_idx, placement group, bundle) of every bundle of the cluster that holds none of this group's
+        workers, on a node Ray counts alive, in cluster order."""
+        groups = self.cluster.get_placement_groups()
+        used = {start.bundle for start in self._starts}
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        node_of = self._node_of_bundle()
+        return [(pg_idx, pg, b) for pg_idx, pg in enumerate(groups) for b in range(pg.bundle_count)
+                if (pg.id, b) not in used and node_of.get((pg.id, b)) in alive]
+
+    @staticmethod
+    def _nearest(spares: list, pg_idx: int) -> tuple[int, Any, int]:
+        """The spare bundle to take (and remove from `spares`): one in placement group `pg_idx` (the same
+        node) if there is one, else the first."""
+        pick = next((s for s in spares if s[0] == pg_idx), spares[0])
+        spares.remove(pick)
+        return pick
+
+    def _move(self, worker: int, pg_idx: int, pg, bundle: int) -> None:
+        """Start `worker` from now on in `bundle` of placement group `pg_idx`: the same options otherwise;
+        its bundle_indices (a leader's) and metadata say where it is."""
+        start = self._starts[worker]
+        options = {**start.options, "placement_group": pg, "placement_group_bundle_index": bundle}
+        if options["bundle_indices"] is not None:
+            options["bundle_indices"] = (pg_idx, [bundle])
+        self._starts[worker] = _WorkerStart(pg_idx, start.tied, options)
+        meta = self._worker_metadata[worker]
+        meta["node_idx"] = pg_idx
+        if meta.get("bundle_indices") is not None:
+            meta["bundle_indices"] = options["bundle_indices"]
 
     # -- teardown ---------------------------------------------------------------------------------------
     def shutdown(self, cleanup_method: Optional[str] = None, timeout: Optional[float] = 30.0,

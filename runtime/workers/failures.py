@@ -39,12 +39,21 @@ class WorkerGroupRestarted(WorkerFailureError):
     """The group was restarted after a failure; worker state is back at the last checkpoint."""
 
 
+# Ray's note on any worker that exits unexpectedly lists the OOM killer and dying nodes among "common
+# causes": the text from here on names no cause of this death
+_RAY_GENERIC_NOTE = "Some common causes include"
+
+
 def death_cause(err: BaseException) -> str:
     """Why Ray says an actor is gone, in a word or two: 'OOM', 'node lost', or 'actor exit'."""
     text = str(err)
-    if "OOM" in text or "out of memory" in text.lower() or "memory usage" in text.lower():
+    if isinstance(err, ray.exceptions.OutOfMemoryError) or "NODE_OUT_OF_MEMORY" in text:
         return "OOM"
-    if "node" in text.lower() and ("died" in text or "dead" in text or "lost" in text or "preempted" in text):
+    said = text.split(_RAY_GENERIC_NOTE)[0]
+    lower = said.lower()
+    if "OOM" in said or "out of memory" in lower or "memory usage" in lower or "low on memory" in lower:
+        return "OOM"
+    if "node" in lower and ("died" in said or "dead" in said or "lost" in said or "preempted" in said):
         return "node lost"
     return "actor exit"
 
