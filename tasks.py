@@ -166,11 +166,13 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
         print(f"submitted Slurm job {result['slurm_job_id']}")
 
 
-@task(help={"spec": "Cluster spec JSON with a 'kubernetes' section (default: project.spec).",
+@task(help={"target": "The target the job was deployed to with --submit (default: deploy.target); k8s deletes "
+                      "by label, the others' jobs end by themselves.",
+            "spec": "Cluster spec JSON (default: project.spec); for k8s, its 'kubernetes' section's namespace.",
             "name": "Job name (or the fan-out's name) given to deploy (default: deploy.name)."})
-def destroy(c, spec=None, name=None):
+def destroy(c, target=None, spec=None, name=None):
     """Delete what `deploy --target k8s --submit` created: its Jobs, pods, Service and Secret, by label."""
-    out = _run(c, pipeline.destroy, spec, name)
+    out = _run(c, pipeline.destroy, spec, target, name)
     print(out["kubectl"].strip() or f"nothing labelled with {out['group']} in {out['namespace']}")
 
 

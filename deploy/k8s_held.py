@@ -69,7 +69,7 @@ def wait_serving(job: JobSpec, namespace: str, progress: Callable[[str], None], 
         try:
             kubectl.destroy(kubectl.group_selector(job.name), namespace, env=env)
         except DeployError as e:
-            progress(f"k8s: could not delete what up applied ({e}); `invoke destroy --name {job.name}` does")
+            progress(f"k8s: could not delete what up applied ({e}); `invoke destroy --target k8s --name {job.name}` does")
         raise
     return {"namespace": namespace, "job_name": job.name, "head_pod": pod}
 

@@ -29,13 +29,15 @@ class Request:
 
 
 def make_request(target_name: str, flags: dict, spec: ClusterSpec, spec_file: str, spec_sha256: str,
-                 images: dict[str, ImageInfo], job_values: dict, gpus: Optional[int], app_dir: Path) -> Request:
-    """Resolve the target, its options and the job; every problem found is reported together."""
+                 images: dict[str, ImageInfo], job_values: dict, gpus: Optional[int], app_dir: Path,
+                 build_dir: Path) -> Request:
+    """Resolve the target, its options (its own defaults under BUILD_DIR first, then FLAGS) and the
+    job; every problem found is reported together."""
     target = get_target(target_name)
     problems: list[str] = []
     options = None
     try:
-        options = target.parse_options(flags)
+        options = target.parse_options({**target.build_dir_options(build_dir), **flags})
     except PreflightError as e:
         problems += e.problems
     gpus_per_node = gpus if gpus is not None else target.spec_gpus(spec)

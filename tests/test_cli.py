@@ -158,3 +158,15 @@ def test_sigterm_ends_a_task_through_its_finally(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 143
     assert (tmp_path / "cleaned").exists()
+
+
+def test_destroy_is_each_targets_own(tmp_path):
+    """`invoke destroy` asks the target: the local target has nothing to delete (exit 2, saying which
+    target does), k8s checks the name before kubectl runs."""
+    env = {"INVOKE_PROJECT_BUILD_DIR": str(tmp_path / "b")}
+    r = inv("destroy", env=env)
+    assert r.returncode == 2 and "--target local: nothing to destroy" in r.stderr, r.stderr
+    r = inv("destroy", "--target", "k8s", "--spec", "cluster_specs/kubernetes.json", "--name", "Bad_Name", env=env)
+    assert r.returncode == 2 and "not a job name" in r.stderr, r.stderr
+    r = inv("destroy", "--target", "mainframe", env=env)
+    assert r.returncode == 2 and "is not one of" in r.stderr, r.stderr

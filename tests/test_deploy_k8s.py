@@ -185,7 +185,7 @@ def test_launch_sends_fresh_secrets_and_destroy_selects_what_was_rendered(tmp_pa
     assert delete["argv"][:2] == ["delete", k8s.kubectl.KINDS]
 
 
-@pytest.mark.parametrize("serve, remove", [(False, "invoke destroy --name train"), (True, "invoke down --name train")])
+@pytest.mark.parametrize("serve, remove", [(False, "invoke destroy --target k8s --name train"), (True, "invoke down --name train")])
 def test_submit_counts_every_object_it_applied_the_secret_included(tmp_path, monkeypatch, serve, remove):
     """--submit's line says how many objects kubectl was sent (the token Secret too), and how to remove
     them: a held cluster (invoke up) with `invoke down`."""

@@ -88,7 +88,7 @@ def test_pyxis_sqsh_reference_is_planned_without_converting(settings):
     ("slurm.json", "slurm", {"nodes": 0}, "nodes"),
     ("kubernetes.json", "k8s", {"partition": "gpu"}, "--partition: not an option of the k8s target"),
     ("kubernetes.json", "k8s", {"port_stride": 100}, "--port-stride: not an option of the k8s target"),
-    ("slurm-pyxis.json", "pyxis", {"sqsh_to_fileroot": True}, "--sqsh-to-fileroot/--sqsh-dir: only with --sqsh"),
+    ("slurm-pyxis.json", "pyxis", {"sqsh_to_fileroot": True}, "--sqsh-to-fileroot: only with --sqsh"),
 ])
 def test_preflight_failures_write_nothing(settings, tmp_path, spec, target, kw, msg):
     out = tmp_path / "out"

@@ -22,10 +22,16 @@ from pathlib import Path
 from typing import Optional
 
 from deploy.job import job_variant
+from deploy.targets import HOLDING, TARGETS
+from deploy.targets.base import HeldContext
 from runtime import contract as C
 from runtime.spec import load_spec, spec_hash
+from toolchain import layers, pipeline
 from toolchain.config import Settings
+from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
+from toolchain.job_inputs import given, now, parse_command, pick_run, resolve_spec
+from toolchain.images import source_keys
 from toolchain.progress import Reporter
 from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, restore_run,
                                runs_before, write_cluster, write_run)
@@ -34,7 +40,6 @@ CODE_DIR = "raytrain-code"  # each code version a cluster was sent, by content: 
 
 
 def _target(name: str):
-    from deploy.targets import HOLDING, TARGETS
     if name not in HOLDING:
         raise ConfigError(f"--target {name}: held clusters (invoke up/run/status/down) are available for: "
                           f"{', '.join(HOLDING)}; "
@@ -43,8 +48,6 @@ def _target(name: str):
 
 
 def _context(env: dict | None, out=None):
-    from deploy.targets.base import HeldContext
-    from toolchain.docker_client import engine
     return HeldContext(engine=engine, env=dict(os.environ if env is None else env), out=out)
 
 
@@ -58,17 +61,15 @@ def _cluster(settings: Settings, name: Optional[str]) -> ClusterRecord:
 
 def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, name: str | None = None,
        nodes: int | None = None, env: dict | None = None, **flags) -> dict:
-    from toolchain import pipeline
-    from toolchain.images import source_keys
     job_name = settings.deploy.name if name is None else name
     if job_name in read_clusters(settings.build_dir):
         raise ConfigError(f"a held cluster named {job_name!r} is already recorded; `invoke status --name {job_name}`, "
                           f"`invoke down --name {job_name}` first, or give another --name")
-    target_name = pipeline.given(target, "--target") or settings.deploy.target
+    target_name = given(target, "--target") or settings.deploy.target
     held_target = _target(target_name)
     variant = None
     if held_target.needs_image:  # the nodes run the image: what it was built from is what run compares with
-        variant = job_variant(held_target.spec_gpus(load_spec(pipeline.resolve_spec(settings, spec))))
+        variant = job_variant(held_target.spec_gpus(load_spec(resolve_spec(settings, spec))))
         built = read_builds(settings.build_dir).get(variant)
         if built is None or not built.below_app_key:
             raise ToolchainError(f"build/build.json has no source keys for {variant}: run `invoke build` (this "
@@ -76,13 +77,13 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
         keys, spec_sha = {"below_app_key": built.below_app_key, "runtime_sha256": built.runtime_sha256}, built.spec_sha256
     else:  # the nodes run this tree's environment (plain Slurm): what it is now
         keys = source_keys(settings)
-        spec_sha = spec_hash(pipeline.resolve_spec(settings, spec))
+        spec_sha = spec_hash(resolve_spec(settings, spec))
     summary = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True,
                               env=_context(env).env, **{"submit": True, **flags})
     record = ClusterRecord(name=job_name, target=target_name, image=summary["job"]["image"] or "", variant=variant or "",
                            spec_sha256=spec_sha, below_app_key=keys["below_app_key"],
                            runtime_sha256=keys["runtime_sha256"], project=str(settings.root.resolve()),
-                           started=pipeline.now(), handle=summary["held"])
+                           started=now(), handle=summary["held"])
     write_cluster(settings.build_dir, record)
     rep.step(f"held cluster {job_name}: {summary['job']['nodes']} node(s) of {record.image or 'the nodes environment'}; "
              f"`invoke run` sends code to it, `invoke down --name {job_name}` ends it")
@@ -110,13 +111,11 @@ def guard(settings: Settings, record: ClusterRecord, spec_file: Path, keys: dict
 def code_archive(app_dir: Path, rel_dir: str) -> bytes:
     """The project's code as a tar under REL_DIR (relative: the target unpacks it in a directory whose
     own mode the tar must not carry), the app layer's files with the same bytes."""
-    from toolchain import layers
     return layers.make_layer(layers.files_under(app_dir, rel_dir)).data
 
 
 def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None = None,
         command: str | None = None, env: dict | None = None, out=None) -> dict:
-    from toolchain import pipeline
     t0 = time.monotonic()
     record = _cluster(settings, name)
     target = _target(record.target)
@@ -125,8 +124,7 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
     if not state["up"]:
         raise ToolchainError(f"the held cluster {record.name!r} is not running ({state['nodes']}); "
                              f"`invoke down --name {record.name}` clears its record, then `invoke up`")
-    spec_file = pipeline.resolve_spec(settings, spec)
-    from toolchain.images import source_keys
+    spec_file = resolve_spec(settings, spec)
     keys = source_keys(settings)  # the tree hashed once: the guard's keys and the code's hash
     problems = guard(settings, record, spec_file, keys)
     if problems:
@@ -134,14 +132,14 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
     app_dir = settings.path(settings.project.app_dir)
     code_sha = keys["code_sha256"]
     rel_dir = f"{CODE_DIR}/{code_sha[:16]}"
-    argv = list(settings.deploy.command) if command is None else pipeline.parse_command(command)
-    run_id = pipeline.pick_run(settings, record.name, resume=False)
+    argv = list(settings.deploy.command) if command is None else parse_command(command)
+    run_id = pick_run(settings, record.name, resume=False)
     tar = code_archive(app_dir, rel_dir)
     rep.step(f"run {run_id}: code {code_sha[:12]} ({len(tar) // 1024} KiB) to {record.name} "
              f"({time.monotonic() - t0:.2f}s to send)")
     before = runs_before(settings.build_dir)
     write_run(settings.build_dir, record.name, RunRecord(run_id=run_id, target=record.target, image=record.image,
-                                                         started=pipeline.now(), code_sha256=code_sha))
+                                                         started=now(), code_sha256=code_sha))
     code = None
     try:
         code = target.held_run(record.handle, ctx, tar, rel_dir, argv, {C.RUN_ID: run_id, C.JOB_NAME: record.name})

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import json
-import secrets
-import time
 from pathlib import Path
 
 from runtime.spec import ClusterSpec, json_schema, load_spec, spec_hash
@@ -12,26 +10,13 @@ from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.images import LAYER_STORE, build_all
+from toolchain.job_inputs import given, now, parse_command, pick_run, resolve_spec
 from runtime import contract as C
-from toolchain.records import (PushRecord, RunRecord, read_builds, read_pushes, read_runs, restore_run, runs_before, runs_file,
+from toolchain.records import (PushRecord, RunRecord, read_builds, read_pushes, restore_run, runs_before,
                                write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import push_image
 from toolchain.registry import is_local, scheme, start_local
-
-
-def given(value: str | None, flag: str) -> str | None:
-    """A text flag: None when left out (the default applies); an empty or blank value is an error,
-    never a silent fall-back to the default."""
-    if value is not None and not value.strip():
-        raise ConfigError(f"{flag}: empty; give a value, or leave the flag out to use the default")
-    return value
-
-
-def resolve_spec(settings: Settings, spec: str | None) -> Path:
-    path = settings.path(given(spec, "--spec") or settings.project.spec)
-    load_spec(path)  # raises SpecError with every problem listed
-    return path
 
 
 def check_spec(path: Path) -> dict:
@@ -134,33 +119,6 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
     return {"images_json": str(path), "images": results}
 
 
-def parse_command(text: str) -> list[str]:
-    """--command as a shell would split it (quotes kept together); nothing is ever run through a shell."""
-    import shlex
-    try:
-        argv = shlex.split(text)
-    except ValueError as e:
-        raise ConfigError(f"--command: {text[:80]!r} cannot be split as a shell would ({e}); close the quotes") from None
-    if not argv:
-        raise ConfigError("--command: empty; give the driver command, e.g. \"python train.py --steps 200\"")
-    return argv
-
-
-def pick_run(settings: Settings, name: str, resume: bool) -> str:
-    """A new run id (<name>-<UTC time>-<4 hex>), or with --resume the last one deployed under this name."""
-    if resume:
-        last = read_runs(settings.build_dir).get(name)
-        if last is None:
-            raise ConfigError(f"--resume: no earlier run of --name {name!r} in {runs_file(settings.build_dir)}; "
-                              "deploy without --resume to start one")
-        return last.run_id
-    return f"{name}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{secrets.token_hex(2)}"
-
-
-def now() -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-
-
 def _built_for(settings: Settings, built: dict, sha: str, spec_file: Path, rep: Reporter) -> list[str]:
     """Without --variant, push pushes what build recorded for this spec (`invoke build --variant cpu push`)."""
     chosen = [v for v in settings.image.variants if v in built and built[v].spec_sha256 == sha]
@@ -193,8 +151,6 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     cluster = load_spec(spec_file)
     d = settings.deploy
     target_name = given(target, "--target") or d.target
-    if target_name == "pyxis" and flags.get("sqsh") and not flags.get("sqsh_dir"):
-        flags["sqsh_dir"] = str(settings.build_dir / "sqsh")
     images = {v: ImageInfo(ref=r.ref, spec_sha256=r.spec_sha256, spec_file=r.spec_file, user=r.user,
                            registry_scheme=r.registry_scheme) for v, r in read_pushes(settings.build_dir).items()}
     job_name = d.name if given(name, "--name") is None else name
@@ -204,7 +160,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
                       memory=d.memory, port_base=d.port_base,
                       time_limit=d.time_limit, env={C.RUN_ID: run_id}, serve=serve)
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
-                       job_values, gpus, settings.path(settings.project.app_dir))
+                       job_values, gpus, settings.path(settings.project.app_dir),
+                       settings.build_dir)
     artifacts = plan(req)
     job = req.job
     if not serve:
@@ -239,26 +196,15 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     return summary
 
 
-def destroy(settings: Settings, spec: str | None, name: str | None, rep: Reporter) -> dict:
-    """Delete the Kubernetes objects a k8s deploy --submit created (by label), seeds included."""
-    import re
+def destroy(settings: Settings, spec: str | None, target: str | None, name: str | None, rep: Reporter) -> dict:
+    """Delete what `deploy --submit` left running on TARGET for the job NAME (the target's own destroy)."""
+    from deploy.targets import get as get_target
 
-    from deploy.job import JOB_NAME_RE, DeployError
-    from deploy.targets import k8s
-
-    cluster = load_spec(resolve_spec(settings, spec))
-    if cluster.kubernetes is None:
-        raise ConfigError("the cluster spec has no 'kubernetes' section: nothing to destroy")
-    group = settings.deploy.name if name is None else name
-    if not re.fullmatch(JOB_NAME_RE, group):
-        raise ConfigError(f"--name {group[:60]!r}: not a job name (a DNS-1035 label: lowercase letter, then letters, "
-                          "digits, '-')")
-    try:
-        out = k8s.destroy(group, cluster.kubernetes.namespace)
-    except DeployError as e:
-        raise ToolchainError(str(e)) from None
-    rep.step(f"deleted objects labelled {k8s.LABEL_GROUP}={group} in {cluster.kubernetes.namespace}")
-    return {"group": group, "namespace": cluster.kubernetes.namespace, "kubectl": out}
+    chosen = get_target(given(target, "--target") or settings.deploy.target)
+    group = settings.deploy.name if given(name, "--name") is None else name
+    out = chosen.destroy(load_spec(resolve_spec(settings, spec)), group)
+    rep.step(out["said"])
+    return out
 
 
 def _shown(settings: Settings, path: Path) -> str:

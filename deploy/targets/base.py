@@ -18,7 +18,7 @@ from typing import Annotated, Any, Callable, ClassVar, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from deploy.artifacts import write_all
-from deploy.job import IMAGE_WORKDIR, JobSpec, PreflightError
+from deploy.job import IMAGE_WORKDIR, DeployError, JobSpec, PreflightError
 from runtime.spec import ClusterSpec
 
 MAX_SEEDS = 1000
@@ -125,6 +125,11 @@ class Target:
     def pulls_from_registry(self, opts: TargetOptions) -> bool:
         return self.pulls_image
 
+    def build_dir_options(self, build_dir: Path) -> dict:
+        """Options that are not flags, which this target keeps under the project's build directory
+        (Pyxis: where its .sqsh files are cached); the deploy pipeline passes them with the flags."""
+        return {}
+
     def spec_gpus(self, spec: ClusterSpec) -> int:
         """GPUs per node when --gpus is not given."""
         return 0
@@ -135,6 +140,13 @@ class Target:
 
     def preflight(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> list[str]:
         return []
+
+    def destroy(self, spec: ClusterSpec, name: str) -> dict:
+        """Delete what `deploy --submit` left running for the job NAME: {"said": one line, ...}. A
+        target whose jobs end by themselves has nothing to delete."""
+        raise DeployError(f"--target {self.name}: nothing to destroy (its jobs end by themselves; a held cluster "
+                          "ends with `invoke down`); `invoke destroy --target k8s` deletes what "
+                          "`deploy --target k8s --submit` created")
 
     def site_check(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> SiteCheck:
         """Ask the live system what only it knows, after a clean pre-flight; never changes anything."""

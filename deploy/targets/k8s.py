@@ -42,7 +42,7 @@ from pydantic import BeforeValidator, Field
 from deploy import k8s_held as held
 from deploy import kubectl
 from deploy.kubectl import LABEL_GROUP, LABEL_JOB, LABEL_ROLE, LABEL_SEED
-from deploy.job import DeployError, JobSpec, time_limit_seconds
+from deploy.job import JOB_NAME_RE, DeployError, JobSpec, time_limit_seconds
 from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, ApplyContext, Artifacts, File, SiteCheck, Target,
                                  TargetOptions)
 from deploy.yaml_out import Dumper
@@ -51,6 +51,7 @@ from runtime import k8s_names, numbers
 from runtime.contract import EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START
 from runtime.cluster.ports import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
+from runtime.errors import RaytrainError
 
 TOKEN_KEY = "token"
 
@@ -453,13 +454,28 @@ class Kubernetes(Target):
         if opts.submit:
             namespace = spec.kubernetes.namespace
             out["kubectl"], applied = launch(artifacts.objects, namespace, lambda: _secrets.token_hex(32))
-            remove = "invoke down" if job.serve else "invoke destroy"  # a held cluster is ended as one
+            remove = "invoke down" if job.serve else "invoke destroy --target k8s"  # a held cluster is ended as one
             kinds = Counter(a.partition("/")[0] for a in applied)
             ctx.progress(f"applied {len(applied)} object(s) ({', '.join(f'{n} {k}' for k, n in kinds.items())}); "
                          f"remove them with `{remove} --name {job.name}`")
             if job.serve:
                 out["held"] = held.wait_serving(job, namespace, ctx.progress, ctx.env)
         return out
+
+    def destroy(self, spec: ClusterSpec, name: str) -> dict:
+        """The job's (or a fan-out's) Jobs, pods, Services and Secrets, by label."""
+        if spec.kubernetes is None:
+            raise DeployError("the cluster spec has no 'kubernetes' section: nothing to destroy")
+        if not re.fullmatch(JOB_NAME_RE, name):
+            raise DeployError(f"--name {name[:60]!r}: not a job name (a DNS-1035 label: lowercase letter, then "
+                              "letters, digits, '-')")
+        namespace = spec.kubernetes.namespace
+        try:
+            out = destroy(name, namespace)
+        except DeployError as e:  # kubectl ran and failed: not the user's input (exit 1)
+            raise RaytrainError(str(e)) from None
+        return {"group": name, "namespace": namespace, "kubectl": out,
+                "said": f"deleted objects labelled {LABEL_GROUP}={name} in {namespace}"}
 
     # a held cluster is the job's head and worker pods, the head serving (deploy/k8s_held.py)
     holds_clusters = True

@@ -32,7 +32,7 @@ class PyxisFlags(SlurmFlags):
     allow_local_registry: AllowLocalRegistry
     allow_http_registry: bool = Field(False, description=(
         "accept a plain-HTTP registry (the site's enroot.conf has ENROOT_ALLOW_HTTP=yes)."))
-    # not a flag: the pipeline sets it (default: <build_dir>/sqsh)
+    # not a flag: Pyxis.build_dir_options sets it (<build_dir>/sqsh)
     sqsh_dir: Optional[str] = Field(None, description="where .sqsh files are made and cached",
                                     json_schema_extra={"cli": False})
 
@@ -54,13 +54,16 @@ class Pyxis(SlurmJobTarget):
     def pulls_from_registry(self, opts: PyxisFlags) -> bool:
         return not opts.sqsh
 
+    def build_dir_options(self, build_dir: Path) -> dict:
+        return {"sqsh_dir": str(build_dir / "sqsh")}
+
     def spec_gpus(self, spec: ClusterSpec) -> int:
         return spec_section(spec).gpus_per_node
 
     def preflight(self, job, spec, opts: PyxisFlags) -> list[str]:
         problems = slurm_problems(job, spec, opts)
-        if (opts.sqsh_to_fileroot or opts.sqsh_dir) and not opts.sqsh:
-            problems.append("--sqsh-to-fileroot/--sqsh-dir: only with --sqsh")
+        if opts.sqsh_to_fileroot and not opts.sqsh:
+            problems.append("--sqsh-to-fileroot: only with --sqsh")
         info = job.image_info
         if (not opts.sqsh and info and info.registry_scheme == "http" and not opts.allow_http_registry):
             problems.append(
