@@ -21,7 +21,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from deploy import sbatch  # noqa: E402
+from deploy.targets.slurm import sbatch  # noqa: E402
 from deploy.artifacts import write_all  # noqa: E402
 from deploy.job import ImageInfo, JobSpec  # noqa: E402
 from deploy.targets import TARGETS, k8s  # noqa: E402

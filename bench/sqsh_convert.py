@@ -2,12 +2,12 @@
 
 Run: .venv/bin/python bench/sqsh_convert.py [--image raytrain-cpu:cpu-latest] [--scratch DIR]
 Same image, same options, same run:
-  (1) deploy.enroot.convert end to end (docker export -> tar -x -> permission fix-up -> the four
+  (1) deploy.targets.pyxis.sqsh.convert end to end (docker export -> tar -x -> permission fix-up -> the four
       enroot files -> mksquashfs), with its phases;
   (2) the baseline: mksquashfs alone, timed on the tree (1) squashed, re-extracted the same way;
   (3) `enroot import dockerd://IMAGE` when an `enroot` command is installed (ENROOT_* from the env);
   (4) convert again (cache hit);
-  (5) the incremental path (deploy/enroot_incremental.py) on a copy of the example project, built
+  (5) the incremental path (deploy/targets/pyxis/enroot_incremental.py) on a copy of the example project, built
       as `invoke build` does: the first conversion squashes the lower layers into the cache, then a
       one-line change to train.py is rebuilt and converted again (target < 10 s), against (1);
   (6) what must cross the network to a cluster that holds the previous .sqsh: the 1 MiB blocks
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "tests"))
 from conftest import SPEC, make_settings  # noqa: E402
-from deploy import enroot  # noqa: E402
+from deploy.targets.pyxis import enroot, sqsh  # noqa: E402
 from toolchain import pipeline  # noqa: E402
 from toolchain.images import LAYER_STORE  # noqa: E402
 from toolchain.progress import Reporter  # noqa: E402
@@ -58,7 +58,7 @@ def incremental(client, work: Path, full_seconds: float) -> None:
     store, out = s.build_dir / LAYER_STORE, work / "inc"
     ref = pipeline.build(s, str(SPEC), "cpu", rep)["images"]["cpu"]["local_ref"]
     said: list[str] = []
-    first = enroot.convert(client, ref, out, layer_store=store, progress=said.append)
+    first = sqsh.convert(client, ref, out, layer_store=store, progress=said.append)
     print(f"(5) incremental, first image (lower layers squashed into the cache): {first.seconds:.1f} s "
           f"= cache {first.export_seconds:.1f} s + stage/append {first.squash_seconds:.1f} s [{first.how}]")
     print(f"    {next((p for p in said if p.startswith('incremental')), '')} (no spare yet: what a change costs "
@@ -73,7 +73,7 @@ def incremental(client, work: Path, full_seconds: float) -> None:
     ref2 = pipeline.build(s, str(SPEC), "cpu", rep)["images"]["cpu"]["local_ref"]
     build_s = time.monotonic() - t0
     phases: list[str] = []
-    second = enroot.convert(client, ref2, out, layer_store=store, progress=phases.append)
+    second = sqsh.convert(client, ref2, out, layer_store=store, progress=phases.append)
     print(f"    after a one-line change: rebuild {build_s:.2f} s, .sqsh {second.seconds:.2f} s [{second.how}] "
           f"(target < 10 s); ratio (1)/(5): {full_seconds / second.seconds:.1f}x faster")
     print(f"    {next((p for p in phases if p.startswith('incremental')), '')}")
@@ -107,7 +107,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="sqsh-bench-", dir=args.scratch))
     options = enroot.ENROOT_DEFAULT_OPTIONS
     try:
-        res = enroot.convert(client, img.id, work / "out", options=options)  # by ID: a rebuild meanwhile moves the tag
+        res = sqsh.convert(client, img.id, work / "out", options=options)  # by ID: a rebuild meanwhile moves the tag
         size = res.path.stat().st_size
         print(f"(1) convert {args.image} ({img.attrs['Size'] / 2**30:.2f} GiB, {' '.join(options)}): "
               f"{res.seconds:.1f} s = export+extract+fix-up {res.export_seconds:.1f} s + mksquashfs "
@@ -133,7 +133,7 @@ def main() -> None:
                 print(f"(3) enroot import failed ({proc.returncode}): {proc.stderr.strip()[-300:]}")
         else:
             print("(3) enroot is not installed here: no comparison with a real enroot import")
-        again = enroot.convert(client, img.id, work / "out", options=options)  # by ID: a rebuild meanwhile moves the tag
+        again = sqsh.convert(client, img.id, work / "out", options=options)  # by ID: a rebuild meanwhile moves the tag
         print(f"(4) second conversion of the same digest: {again.seconds * 1000:.1f} ms (cached: {again.cached})")
         shutil.rmtree(work / "out")
         incremental(client, work, res.seconds)

@@ -1,3 +1,3 @@
-"""Deploy artifacts from one job model (job.py): one module per target under targets/, behind one
-protocol (targets/base.py); shared renderers (sbatch.py), the enroot converter (enroot.py) and
-all-or-nothing writes (artifacts.py)."""
+"""Deploy artifacts from one job model (job.py, plan.py): shared pieces here, and one folder per
+target under targets/ holding the target, its internals and its held half, behind one protocol
+(targets/base.py)."""

@@ -11,7 +11,7 @@ from typing import Optional
 
 # Where the image keeps the code: runtime/ and the user's project under APP_ROOT (on PYTHONPATH),
 # the project being the image's WORKDIR. A top-level directory of its own, away from /opt/venv, so
-# an incremental .sqsh re-squashes only what the app layer touches (deploy/enroot_incremental.py).
+# an incremental .sqsh re-squashes only what the app layer touches (deploy/targets/pyxis/enroot_incremental.py).
 APP_ROOT = "/app"
 PROJECT_DIR = f"{APP_ROOT}/project"
 IMAGE_PYTHONPATH = f"{APP_ROOT}:{PROJECT_DIR}"  # the image's PYTHONPATH (a scheduler that drops it sets it again)

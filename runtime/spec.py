@@ -93,7 +93,7 @@ class Mount(_Strict):
         return ":".join(p for p in (self.source, self.target, self.options) if p)
 
 
-# a Slurm partition or account name, from the spec or a flag (deploy/targets/slurm.py uses this one)
+# a Slurm partition or account name, from the spec or a flag (deploy/targets/slurm/ uses this one)
 SLURM_NAME = r"^[A-Za-z0-9_.][A-Za-z0-9_.-]{0,63}$"  # not '-' first: it would read as an option
 
 

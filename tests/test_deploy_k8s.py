@@ -61,7 +61,7 @@ def test_manifests_validate_in_strict_mode():
 def test_a_held_cluster_serves_from_every_pod_and_runs_exec_into_the_head():
     """`invoke up --target k8s`: the same objects, every pod `launch --serve` and no driver; `invoke run`
     is a `kubectl exec -i` into the head pod with the code on stdin and only RAYTRAIN_* values given."""
-    from deploy import k8s_held
+    from deploy.targets.k8s import held as k8s_held
     job, opts = spec_job(serve=True)
     objs = k8s.render(job, opts)
     validate_all(objs)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import sbatch
+from deploy.targets.slurm import sbatch
 from helpers import jobs
 from conftest import make_settings
 from toolchain import pipeline

@@ -6,7 +6,7 @@ image (tests/data/enroot_import_facts.json): superblock options, root mode, ever
 mode, owner and symlink target (a non-ASCII absolute link among them), the permission fix-up,
 and the four configuration files. A small image on the bootstrapped base checks /etc/rc's
 behaviour; the cpu image, converted with the same code, is booted the way enroot starts it, both
-from a full conversion and from an incremental one (deploy/enroot_incremental.py), which must list
+from a full conversion and from an incremental one (deploy/targets/pyxis/enroot_incremental.py), which must list
 the same entries, modes, owners, link targets and configuration files.
 """
 import io
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import enroot
+from deploy.targets.pyxis import enroot, sqsh
 from helpers import enroot_fixture
 from toolchain.bootstrap import ensure_base
 from toolchain.images import LAYER_STORE
@@ -59,7 +59,7 @@ def fixture_image(client):
 
 def test_sqsh_matches_a_real_enroot_import(client, fixture_image, tmp_path):
     recorded = json.loads(FACTS.read_text())
-    res = enroot.convert(client, fixture_image, tmp_path)
+    res = sqsh.convert(client, fixture_image, tmp_path)
     ours = enroot_fixture.facts(str(res.path))
     assert ours["superblock"] == recorded["superblock"]
     assert ours["files"] == recorded["files"]
@@ -71,7 +71,7 @@ def test_sqsh_matches_a_real_enroot_import(client, fixture_image, tmp_path):
 
 
 def test_rc_script_behaviour(client, small_image, tmp_path):
-    res = enroot.convert(client, small_image.tags[0], tmp_path)
+    res = sqsh.convert(client, small_image.tags[0], tmp_path)
     assert not res.cached and res.path.name.endswith(small_image.id.replace(":", "-") + ".sqsh")
     env = read_member(res.path, "etc/environment").splitlines()
     assert "GREETING=hello world" in env and any(l.startswith("PATH=") for l in env)
@@ -89,7 +89,7 @@ def test_rc_script_behaviour(client, small_image, tmp_path):
     out = subprocess.run([CHROOT, str(tree), "/bin/sh", "/etc/rc", "pwd:", "$(x)"], capture_output=True, text=True).stdout
     assert out == "it's pwd: $(x)\n"
 
-    again = enroot.convert(client, small_image.tags[0], tmp_path)
+    again = sqsh.convert(client, small_image.tags[0], tmp_path)
     assert again.cached and again.path == res.path and again.seconds < 1
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work dirs left behind
 
@@ -122,7 +122,7 @@ def cpu_tree(request, client, built, settings, tmp_path_factory, cpu_facts):
     how = request.param
     work = tmp_path_factory.mktemp(f"cpu-{how}")
     extra = dict(layer_store=settings.build_dir / LAYER_STORE, spare=False) if how == "incremental" else {}
-    res = enroot.convert(client, built["cpu"]["local_ref"], work / "out", progress=print, **extra)
+    res = sqsh.convert(client, built["cpu"]["local_ref"], work / "out", progress=print, **extra)
     shutil.rmtree(work / "out" / ".lower", ignore_errors=True)  # the lower chain's cache: only a next conversion needs it
     cpu_facts[how] = (res, enroot_fixture.facts(str(res.path)))
     enroot_fixture.unsquash(res.path, work / "tree")
@@ -178,12 +178,12 @@ def test_a_cached_sqsh_needs_no_docker_engine(tmp_path, monkeypatch):
     image, digest = "registry.example.com/raytrain-cpu:abc", "sha256:" + "1f" * 32
     cached = tmp_path / enroot.sqsh_name(image, digest)
     cached.write_bytes(b"hsqs")
-    res = enroot.convert(engine, image, tmp_path, digest=digest)
+    res = sqsh.convert(engine, image, tmp_path, digest=digest)
     assert res.cached and res.path == cached
     cached.unlink()
     with pytest.raises(DeployError, match=r"needs the Docker engine, and cannot reach the Docker engine .*"
                                           r"the file is then cached"):
-        enroot.convert(engine, image, tmp_path, digest=digest)
+        sqsh.convert(engine, image, tmp_path, digest=digest)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -201,10 +201,10 @@ def test_a_user_without_docker_access_deploys_a_cached_sqsh():
     image, digest = "registry.example.com/raytrain-cpu:abc", "sha256:" + "2e" * 32
     (home / enroot.sqsh_name(image, digest)).write_bytes(b"hsqs")
     code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent.parent)!r})\n"
-            "from deploy import enroot\nfrom toolchain.docker_client import engine\n"
-            f"res = enroot.convert(engine, {image!r}, {str(home)!r}, digest={digest!r})\n"
+            "from deploy.targets.pyxis import enroot, sqsh\nfrom toolchain.docker_client import engine\n"
+            f"res = sqsh.convert(engine, {image!r}, {str(home)!r}, digest={digest!r})\n"
             "print('cached' if res.cached else 'made', res.path)\n"
-            f"enroot.convert(engine, {image!r}, {str(home)!r}, digest='sha256:' + '3f' * 32)\n")
+            f"sqsh.convert(engine, {image!r}, {str(home)!r}, digest='sha256:' + '3f' * 32)\n")
     env = {"PATH": os.environ["PATH"], "HOME": str(home)}
     try:
         res = subprocess.run(["setpriv", "--reuid=4242", "--regid=4242", "--clear-groups", sys.executable, "-c", code],

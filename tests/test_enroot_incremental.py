@@ -1,4 +1,4 @@
-"""The incremental .sqsh (deploy/enroot_incremental.py) against a full conversion, on real Docker and
+"""The incremental .sqsh (deploy/targets/pyxis/enroot_incremental.py) against a full conversion, on real Docker and
 squashfs-tools: same entries, modes, owners, link targets, configuration files and file contents.
 
 The lower image is the enroot fixture (tests/helpers/enroot_fixture.py: the cases enroot's import
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import enroot, enroot_incremental
+from deploy.targets.pyxis import enroot, enroot_incremental, sqsh
 from helpers import enroot_fixture
 from runtime.wait import wait_until
 from toolchain import layers
@@ -77,8 +77,8 @@ def made(client):
 def test_incremental_equals_full_conversion(client, fixture_image, store, made, tmp_path, workdir, hot):
     tag = stack(client, fixture_image, app_layer(b"print('v1')\n"), "raytrain-incr-test:v1", store, workdir)
     made.append(tag)
-    full = enroot.convert(client, tag, tmp_path / "full")
-    inc = enroot.convert(client, tag, tmp_path / "inc", layer_store=store)
+    full = sqsh.convert(client, tag, tmp_path / "full")
+    inc = sqsh.convert(client, tag, tmp_path / "inc", layer_store=store)
     assert (full.how, inc.how) == ("full", "incremental"), inc.note
     want, got = facts_without_time(full.path), facts_without_time(inc.path)
     assert got["superblock"] == want["superblock"]
@@ -96,20 +96,20 @@ def test_incremental_equals_full_conversion(client, fixture_image, store, made, 
 def test_a_one_line_change_reuses_the_lower_cache(client, fixture_image, store, made, tmp_path):
     out = tmp_path / "sqsh"
     made.append(stack(client, fixture_image, app_layer(b"print('v1')\n"), "raytrain-incr-test:a", store))
-    first = enroot.convert(client, made[-1], out, layer_store=store)
+    first = sqsh.convert(client, made[-1], out, layer_store=store)
     (cache,) = [p for p in (out / ".lower").iterdir() if not p.name.startswith(".")]
     base_inode = (cache / "base.sqsh").stat().st_ino
     wait_until(lambda: list(cache.glob("spare-*.sqsh")), timeout_s=60, what="the spare copy made in the background")
     made.append(stack(client, fixture_image, app_layer(b"print('v2')\n"), "raytrain-incr-test:b", store))
     said: list[str] = []
-    second = enroot.convert(client, made[-1], out, layer_store=store, progress=said.append)
+    second = sqsh.convert(client, made[-1], out, layer_store=store, progress=said.append)
     assert (first.how, second.how) == ("incremental", "incremental")
     assert (cache / "base.sqsh").stat().st_ino == base_inode       # not squashed again
     assert any("took the spare copy of" in s for s in said), said    # and not copied again either
     assert enroot_fixture.facts(str(second.path))["listing"] == enroot_fixture.facts(str(first.path))["listing"]
     assert enroot_fixture.read_member(str(second.path), "app/project/train.py") == "print('v2')\n"
     assert enroot_fixture.read_member(str(first.path), "app/project/train.py") == "print('v1')\n"
-    again = enroot.convert(client, made[-1], out, layer_store=store)
+    again = sqsh.convert(client, made[-1], out, layer_store=store)
     assert again.how == "cached"
 
 
@@ -126,7 +126,7 @@ def test_a_layer_with_a_whiteout_falls_back_to_a_full_conversion(client, fixture
                 tf.addfile(info, io.BytesIO(data))
     layer = layers.Layer(buf.getvalue())
     made.append(stack(client, fixture_image, layer, "raytrain-incr-test:wh", store))
-    res = enroot.convert(client, made[-1], tmp_path / "wh", layer_store=store)
+    res = sqsh.convert(client, made[-1], tmp_path / "wh", layer_store=store)
     assert res.how == "full" and "whiteout" in res.note and "opt/.wh.setuid" in res.note
     listing = enroot_fixture.listing(str(res.path))
     assert "/opt/setuid" not in listing and "/app/x" in listing  # the deletion happened, as the engine did it
@@ -134,7 +134,7 @@ def test_a_layer_with_a_whiteout_falls_back_to_a_full_conversion(client, fixture
 
 
 def test_an_image_built_elsewhere_falls_back_with_the_reason(client, fixture_image, tmp_path):
-    res = enroot.convert(client, fixture_image, tmp_path / "x", layer_store=tmp_path / "empty-store")
+    res = sqsh.convert(client, fixture_image, tmp_path / "x", layer_store=tmp_path / "empty-store")
     assert res.how == "full" and "not in the layer store" in res.note
 
 
@@ -142,7 +142,7 @@ def test_a_store_file_that_does_not_hash_to_its_name_is_not_trusted(client, fixt
     layer = app_layer(b"print('v1')\n")
     made.append(stack(client, fixture_image, layer, "raytrain-incr-test:bad", store))
     (store / f"{layer.diff_id[7:]}.tar").write_bytes(layer.data.replace(b"print('v1')", b"print('XX')"))
-    res = enroot.convert(client, made[-1], tmp_path / "bad", layer_store=store)
+    res = sqsh.convert(client, made[-1], tmp_path / "bad", layer_store=store)
     assert res.how == "full"
     assert enroot_fixture.read_member(str(res.path), "app/project/train.py") == "print('v1')\n"
 
@@ -155,7 +155,7 @@ def test_big_writes_ask_for_free_space_and_partials_do_not_outlive_their_copier(
     import subprocess
     import time
 
-    from deploy import diskspace
+    from deploy.targets.pyxis import diskspace
     from deploy.job import DeployError
 
     def cache_in(root):

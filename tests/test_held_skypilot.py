@@ -1,4 +1,4 @@
-"""Held clusters on SkyPilot (deploy/sky_held.py). No SkyPilot cluster runs in CI (one ran by hand,
+"""Held clusters on SkyPilot (deploy/targets/skypilot/held.py). No SkyPilot cluster runs in CI (one ran by hand,
 through SkyPilot's Kubernetes backend: README), so each half is checked against what is real here:
 
 - the tasks (up's, run's, stop's) are accepted by SkyPilot's own loader, and every `sky` command
@@ -20,8 +20,9 @@ import click
 import pytest
 import yaml
 
-from deploy import held_step, sky_held
-from deploy.sky_task import dump
+from deploy import held_step
+from deploy.targets.skypilot import held as sky_held
+from deploy.targets.skypilot.task import dump
 from deploy.targets import skypilot
 from helpers import jobs, sky_nodes
 from runtime import contract as C

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import sbatch
+from deploy.targets.slurm import sbatch
 from deploy.job import DeployError
 from helpers import jobs
 from helpers.jobs import DIGEST
@@ -89,7 +89,7 @@ def test_a_held_pyxis_head_runs_in_a_container_named_by_its_job_which_runs_attac
     later job reuses its root filesystem), the script removes it after the head leaves, and `invoke
     run`'s step attaches to that running container with the code on its stdin, never importing the
     image again. Plain Slurm: no container anywhere."""
-    from deploy import slurm_held
+    from deploy.targets.slurm import held as slurm_held
     job, opts = spec_job("slurm-pyxis", serve=True)
     job = job.model_copy(update={"command": ["python", "-m", "runtime", "--unused"]})
     script = render(job, opts, PYXIS_IMAGE)

@@ -83,7 +83,7 @@ def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labe
 
 def keep(layer: Layer, store: Path) -> Path:
     """Keep the layer's tar as STORE/<sha256 hex>.tar (written whole or not at all), for consumers that
-    need a layer's files without a 7 GB `docker save`: the incremental .sqsh (deploy/enroot_incremental.py)."""
+    need a layer's files without a 7 GB `docker save`: the incremental .sqsh (deploy/targets/pyxis/enroot_incremental.py)."""
     store.mkdir(parents=True, exist_ok=True)
     path = store / f"{layer.diff_id[7:]}.tar"
     if not path.exists():

@@ -2,7 +2,7 @@
 
     launch(objs, ...)    create each job's token Secret (fresh value, sent on stdin) and apply the objects
     destroy(group, ...)  delete exactly what launch created, by label
-    pods, logs           what a held cluster's wait and status read (deploy/k8s_held.py)
+    pods, logs           what a held cluster's wait and status read (deploy/targets/k8s/held.py)
     look(namespace, ...) the namespace (with its Pod Security labels) and which of the named Secrets exist;
                          None when the cluster cannot be asked (no kubectl, no kubeconfig, unreachable)
 """
@@ -20,7 +20,7 @@ from deploy.job import DeployError
 
 KINDS = "jobs.batch,services,secrets"
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
-# the labels every object of a job carries (deploy/targets/k8s.py): what selectors are made of
+# the labels every object of a job carries (deploy/targets/k8s/): what selectors are made of
 LABEL_JOB = "raytrain.io/job"
 LABEL_ROLE = "raytrain.io/role"
 LABEL_SEED = "raytrain.io/seed"

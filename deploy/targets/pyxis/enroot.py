@@ -23,30 +23,16 @@ import shlex
 import shutil
 import stat
 import subprocess
-import tempfile
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
-from deploy import diskspace
 from deploy.job import DeployError
 
 ENROOT_DEFAULT_OPTIONS = ("-comp", "lzo", "-noD", "-exit-on-error")
 EXCLUDES = ("--exclude=dev/*", "--exclude=.dockerenv")
 FIXPERMS_DIR_DEPTH = 15  # enroot gives u+w to directories down to this depth
-
-
-@dataclass(frozen=True)
-class SquashResult:
-    path: Path
-    cached: bool
-    seconds: float
-    export_seconds: float = 0.0
-    squash_seconds: float = 0.0
-    how: str = "full"      # "full", "incremental" (deploy/enroot_incremental.py) or "cached"
-    note: str = ""         # why an incremental conversion fell back to a full one
 
 
 def sqsh_name(repo: str, digest: str) -> str:
@@ -231,62 +217,3 @@ def make_rootfs(client, image_id: str, config: dict, rootfs: Path, progress=None
     export_rootfs(client, image_id, rootfs, progress)
     fix_permissions(rootfs)
     configure(rootfs, config)
-
-
-def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
-            options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None,
-            layer_store: Optional[Path] = None, spare: bool = True) -> SquashResult:
-    """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists.
-
-    `client`: a Docker client, or a function that returns one, called only when the file must be made:
-    with the digest given, a cached file is found without the engine (a login node without Docker).
-
-    With `layer_store` (where the build keeps the layers it assembled), the layers below those are
-    squashed once and cached, and the rest is appended (deploy/enroot_incremental.py); where that
-    cannot be done honestly, a full conversion runs and `note` says why. `spare`: after an incremental
-    conversion, copy the cached part for the next one in the background (enroot_incremental.prepare_spare)."""
-    t0 = time.monotonic()
-    if digest and (Path(out_dir) / sqsh_name(image, digest)).exists():  # a cached file needs no engine
-        return SquashResult(Path(out_dir) / sqsh_name(image, digest), True, time.monotonic() - t0, how="cached")
-    if callable(client):
-        try:
-            client = client()
-        except Exception as e:
-            raise DeployError(f"making {sqsh_name(image, digest) if digest else 'the .sqsh'} needs the Docker engine, "
-                              f"and {e}. Run this deploy where the engine is reachable (the file is then cached "
-                              f"in {out_dir}), or copy a made .sqsh there") from None
-    try:
-        img = client.images.get(image)
-    except Exception as e:
-        raise DeployError(f"image {image!r} is not in the local engine ({e}); run `invoke build` (or pull it) first") from None
-    out = Path(out_dir) / sqsh_name(image, digest or img.id)
-    if out.exists():
-        return SquashResult(out, True, time.monotonic() - t0, how="cached")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    note = ""
-    if layer_store is not None:
-        from deploy import enroot_incremental as inc
-        try:
-            cache_s, append_s = inc.convert(client, img, out, Path(layer_store), options, progress, spare)
-            return SquashResult(out, False, time.monotonic() - t0, cache_s, append_s, how="incremental")
-        except inc.Fallback as e:
-            note = f"full conversion: {e}"
-            if progress:
-                progress(note)
-    # the extracted image, then its squashfs beside it
-    diskspace.require(out.parent, 2 * int(img.attrs.get("Size") or 0), f"converting {image} to {out.name}")
-    work = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        partial = work / "image.sqsh"
-        if progress:
-            progress(f"converting {image} ({img.attrs.get('Size', 0) / 2**30:.2f} GiB, {' '.join(options)}) -> {out.name}")
-        make_rootfs(client, img.id, img.attrs.get("Config") or {}, work / "rootfs", progress)
-        t1 = time.monotonic()
-        if progress:
-            progress(f"extracted in {t1 - t0:.1f}s; mksquashfs")
-        mksquashfs(work / "rootfs", partial, options)
-        t2 = time.monotonic()
-        os.replace(partial, out)  # same filesystem: the .sqsh appears whole or not at all
-        return SquashResult(out, False, time.monotonic() - t0, t1 - t0, t2 - t1, note=note)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

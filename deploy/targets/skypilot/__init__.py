@@ -10,7 +10,7 @@
     run                      `python -m runtime launch` on every node; SkyPilot's own variables
                              (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, ...) place each node; rank 0 runs the driver
 `--submit` runs `sky launch -y -d -c <name> --secret RAY_AUTH_TOKEN <file>` per task; `invoke up` launches
-the one task with every node serving and holds the cluster (deploy/sky_held.py).
+the one task with every node serving and holds the cluster (deploy/targets/skypilot/held.py).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from typing import Optional
 
 from pydantic import Field
 
-from deploy import sky_held as held
+from deploy.targets.skypilot import held
 from deploy.job import JobSpec
-from deploy.sky_task import IMAGE_ENV, by_rank, dump
+from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
 from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File, Target, TargetOptions
 from deploy.targets.k8s import Seeds
 from runtime import contract as C
@@ -110,7 +110,7 @@ class SkyPilot(Target):
             out["launched"] = launched
         return out
 
-    # a held cluster is the launched cluster and its serving job (deploy/sky_held.py)
+    # a held cluster is the launched cluster and its serving job (deploy/targets/skypilot/held.py)
     holds_clusters = True
     held = held
 

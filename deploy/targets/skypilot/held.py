@@ -11,7 +11,7 @@ the cluster runs each step beside the held job.
                   accelerators (SkyPilot's default demand, half a CPU per node), so the queue starts it
                   beside the held job, which holds the accelerators. Its workdir holds the code's tar
                   only: SkyPilot syncs it to ~/sky_workdir on the nodes (its own mechanism, no hand-made
-                  sync), and rank 0, the cluster's head as for the held job (deploy/sky_task.py), hands
+                  sync), and rank 0, the cluster's head as for the held job (deploy/targets/skypilot/task.py), hands
                   it to `python -m runtime run --unpack-stdin /tmp` as every other target does; the
                   other nodes have nothing to do. `sky exec` follows the job's log and exits with 0 when
                   it succeeded
@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 from deploy import commands, held_step
 from deploy.job import DeployError
-from deploy.sky_task import IMAGE_ENV, by_rank, dump
+from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
 from runtime import contract as C
 from runtime.cluster.log_relay import ANSI
 from runtime.cluster.serving import SERVING_LINE

@@ -11,7 +11,7 @@ from typing import Optional
 
 from pydantic import Field
 
-from deploy import sbatch, slurm_held as held
+from deploy.targets.slurm import held, sbatch
 from deploy.job import JobSpec
 from deploy.targets.base import ApplyContext, Artifacts, File, Target, TargetOptions
 from runtime.spec import SLURM_NAME, ClusterSpec, SlurmOptions as SpecSlurm
@@ -71,7 +71,7 @@ def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext, container: boo
 
 
 class SlurmJobTarget(Target):
-    """A target whose held cluster is one running Slurm job (deploy/slurm_held.py): plain and Pyxis."""
+    """A target whose held cluster is one running Slurm job (deploy/targets/slurm/held.py): plain and Pyxis."""
     holds_clusters = True
     held = held
 

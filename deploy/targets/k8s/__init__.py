@@ -39,9 +39,9 @@ from typing import Annotated, Optional, Sequence
 import yaml
 from pydantic import BeforeValidator, Field
 
-from deploy import k8s_held as held
-from deploy import kubectl
-from deploy.kubectl import LABEL_GROUP, LABEL_JOB, LABEL_ROLE, LABEL_SEED
+from deploy.targets.k8s import held
+from deploy.targets.k8s import kubectl
+from deploy.targets.k8s.kubectl import LABEL_GROUP, LABEL_JOB, LABEL_ROLE, LABEL_SEED
 from deploy.job import JOB_NAME_RE, DeployError, JobSpec, time_limit_seconds
 from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, ApplyContext, Artifacts, File, SiteCheck, Target,
                                  TargetOptions)
@@ -477,7 +477,7 @@ class Kubernetes(Target):
         return {"group": name, "namespace": namespace, "kubectl": out,
                 "said": f"deleted objects labelled {LABEL_GROUP}={name} in {namespace}"}
 
-    # a held cluster is the job's head and worker pods, the head serving (deploy/k8s_held.py)
+    # a held cluster is the job's head and worker pods, the head serving (deploy/targets/k8s/held.py)
     holds_clusters = True
     held = held
 

@@ -13,7 +13,8 @@ from typing import Optional
 
 from pydantic import Field
 
-from deploy import enroot, sbatch
+from deploy.targets.pyxis.sqsh import convert as convert_to_sqsh
+from deploy.targets.slurm import sbatch
 from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File
 from deploy.targets.slurm import (SlurmFlags, SlurmJobTarget, partition_account, slurm_notes, slurm_problems,
                                   spec_section, submit)
@@ -88,7 +89,7 @@ class Pyxis(SlurmJobTarget):
         out: dict = {}
         if opts.sqsh:
             local: Path = artifacts.extra["sqsh_path"]
-            res = enroot.convert(ctx.engine, job.image.docker(), local.parent, digest=job.image.digest,
+            res = convert_to_sqsh(ctx.engine, job.image.docker(), local.parent, digest=job.image.digest,
                                  progress=ctx.progress, layer_store=ctx.layer_store)
             ctx.progress(f"squashfs {'reused' if res.cached else f'written ({res.how})'}: {res.path} "
                          f"({res.seconds:.1f}s)")

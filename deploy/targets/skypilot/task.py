@@ -1,4 +1,4 @@
-"""SkyPilot task files, as the skypilot target and its held clusters (deploy/sky_held.py) write them:
+"""SkyPilot task files, as the skypilot target and its held clusters (deploy/targets/skypilot/held.py) write them:
 the YAML form, and the `run:` script that gives each node its part by SKYPILOT_NODE_RANK.
 
 SkyPilot ranks a job's nodes in the cluster's own order, the head first, so rank 0 of a task over

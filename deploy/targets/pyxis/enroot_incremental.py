@@ -1,6 +1,6 @@
 """The .sqsh of a new app/spec layer in seconds: squash the lower layers once, append the rest.
 
-A full conversion (deploy/enroot.py) squashes the whole exported image: 7 GB, over a minute. When
+A full conversion (deploy/targets/pyxis/enroot.py) squashes the whole exported image: 7 GB, over a minute. When
 only thin layers on top changed, most of that work is the same every time. `mksquashfs` can
 append to an existing image, but only at its root: a top-level name that already exists is added
 again under another name (`etc_1`), never merged. So the split is by top-level directory:
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Optional, Sequence
 
-from deploy import diskspace, enroot
+from deploy.targets.pyxis import diskspace, enroot
 from deploy.job import DeployError
 
 FORMAT = 2            # bump when what the cache holds changes

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from deploy import held_step, kubectl
+from deploy import held_step
+from deploy.targets.k8s import kubectl
 from deploy.job import DeployError, JobSpec
 from runtime.cluster.serving import SERVING_LINE
 from runtime.wait import wait_until
 
-CONTAINER = "ray"  # the pods' one container (deploy/targets/k8s.py)
+CONTAINER = "ray"  # the pods' one container (deploy/targets/k8s/)
 
 
 def _why_waiting(pod: dict) -> str:

@@ -21,13 +21,13 @@ from typing import Callable
 
 from deploy import commands, held_step
 from deploy.job import DeployError, JobSpec
-from deploy.sbatch import head_container
+from deploy.targets.slurm.sbatch import head_container
 from runtime import contract as C
 from runtime.cluster.serving import SERVING_LINE
 from runtime.wait import holds_within, wait_until
 
 GRACE_S = 120  # how long down waits for the job to end on its own before it cancels it
-HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")  # what the sbatch script echoes (deploy/sbatch.py)
+HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")  # what the sbatch script echoes (deploy/targets/slurm/sbatch.py)
 
 
 def _cli(argv: list[str], env: dict, timeout_s: float = 60) -> subprocess.CompletedProcess:
