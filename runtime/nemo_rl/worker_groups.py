@@ -17,8 +17,8 @@ Calls take their data by keyword, as NeMo RL's do: positional data raises Assert
 rejects it because Ray mishandled positional arguments in some signatures, NVIDIA-NeMo/RL#582).
 
 Recovery is opt-in (restart_on_failure=True, max_restarts=N; NeMo RL's default, none, is kept): a call
-whose worker's actor is gone raises WorkerFailureError naming the worker, its node and the cause; with
-restarts the dead actor is started again first (in a spare bundle of the cluster where there is one,
+whose worker's actor is gone raises WorkerActorGone naming the worker, its node and the cause (a
+WorkerFailureError, and still the RayActorError NeMo RL's callers catch); with restarts the dead actor is started again first (in a spare bundle of the cluster where there is one,
 else its own) and the error is WorkerGroupRestarted. The actor's state is the caller's to restore.
 
 As in NeMo RL, the worker class is imported and its actors started by one IsolatedWorkerInitializer
@@ -70,6 +70,19 @@ def _accepts(fn, name: str) -> bool:
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
+class WorkerActorGone(WorkerFailureError, ray.exceptions.RayActorError):
+    """A worker's actor is gone: the project's WorkerFailureError naming the worker, its node and the
+    cause, and still the RayActorError that NeMo RL's own code catches, so a caller written for NeMo RL
+    behaves as it did (its default: nothing restarts)."""
+
+    def __init__(self, message: str, rank: Optional[int] = None, node: Optional[str] = None):
+        WorkerFailureError.__init__(self, message, rank=rank, node=node)
+        ray.exceptions.RayActorError.__init__(self, error_msg=message)
+
+    def __str__(self) -> str:
+        return self.error_msg
+
+
 @dataclass
 class MultiWorkerFuture:
     """The ObjectRefs of one call on several workers: `called_workers[i]` is the worker that
@@ -116,7 +129,7 @@ class MultiWorkerFuture:
             raise failure from e
         return results if streamed else self._keep(results)
 
-    def _failed_worker(self, err: BaseException, group: Optional["RayWorkerGroup"]) -> WorkerFailureError:
+    def _failed_worker(self, err: BaseException, group: Optional["RayWorkerGroup"]) -> "WorkerActorGone":
         """Which worker's actor is gone behind ERR: its index, name and node, and the cause."""
         for position, ref in enumerate(self.futures):
             try:
@@ -126,12 +139,12 @@ class MultiWorkerFuture:
                 meta = group.worker_metadata[worker] if group is not None and worker < len(group.worker_metadata) else {}
                 node = _node_of(e)
                 where = f"{meta.get('name', '')}, node {meta['node_idx']}" if meta else "its node"
-                return WorkerFailureError(f"worker {worker} ({where}{f', {node}' if node else ''}) is gone: "
-                                          f"{death_cause(e)}: {str(e).strip().splitlines()[0][:300]}",
-                                          rank=worker, node=node or (str(meta["node_idx"]) if meta else None))
+                return WorkerActorGone(f"worker {worker} ({where}{f', {node}' if node else ''}) is gone: "
+                                       f"{death_cause(e)}: {str(e).strip().splitlines()[0][:300]}",
+                                       rank=worker, node=node or (str(meta["node_idx"]) if meta else None))
             except Exception:  # noqa: BLE001 - this one answered (or failed in the user's code)
                 continue
-        return WorkerFailureError(f"a worker's actor is gone: {death_cause(err)}: {str(err).strip().splitlines()[0][:300]}")
+        return WorkerActorGone(f"a worker's actor is gone: {death_cause(err)}: {str(err).strip().splitlines()[0][:300]}")
 
 
 def _node_of(err: BaseException) -> Optional[str]:
