@@ -19,11 +19,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")  # its reaper image cannot be pulled here
 sys.path.insert(0, str(ROOT))
 
-from test_runtime_containers import Job  # noqa: E402
+from bench.container_job import Job  # noqa: E402
 from toolchain.records import read_builds  # noqa: E402
 
 NUM = r"([\d.]+)"

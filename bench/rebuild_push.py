@@ -13,10 +13,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from conftest import SPEC, make_settings  # noqa: E402
+from bench.scratch import SPEC, make_settings  # noqa: E402
 from toolchain import pipeline  # noqa: E402
 from toolchain.docker_client import engine  # noqa: E402
 from toolchain.progress import Reporter, human_bytes  # noqa: E402
@@ -39,6 +38,8 @@ def naive_build(client, ctx: Path, tag: str) -> float:
 
 
 def main() -> None:
+    import argparse
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     client = engine()
     rep = Reporter(quiet=True)
     work = Path(tempfile.mkdtemp(prefix="bench-"))

@@ -30,8 +30,7 @@ import docker
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-sys.path.insert(0, str(ROOT / "tests"))
-from conftest import SPEC, make_settings  # noqa: E402
+from bench.scratch import SPEC, make_settings  # noqa: E402
 from deploy.targets.pyxis import enroot, sqsh  # noqa: E402
 from toolchain import pipeline  # noqa: E402
 from toolchain.images import LAYER_STORE  # noqa: E402

@@ -31,10 +31,9 @@ from contextlib import redirect_stdout
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
 
-from conftest import SPEC, make_settings  # noqa: E402
+from bench.scratch import SPEC, make_settings  # noqa: E402
 from toolchain import held, pipeline  # noqa: E402
 from toolchain.config import DeploySettings  # noqa: E402
 from toolchain.progress import Reporter  # noqa: E402

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from toolchain import pipeline
-from toolchain.config import ImageSettings, ProjectSettings, RegistrySettings, Settings, defaults as config_defaults
+from toolchain.config import Settings, scratch_settings
 from toolchain.progress import Reporter
 from toolchain.registry import start_local, stop_local
 
@@ -29,23 +29,9 @@ REGISTRY_PORT = int(os.environ.get("TEST_REGISTRY_PORT", "5055"))
 def make_settings(workdir: Path, app_dir: Path, registry_address: str | None = None, runtime_dir: Path | None = None,
                   **registry_kw) -> Settings:
     """Project settings for a test: its own build dir and app copy, the shared wheelhouse cache."""
-    defaults = config_defaults()
-    build_dir = workdir / "build"
-    build_dir.mkdir(parents=True, exist_ok=True)
-    shared = ROOT / "build" / "wheelhouse"
-    shared.mkdir(parents=True, exist_ok=True)
-    if not (build_dir / "wheelhouse").exists():
-        (build_dir / "wheelhouse").symlink_to(shared)
     reg = {"address": registry_address or f"127.0.0.1:{REGISTRY_PORT}", "data_dir": str(workdir.parent / "registry-data"),
            "retry_backoff_s": 0.2, **registry_kw}
-    return Settings(
-        root=ROOT,
-        project=ProjectSettings(spec=str(SPEC), app_dir=str(app_dir), build_dir=str(build_dir),
-                                runtime_dir=str(runtime_dir or app_dir.parent / "runtime"),
-                                requirements=[str(ROOT / r) for r in defaults["project"]["requirements"]]),
-        image=ImageSettings(**defaults["image"]),
-        registry=RegistrySettings(**reg),
-    )
+    return scratch_settings(ROOT, workdir, app_dir, SPEC, reg, runtime_dir)
 
 
 ENGINE_FIXTURES = {"client"}  # every fixture that reaches the engine depends on this one

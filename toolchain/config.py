@@ -131,6 +131,28 @@ def defaults() -> dict:
     return Settings(root=Path(".")).model_dump(mode="json", exclude={"root"})
 
 
+def scratch_settings(root: Path, workdir: Path, app_dir: Path, spec: Path, registry: dict,
+                     runtime_dir: Optional[Path] = None) -> Settings:
+    """Settings for a project whose code is APP_DIR and whose build directory is WORKDIR/build (tests
+    and benchmarks build such copies of the example), with ROOT's requirements and image defaults.
+    The wheelhouse is ROOT's (build/wheelhouse), shared through a link: it is downloaded once."""
+    d = defaults()
+    build_dir = workdir / "build"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    shared = root / "build" / "wheelhouse"
+    shared.mkdir(parents=True, exist_ok=True)
+    if not (build_dir / "wheelhouse").exists():
+        (build_dir / "wheelhouse").symlink_to(shared)
+    return Settings(
+        root=root,
+        project=ProjectSettings(spec=str(spec), app_dir=str(app_dir), build_dir=str(build_dir),
+                                runtime_dir=str(runtime_dir or app_dir.parent / "runtime"),
+                                requirements=[str(root / r) for r in d["project"]["requirements"]]),
+        image=ImageSettings(**d["image"]),
+        registry=RegistrySettings(**registry),
+    )
+
+
 def check_env(environ: dict, tree: Optional[dict] = None, prefix: str = "INVOKE") -> tuple[list[str], dict[str, str]]:
     """INVOKE_* variables read the way the settings are: (problems, rewrites).
 
