@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from invoke import Collection, Exit, task
+from pydantic import BaseModel
 
 from deploy.targets import HOLDING, TARGETS
 from deploy.targets.flags import FLAGS as TARGET_FLAGS  # the target flags, from the targets' Options models
@@ -65,7 +66,8 @@ def _run(c, fn, *args, quiet=False, as_json=False, **kwargs):
         rep = Reporter(quiet=quiet or settings.quiet)
         summary = fn(settings, *args, rep=rep, **kwargs)
     if as_json:
-        print(jsonlib.dumps(summary, indent=2, sort_keys=True, default=str))
+        shown = summary.model_dump(mode="json") if isinstance(summary, BaseModel) else summary
+        print(jsonlib.dumps(shown, indent=2, sort_keys=True, default=str))
     return summary
 
 
@@ -155,15 +157,15 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
     if json:
         return
     if dry_run:
-        for fname, text in result.get("rendered", {}).items():
+        for fname, text in (result.rendered or {}).items():
             print(f"# ---- {fname} (dry run: not written)\n{text}")
-        if result.get("objects"):
-            print(jsonlib.dumps(result["objects"], indent=2, default=str))
+        if result.objects:
+            print(jsonlib.dumps(result.objects, indent=2, default=str))
         return
-    if result.get("exit_code") is not None:
-        print(f"job {result['job']['name']} finished with exit code {result['exit_code']}")
-    if result.get("slurm_job_id"):
-        print(f"submitted Slurm job {result['slurm_job_id']}")
+    if result.applied.exit_code is not None:
+        print(f"job {result.job['name']} finished with exit code {result.applied.exit_code}")
+    if result.applied.slurm_job_id:
+        print(f"submitted Slurm job {result.applied.slurm_job_id}")
 
 
 @task(help={"target": "The target the job was deployed to with --submit (default: deploy.target); k8s deletes "

@@ -36,10 +36,10 @@ def test_local_job_runs_from_digest_and_cleans_up(client, pushed, settings, capf
     name = unique("e2e-local")
     s = with_deploy(settings, name=name, command=["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "20"])
     dry = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=3, dry_run=True)
-    assert {c["image"] for c in dry["objects"]} == {pushed["cpu"]["repo_digest"]}
-    assert {tuple(c["binds"]) for c in dry["objects"]} == {("/tmp/raytrain:/tmp/raytrain:rw",)}  # the default_mount
+    assert {c["image"] for c in dry.objects} == {pushed["cpu"]["repo_digest"]}
+    assert {tuple(c["binds"]) for c in dry.objects} == {("/tmp/raytrain:/tmp/raytrain:rw",)}  # the default_mount
     out = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=3)
-    assert out["exit_code"] == 0
+    assert out.applied.exit_code == 0
     logs = capfd.readouterr().out
     summary = summary_of(logs)
     assert summary["nodes"] == 3 and summary["ranks_reported"] == [0, 1, 2] and summary["trained_steps"] == 20
@@ -48,17 +48,17 @@ def test_local_job_runs_from_digest_and_cleans_up(client, pushed, settings, capf
     assert job_containers(client, name) == []
     assert not [n for n in client.networks.list() if n.name.startswith(f"{name}-")]
     # the checkpoint went to the host's fileroot, through the spec's default_mount, under this run's id
-    first = out["job"]["env"]["RAYTRAIN_RUN_ID"]
+    first = out.job["env"]["RAYTRAIN_RUN_ID"]
     assert first.startswith(f"{name}-") and (Path("/tmp/raytrain/checkpoints") / name / first / "ckpt.pt").is_file()
     try:
         # the same command again is a new run: it trains, from step 0
         again = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=2)
-        second = again["job"]["env"]["RAYTRAIN_RUN_ID"]
+        second = again.job["env"]["RAYTRAIN_RUN_ID"]
         run2 = summary_of(capfd.readouterr().out)
         assert second != first and run2["trained_steps"] == 20 and run2["first_loss"] is not None
         # --resume continues the last run: at step 20 of 20 there is nothing to train, and it says so
         resumed = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=2, resume=True)
-        assert resumed["job"]["env"]["RAYTRAIN_RUN_ID"] == second
+        assert resumed.job["env"]["RAYTRAIN_RUN_ID"] == second
         captured = capfd.readouterr()
         assert summary_of(captured.out)["trained_steps"] == 0
         assert f"NOTHING TRAINED: run {second} is already at step 20 of 20" in captured.out + captured.err
@@ -86,8 +86,8 @@ def test_failing_driver_fails_the_deploy(client, pushed, settings):
 def test_dry_run_starts_nothing_and_hides_token(client, pushed, settings):
     s = with_deploy(settings, name="e2e-dry")
     out = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), dry_run=True)
-    assert len(out["objects"]) == 3 and "exit_code" not in out
-    assert {c["environment"]["RAY_AUTH_TOKEN"] for c in out["objects"]} == {"<generated per run>"}
+    assert len(out.objects) == 3 and out.applied is None
+    assert {c["environment"]["RAY_AUTH_TOKEN"] for c in out.objects} == {"<generated per run>"}
     assert job_containers(client, "e2e-dry") == []
 
 

@@ -52,7 +52,7 @@ def test_plain_sbatch_trains_across_three_slurm_nodes(cluster, tmp_path, monkeyp
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     res = pipeline.deploy(settings, str(spec), "slurm", rep=Reporter(quiet=True), nodes=3, name="slurm-e2e",
                           out=str(tmp_path / "out"), submit=True, port_stride=200, env=cluster.env)
-    job_id = res["slurm_job_id"]
+    job_id = res.applied.slurm_job_id
     fields = cluster.wait(job_id, timeout_s=420)
     out_file = fileroot / "logs" / f"slurm-e2e-{job_id}.out"
     out = out_file.read_text() if out_file.exists() else ""

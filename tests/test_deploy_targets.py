@@ -47,14 +47,14 @@ def deploy(settings, spec, target, dry_run=False, recorded=True, **kw):
 def test_dry_run_renders_and_writes_nothing(settings, tmp_path, spec, target, fname):
     out = tmp_path / "out"
     res = deploy(settings, spec, target, dry_run=True, out=str(out))
-    assert list(res["rendered"]) == [fname] and res["rendered"][fname]
+    assert list(res.rendered) == [fname] and res.rendered[fname]
     assert not out.exists()
     written = deploy(settings, spec, target, out=str(out))
-    assert [Path(w).name for w in written["written"]] == [fname]
+    assert [Path(w).name for w in written.applied.written] == [fname]
     # what was shown is what was written, but for the run id: each deploy is a new run
-    shown_run, written_run = res["job"]["env"]["RAYTRAIN_RUN_ID"], written["job"]["env"]["RAYTRAIN_RUN_ID"]
+    shown_run, written_run = res.job["env"]["RAYTRAIN_RUN_ID"], written.job["env"]["RAYTRAIN_RUN_ID"]
     assert shown_run != written_run
-    assert (out / fname).read_text() == res["rendered"][fname].replace(shown_run, written_run)
+    assert (out / fname).read_text() == res.rendered[fname].replace(shown_run, written_run)
     if fname.endswith(".sbatch"):
         assert (out / fname).stat().st_mode & stat.S_IXUSR
     assert [p.name for p in out.parent.iterdir() if p.name.startswith(".")] == []
@@ -62,14 +62,14 @@ def test_dry_run_renders_and_writes_nothing(settings, tmp_path, spec, target, fn
 
 def test_pyxis_uses_the_gpu_digest_and_spec_gpu_count(settings):
     res = deploy(settings, "slurm-pyxis.json", "pyxis", dry_run=True)
-    assert res["job"]["gpus_per_node"] == 8 and res["job"]["image"] == GPU
-    assert "--container-image=registry.example.com:5000#raytrain-gpu@sha256:" + "2" * 64 in res["rendered"]["job1.sbatch"]
+    assert res.job["gpus_per_node"] == 8 and res.job["image"] == GPU
+    assert "--container-image=registry.example.com:5000#raytrain-gpu@sha256:" + "2" * 64 in res.rendered["job1.sbatch"]
 
 
 def test_pyxis_sqsh_reference_is_planned_without_converting(settings):
     res = deploy(settings, "slurm-pyxis.json", "pyxis", dry_run=True, sqsh=True, sqsh_to_fileroot=True)
-    assert res["sqsh"] == "/storage/ray-experiments/images/raytrain-gpu+sha256-" + "2" * 64 + ".sqsh"
-    assert f"--container-image={res['sqsh']}" in res["rendered"]["job1.sbatch"]
+    assert res.sqsh == "/storage/ray-experiments/images/raytrain-gpu+sha256-" + "2" * 64 + ".sqsh"
+    assert f"--container-image={res.sqsh}" in res.rendered["job1.sbatch"]
     assert not (settings.build_dir / "sqsh").exists()
 
 
@@ -122,11 +122,11 @@ def test_a_seed_format_spec_deploys_without_partition_or_account(settings, tmp_p
     res = pipeline.deploy(settings, str(spec), target, rep=Reporter(quiet=True), name="job1", out=str(tmp_path / "o"))
     script = (tmp_path / "o" / "job1.sbatch").read_text()
     assert "--partition" not in script and "--account" not in script
-    assert any("default" in n for n in res["notes"])
+    assert any("default" in n for n in res.notes)
     res = pipeline.deploy(settings, str(spec), target, rep=Reporter(quiet=True), name="job1", dry_run=True,
                           partition="debug", account="ml")
-    assert "#SBATCH --partition=debug" in res["rendered"]["job1.sbatch"]
-    assert "#SBATCH --account=ml" in res["rendered"]["job1.sbatch"]
+    assert "#SBATCH --partition=debug" in res.rendered["job1.sbatch"]
+    assert "#SBATCH --account=ml" in res.rendered["job1.sbatch"]
 
 
 @pytest.mark.parametrize("target", ["pyxis", "k8s", "local"])
@@ -157,7 +157,7 @@ def test_a_plain_http_registry_needs_the_sites_enroot_setting(settings, tmp_path
     with pytest.raises(ConfigError, match="speaks plain HTTP.*ENROOT_ALLOW_HTTP=yes"):
         deploy(settings, "slurm-pyxis.json", "pyxis", out=str(tmp_path / "out"), recorded=False)
     res = deploy(settings, "slurm-pyxis.json", "pyxis", dry_run=True, recorded=False, allow_http_registry=True)
-    assert res["rendered"]["job1.sbatch"]
+    assert res.rendered["job1.sbatch"]
 
 
 def test_k8s_needs_a_numeric_image_user(settings, tmp_path):
@@ -168,14 +168,14 @@ def test_k8s_needs_a_numeric_image_user(settings, tmp_path):
 
 def test_k8s_takes_gpu_count_and_image_from_the_spec(settings):
     res = deploy(settings, "kubernetes.json", "k8s", dry_run=True)
-    assert res["job"]["gpus_per_node"] == 1 and res["job"]["image"] == GPU
-    pod = list(yaml.safe_load_all(res["rendered"]["job1.yaml"]))[1]["spec"]["template"]["spec"]
+    assert res.job["gpus_per_node"] == 1 and res.job["image"] == GPU
+    pod = list(yaml.safe_load_all(res.rendered["job1.yaml"]))[1]["spec"]["template"]["spec"]
     assert pod["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": 1}
 
 
 def test_k8s_seed_fanout_file(settings, tmp_path):
     res = deploy(settings, "kubernetes.json", "k8s", out=str(tmp_path / "o"), seeds="1-3", slots="gpu-node-1:0,gpu-node-1:1")
-    objs = list(yaml.safe_load_all(Path(res["written"][0]).read_text()))
+    objs = list(yaml.safe_load_all(Path(res.applied.written[0]).read_text()))
     heads = [o for o in objs if o["kind"] == "Job"]
     assert [o["metadata"]["name"] for o in heads] == [f"job1-s{s}-{r}" for s in (1, 2, 3) for r in ("head", "workers")]
     assert {o["metadata"]["labels"]["raytrain.io/group"] for o in objs} == {"job1"}
@@ -188,8 +188,8 @@ def test_command_flag_reaches_every_target(settings, spec, target):
     """--command is split as a shell splits it, once, and each target runs exactly that argv."""
     argv = ["python", "train.py", "--note", "two words; $(not run)", "--steps", "7"]
     res = deploy(settings, spec, target, dry_run=True, command="python train.py --note 'two words; $(not run)' --steps 7")
-    assert res["job"]["command"] == argv
-    text = json.dumps(res.get("objects")) + "".join(res.get("rendered", {}).values())
+    assert res.job["command"] == argv
+    text = json.dumps(res.objects) + "".join((res.rendered or {}).values())
     assert "two words; $(not run)" in text or "'two words; $(not run)'" in text
     with pytest.raises(ConfigError, match="--command: .* cannot be split as a shell would .*close the quotes"):
         deploy(settings, spec, target, dry_run=True, command="python train.py --note 'unclosed")
@@ -205,7 +205,7 @@ def test_submit_asks_the_registry_first_and_writes_nothing(settings, tmp_path, s
         deploy(settings, spec, target, recorded=False, out=str(out), submit=True, allow_local_registry=True)
     assert not out.exists()
     written = deploy(settings, spec, target, recorded=False, out=str(out), allow_local_registry=True)
-    assert written["written"]
+    assert written.applied.written
 
 
 def test_a_deploy_whose_submission_fails_keeps_the_last_run_for_resume(settings, tmp_path):
@@ -213,7 +213,7 @@ def test_a_deploy_whose_submission_fails_keeps_the_last_run_for_resume(settings,
     from toolchain.errors import ToolchainError
     from toolchain.records import read_runs
     first = deploy(settings, "slurm.json", "slurm", out=str(tmp_path / "a"))
-    assert first["written"]
+    assert first.applied.written
     before = read_runs(settings.build_dir)["job1"]
     with pytest.raises((ToolchainError, DeployError)):
         deploy(settings, "slurm.json", "slurm", out=str(tmp_path / "b"), submit=True, env={"PATH": str(tmp_path)})
@@ -231,7 +231,7 @@ def test_the_memory_setting_reaches_each_scheduler_and_a_bad_one_says_what_it_ta
     """deploy.memory (INVOKE_DEPLOY_MEMORY): the job's memory per node, in each scheduler's own form."""
     with_memory = settings.model_copy(update={"deploy": settings.deploy.model_copy(update={"memory": "5G"})})
     res = deploy(with_memory, spec, target, dry_run=True)
-    assert needle in json.dumps(res.get("objects")) + "".join(res.get("rendered", {}).values())
+    assert needle in json.dumps(res.objects) + "".join((res.rendered or {}).values())
     bad = settings.model_copy(update={"deploy": settings.deploy.model_copy(update={"memory": "5X"})})
     with pytest.raises(DeployError, match=r"memory: .*\(got \"5X\"\); expected: Memory per node, e\.g\. 64G"):
         deploy(bad, spec, target, dry_run=True)

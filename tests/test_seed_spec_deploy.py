@@ -38,12 +38,12 @@ def test_seed_spec_builds_pushes_and_deploys(seed_project, tmp_path):
     assert pushed["user"] == "1000:1000" and pushed["registry_scheme"] == "http"
     res = pipeline.deploy(settings, str(spec), "slurm", rep=Reporter(quiet=True), nodes=3, name="seed",
                           out=str(tmp_path / "s"))
-    script = Path(res["written"][0]).read_text()
+    script = Path(res.applied.written[0]).read_text()
     assert "--partition" not in script and "--account" not in script
-    subprocess.run(["bash", "-n", res["written"][0]], check=True)
+    subprocess.run(["bash", "-n", res.applied.written[0]], check=True)
     res = pipeline.deploy(settings, str(spec), "pyxis", rep=Reporter(quiet=True), nodes=3, name="seed",
                           out=str(tmp_path / "p"), partition="debug", allow_local_registry=True, allow_http_registry=True)
-    script = Path(res["written"][0]).read_text()
+    script = Path(res.applied.written[0]).read_text()
     assert "#SBATCH --partition=debug" in script
     assert f"--container-image={ImageRef.parse(pushed['repo_digest']).pyxis()}" in script
 

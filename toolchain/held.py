@@ -78,16 +78,16 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
     else:  # the nodes run this tree's environment (plain Slurm): what it is now
         keys = source_keys(settings)
         spec_sha = spec_hash(resolve_spec(settings, spec))
-    summary = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True,
+    deployed = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True,
                               env=_context(env).env, **{"submit": True, **flags})
-    record = ClusterRecord(name=job_name, target=target_name, image=summary["job"]["image"] or "", variant=variant or "",
+    record = ClusterRecord(name=job_name, target=target_name, image=deployed.job["image"] or "", variant=variant or "",
                            spec_sha256=spec_sha, below_app_key=keys["below_app_key"],
                            runtime_sha256=keys["runtime_sha256"], project=str(settings.root.resolve()),
-                           started=now(), handle=summary["held"])
+                           started=now(), handle=deployed.applied.held)
     write_cluster(settings.build_dir, record)
-    rep.step(f"held cluster {job_name}: {summary['job']['nodes']} node(s) of {record.image or 'the nodes environment'}; "
+    rep.step(f"held cluster {job_name}: {deployed.job['nodes']} node(s) of {record.image or 'the nodes environment'}; "
              f"`invoke run` sends code to it, `invoke down --name {job_name}` ends it")
-    return {"cluster": record.model_dump(), "out_dir": summary["out_dir"]}
+    return {"cluster": record.model_dump(), "out_dir": deployed.out_dir}
 
 
 def guard(settings: Settings, record: ClusterRecord, spec_file: Path, keys: dict) -> list[str]:

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
+from pydantic import BaseModel, ConfigDict
+
+from deploy.targets.base import Applied, ApplyContext
 from runtime.spec import ClusterSpec, json_schema, load_spec, spec_hash
 from toolchain.bootstrap import ensure_base
 from toolchain.config import Settings
@@ -132,20 +136,34 @@ def _built_for(settings: Settings, built: dict, sha: str, spec_file: Path, rep: 
     return chosen
 
 
+class DeployResult(BaseModel):
+    """What `deploy` made of the job: the job as rendered, where its files go, and (unless a dry run)
+    what the target did; `--json` prints it."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    target: str
+    job: dict                        # the validated job (deploy/job.py JobSpec), as JSON
+    out_dir: str
+    files: list[str]
+    notes: list[str]
+    sqsh: Optional[str] = None       # Pyxis --sqsh: what srun is told
+    rendered: Optional[dict[str, str]] = None  # a dry run: each file's text, nothing written
+    objects: Optional[list] = None   # a dry run of a target that writes no files (local): what it would start
+    applied: Optional[Applied] = None  # what the target's apply did (None in a dry run)
+
+
 def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, dry_run: bool = False,
            name: str | None = None, nodes: int | None = None, gpus: int | None = None, out: str | None = None,
            env: dict | None = None, resume: bool = False, command: str | None = None, serve: bool = False,
-           **flags) -> dict:
+           **flags) -> DeployResult:
     """Pre-flight (spec, pushed digest, job values, the target's own checks), render, then apply.
     Each deploy is a new run (RAYTRAIN_RUN_ID, recorded in build/runs.json); `resume` continues the last
     run of this job name instead.
 
     `flags` are the target's options as given (only those set); one the target does not take is an
-    error. --dry-run returns the rendered files in the summary and writes, converts and starts nothing.
+    error. --dry-run returns the rendered files and writes, converts and starts nothing.
     """
     from deploy.job import ImageInfo
     from deploy.plan import make_request, plan
-    from deploy.targets.base import ApplyContext
 
     spec_file = resolve_spec(settings, spec)
     cluster = load_spec(spec_file)
@@ -168,16 +186,14 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         rep.step(f"run {run_id}" + (" (resumed: its checkpoints are continued)" if resume else
                                     " (a new run; `--resume` continues the last one of this --name)"))
     out_dir = settings.path(out) if given(out, "--out") else settings.build_dir / "deploy" / req.target.name / job.name
-    summary = {"target": req.target.name, "job": job.model_dump(mode="json"), "out_dir": str(out_dir),
-               "files": sorted(artifacts.files), "notes": list(artifacts.notes),
-               "sqsh": artifacts.extra.get("sqsh_ref")}
+    result = DeployResult(target=req.target.name, job=job.model_dump(mode="json"), out_dir=str(out_dir),
+                          files=sorted(artifacts.files), notes=list(artifacts.notes),
+                          sqsh=artifacts.extra.get("sqsh_ref"))
     for note in artifacts.notes:
         rep.step(f"note: {note}")
     if dry_run:
-        summary["rendered"] = artifacts.texts()
-        if not artifacts.files:
-            summary["objects"] = artifacts.objects
-        return summary
+        return result.model_copy(update={"rendered": artifacts.texts(),
+                                         "objects": None if artifacts.files else artifacts.objects})
     before = runs_before(settings.build_dir)
     if not serve:  # a held cluster runs nothing itself; each `invoke run` is a run (toolchain/held.py)
         write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
@@ -185,15 +201,15 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env,
                        layer_store=settings.build_dir / LAYER_STORE)
     try:
-        summary.update(req.target.apply(artifacts, job, cluster, req.options, ctx))
+        applied = req.target.apply(artifacts, job, cluster, req.options, ctx)
     except Exception:  # nothing ran (no engine for the .sqsh, sbatch refused): --resume keeps the last run
         if not serve:
             restore_run(settings.build_dir, job.name, before)
         raise
-    if summary.get("exit_code") not in (None, 0):
-        diagnosis = f"\n  {summary['diagnosis']}" if summary.get("diagnosis") else ""
-        raise ToolchainError(f"the job {job.name!r} failed: the head exited with {summary['exit_code']}{diagnosis}")
-    return summary
+    if applied.exit_code not in (None, 0):
+        diagnosis = f"\n  {applied.diagnosis}" if applied.diagnosis else ""
+        raise ToolchainError(f"the job {job.name!r} failed: the head exited with {applied.exit_code}{diagnosis}")
+    return result.model_copy(update={"applied": applied})
 
 
 def destroy(settings: Settings, spec: str | None, target: str | None, name: str | None, rep: Reporter) -> dict:

@@ -66,6 +66,19 @@ class Artifacts:
         return {name: f.text for name, f in self.files.items()}
 
 
+class Applied(BaseModel):
+    """What a target's apply did: the fields it has, the others left at their defaults."""
+    model_config = ConfigDict(extra="forbid")
+    written: list[str] = Field(default_factory=list)   # the files, where they were written
+    exit_code: Optional[int] = None                     # a job run here (local): the head's exit code
+    diagnosis: Optional[str] = None                     # ... and which node failed first, and why
+    held: Optional[dict] = None                         # a held cluster's handle (job.serve): clusters.json
+    slurm_job_id: Optional[str] = None
+    kubectl: Optional[str] = None                       # what kubectl apply said
+    launched: list[str] = Field(default_factory=list)   # SkyPilot clusters launched
+    sqsh: Optional[str] = None                          # Pyxis --sqsh: the file srun is told
+
+
 @dataclass
 class SiteCheck:
     """What the live system (a cluster, a registry) said: problems stop the deploy, notes are shown."""
@@ -156,11 +169,11 @@ class Target:
         raise NotImplementedError
 
     def apply(self, artifacts: Artifacts, job: JobSpec, spec: ClusterSpec, opts: TargetOptions,
-              ctx: ApplyContext) -> dict:
-        return {"written": [str(p) for p in ctx.write(artifacts)]}
+              ctx: ApplyContext) -> Applied:
+        return Applied(written=[str(p) for p in ctx.write(artifacts)])
 
     # -- a held cluster (invoke up / run / status / down): apply of a `job.serve` job returns
-    # {"held": handle}, a JSON-able dict these operations get back (build/clusters.json keeps it).
+    # Applied(held=handle), a JSON-able dict these operations get back (build/clusters.json keeps it).
     # A target that reaches its nodes through a CLI names the module that does it (`held`:
     # status(handle, env), run(handle, env, code_tar, rel_dir, argv, run_env, out), down(handle, env));
     # one that needs more (the local target's Docker engine) overrides the three methods.

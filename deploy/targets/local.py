@@ -17,7 +17,7 @@ import docker
 
 from deploy import held_step
 from deploy.job import JobSpec
-from deploy.targets.base import ApplyContext, Artifacts, HeldContext, Target, TargetOptions
+from deploy.targets.base import Applied, ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
 from runtime.contract import EXIT_HEAD_LOST
 from runtime.cluster import log_relay, serving as serving_module
@@ -310,14 +310,14 @@ class Local(Target):
         shown = [{**n.__dict__, "environment": {**n.environment, C.AUTH_TOKEN: "<generated per run>"}} for n in nodes]
         return Artifacts({}, shown)
 
-    def apply(self, artifacts: Artifacts, job: JobSpec, spec, opts, ctx: ApplyContext) -> dict:
+    def apply(self, artifacts: Artifacts, job: JobSpec, spec, opts, ctx: ApplyContext) -> Applied:
         client = ctx.engine()
         self._materialise(client, job, ctx)
         if job.serve:
-            return {"held": hold(client, job, ctx.progress)}
+            return Applied(held=hold(client, job, ctx.progress))
         ctx.progress(f"local: {job.nodes} node(s) of {job.image}")
         outcome = run(client, job)
-        return {"exit_code": outcome.exit_code, **({"diagnosis": outcome.diagnosis} if outcome.diagnosis else {})}
+        return Applied(exit_code=outcome.exit_code, diagnosis=outcome.diagnosis or None)
 
     def _materialise(self, client, job: JobSpec, ctx: ApplyContext) -> None:
         """The image here and the fileroot's directory made, before any container starts."""

@@ -43,7 +43,7 @@ from deploy.targets.k8s import held
 from deploy.targets.k8s import kubectl
 from deploy.targets.k8s.kubectl import LABEL_GROUP, LABEL_JOB, LABEL_ROLE, LABEL_SEED
 from deploy.job import JOB_NAME_RE, DeployError, JobSpec, time_limit_seconds
-from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, ApplyContext, Artifacts, File, SiteCheck, Target,
+from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, Applied, ApplyContext, Artifacts, File, SiteCheck, Target,
                                  TargetOptions)
 from deploy.yaml_out import Dumper
 from runtime import contract as C
@@ -449,17 +449,17 @@ class Kubernetes(Target):
                 else render(job, spec.kubernetes))
         return Artifacts({f"{job.name}.yaml": File(dump(objs))}, objs)
 
-    def apply(self, artifacts: Artifacts, job, spec: ClusterSpec, opts: K8sFlags, ctx: ApplyContext) -> dict:
+    def apply(self, artifacts: Artifacts, job, spec: ClusterSpec, opts: K8sFlags, ctx: ApplyContext) -> Applied:
         out = super().apply(artifacts, job, spec, opts, ctx)
         if opts.submit:
             namespace = spec.kubernetes.namespace
-            out["kubectl"], applied = launch(artifacts.objects, namespace, lambda: _secrets.token_hex(32))
+            out.kubectl, applied = launch(artifacts.objects, namespace, lambda: _secrets.token_hex(32))
             remove = "invoke down" if job.serve else "invoke destroy --target k8s"  # a held cluster is ended as one
             kinds = Counter(a.partition("/")[0] for a in applied)
             ctx.progress(f"applied {len(applied)} object(s) ({', '.join(f'{n} {k}' for k, n in kinds.items())}); "
                          f"remove them with `{remove} --name {job.name}`")
             if job.serve:
-                out["held"] = held.wait_serving(job, namespace, ctx.progress, ctx.env)
+                out.held = held.wait_serving(job, namespace, ctx.progress, ctx.env)
         return out
 
     def destroy(self, spec: ClusterSpec, name: str) -> dict:

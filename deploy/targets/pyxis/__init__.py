@@ -15,7 +15,7 @@ from pydantic import Field
 
 from deploy.targets.pyxis.sqsh import convert as convert_to_sqsh
 from deploy.targets.slurm import sbatch
-from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File
+from deploy.targets.base import AllowLocalRegistry, Applied, ApplyContext, Artifacts, File
 from deploy.targets.slurm import (SlurmFlags, SlurmJobTarget, partition_account, slurm_notes, slurm_problems,
                                   spec_section, submit)
 from deploy.job import JobSpec
@@ -85,15 +85,15 @@ class Pyxis(SlurmJobTarget):
                                spare_nodes=opts.spare_nodes)
         return Artifacts({f"{job.name}.sbatch": File(script, 0o755)}, [script], slurm_notes(job, spec, opts), extra)
 
-    def apply(self, artifacts: Artifacts, job: JobSpec, spec, opts: PyxisFlags, ctx: ApplyContext) -> dict:
-        out: dict = {}
+    def apply(self, artifacts: Artifacts, job: JobSpec, spec, opts: PyxisFlags, ctx: ApplyContext) -> Applied:
+        made = None
         if opts.sqsh:
             local: Path = artifacts.extra["sqsh_path"]
             res = convert_to_sqsh(ctx.engine, job.image.docker(), local.parent, digest=job.image.digest,
                                  progress=ctx.progress, layer_store=ctx.layer_store)
             ctx.progress(f"squashfs {'reused' if res.cached else f'written ({res.how})'}: {res.path} "
                          f"({res.seconds:.1f}s)")
-            out["sqsh"] = str(res.path)
+            made = str(res.path)
             if opts.sqsh_to_fileroot:
                 dest = Path(artifacts.extra["sqsh_ref"])
                 if not dest.exists():
@@ -102,10 +102,10 @@ class Pyxis(SlurmJobTarget):
                     shutil.copyfile(res.path, tmp)
                     tmp.replace(dest)
                 ctx.progress(f"squashfs at {dest}")
-                out["sqsh"] = str(dest)
-        if opts.submit:
-            return {**out, **submit(artifacts, job, ctx, container=True)}
-        return {**out, **super().apply(artifacts, job, spec, opts, ctx)}
+                made = str(dest)
+        applied = submit(artifacts, job, ctx, container=True) if opts.submit else super().apply(artifacts, job, spec,
+                                                                                                 opts, ctx)
+        return applied.model_copy(update={"sqsh": made})
 
 
 TARGET = Pyxis()

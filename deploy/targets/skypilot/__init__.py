@@ -23,7 +23,7 @@ from pydantic import Field
 from deploy.targets.skypilot import held
 from deploy.job import JobSpec
 from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
-from deploy.targets.base import AllowLocalRegistry, ApplyContext, Artifacts, File, Target, TargetOptions
+from deploy.targets.base import AllowLocalRegistry, Applied, ApplyContext, Artifacts, File, Target, TargetOptions
 from deploy.targets.k8s import Seeds
 from runtime import contract as C
 from runtime.spec import ClusterSpec
@@ -95,19 +95,19 @@ class SkyPilot(Target):
             f"fileroot {job.fileroot} is not mounted (no --fileroot-store): checkpoints stay on each node"]
         return Artifacts({f"{t['name']}.yaml": File(dump(t)) for t in tasks}, tasks, notes)
 
-    def apply(self, artifacts: Artifacts, job, spec, opts: SkyFlags, ctx: ApplyContext) -> dict:
+    def apply(self, artifacts: Artifacts, job, spec, opts: SkyFlags, ctx: ApplyContext) -> Applied:
         out = super().apply(artifacts, job, spec, opts, ctx)
         if opts.submit:
             launched = []
-            for path in out["written"]:
+            for path in out.written:
                 name = os.path.basename(path)[:-len(".yaml")]
                 job_id = held.launch(path, name, ctx.env or dict(os.environ), need_id=job.serve)
                 launched.append(name)
                 ctx.progress(f"launched SkyPilot cluster {name}" + (f" (job {job_id})" if job_id else ""))
                 if job.serve:
-                    out["held"] = held.wait_serving(name, job_id, job.nodes, job.name, ctx.env or dict(os.environ),
+                    out.held = held.wait_serving(name, job_id, job.nodes, job.name, ctx.env or dict(os.environ),
                                                     ctx.progress)
-            out["launched"] = launched
+            out.launched = launched
         return out
 
     # a held cluster is the launched cluster and its serving job (deploy/targets/skypilot/held.py)

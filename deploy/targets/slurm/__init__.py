@@ -13,7 +13,7 @@ from pydantic import Field
 
 from deploy.targets.slurm import held, sbatch
 from deploy.job import JobSpec
-from deploy.targets.base import ApplyContext, Artifacts, File, Target, TargetOptions
+from deploy.targets.base import Applied, ApplyContext, Artifacts, File, Target, TargetOptions
 from runtime.spec import SLURM_NAME, ClusterSpec, SlurmOptions as SpecSlurm
 
 
@@ -57,17 +57,14 @@ def slurm_notes(job: JobSpec, spec: ClusterSpec, opts: SlurmFlags) -> list[str]:
     return notes
 
 
-def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext, container: bool = False) -> dict:
+def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext, container: bool = False) -> Applied:
     """sbatch the script; for a held cluster, wait until its head serves (CONTAINER: in Pyxis' named
     container, which runs attach to)."""
     written = ctx.write(artifacts)
-    out = {"written": [str(w) for w in written]}
     job_id = sbatch.submit(written[0], job, env=ctx.env)
     ctx.progress(f"submitted: Slurm job {job_id}; output in {sbatch.log_dir(job)}")
-    out["slurm_job_id"] = job_id
-    if job.serve:
-        out["held"] = held.wait_serving(job, job_id, ctx.env, ctx.progress, container=container)
-    return out
+    return Applied(written=[str(w) for w in written], slurm_job_id=job_id,
+                   held=held.wait_serving(job, job_id, ctx.env, ctx.progress, container=container) if job.serve else None)
 
 
 class SlurmJobTarget(Target):
@@ -102,7 +99,7 @@ class Slurm(SlurmJobTarget):
                          "exports (activate the runtime's venv before submitting, or add env_setup lines)")
         return Artifacts({f"{job.name}.sbatch": File(script, 0o755)}, [script], notes)
 
-    def apply(self, artifacts, job, spec, opts, ctx) -> dict:
+    def apply(self, artifacts, job, spec, opts, ctx) -> Applied:
         if opts.submit:
             return submit(artifacts, job, ctx)
         return super().apply(artifacts, job, spec, opts, ctx)
