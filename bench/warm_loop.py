@@ -154,7 +154,7 @@ def slurm(args, work: Path, app: Path, rep: Reporter) -> None:
             job = f"{name}-f{i}"
             res = pipeline.deploy(s, str(spec), "slurm", rep=rep, name=job, nodes=args.nodes, submit=True,
                                   port_stride=200, out=str(work / "out"), env=env)
-            fresh.append(watch_log(fileroot / "logs" / f"{job}-{res['slurm_job_id']}.out", marker, t0))
+            fresh.append(watch_log(fileroot / "logs" / f"{job}-{res.applied.slurm_job_id}.out", marker, t0))
             cluster.wait(res.applied.slurm_job_id, timeout_s=300)
             print(f"round {i + 1}: fresh {fresh[-1]:.2f} s", flush=True)
         t0 = time.monotonic()

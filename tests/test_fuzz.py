@@ -177,7 +177,7 @@ def test_deploy_flags(project, tmp_path, target, name, nodes, gpus, good, flags)
         assert not out.exists(), "a failed deploy wrote files"
         return
     event("rendered")
-    assert res["target"] == target
+    assert res.target == target
 
 
 JOB_VALUES = st.fixed_dictionaries({
