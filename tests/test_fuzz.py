@@ -3,8 +3,10 @@ variables, the deploy flags and each renderer. Whatever comes in, the outcome is
 project's InputError (exit 2, naming the field) in bounded time; never another exception, and a
 failed deploy writes nothing."""
 import json
+import re
 import shutil
 import subprocess
+import tarfile
 import time
 from pathlib import Path
 
@@ -214,3 +216,93 @@ def test_renderers_keep_hostile_values_as_data(tmp_path, values, target):
         else:
             docs = list(yaml.safe_load_all(f.text))
             assert docs == (art.objects if target == "k8s" else [o for o in art.objects if o["name"] + ".yaml" == name])
+
+
+SAFE_ARG = re.compile(r"[^-\s,\x00-\x1f\x7f][^\s,\x00-\x1f\x7f]*")  # what may reach a tool's argv as one value
+
+
+ADDRESSED = [  # a valid environment per source, and the variables in it that carry an address or a name
+    ({"RAYTRAIN_NODE_RANK": "0", "RAYTRAIN_NUM_NODES": "2", "RAYTRAIN_HEAD_ADDRESS": "10.0.0.1", "HOSTNAME": "n1"},
+     ("RAYTRAIN_HEAD_ADDRESS", "HOSTNAME")),
+    ({"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2", "SKYPILOT_NODE_IPS": "10.0.0.1\n10.0.0.2", "HOSTNAME": "n1"},
+     ("SKYPILOT_NODE_IPS",)),
+    ({"SLURM_JOB_ID": "1", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "n[1-2]", "SLURMD_NODENAME": "n1"},
+     ("SLURM_JOB_NODELIST", "SLURMD_NODENAME")),
+    ({"KUBERNETES_SERVICE_HOST": "k", "JOB_COMPLETION_INDEX": "1", "RAYTRAIN_HEAD_ADDRESS": "job-head",
+      "RAYTRAIN_NUM_NODES": "2", "HOSTNAME": "job-1", "RAYTRAIN_NODE_NAME": "node-a"},
+     ("RAYTRAIN_HEAD_ADDRESS", "RAYTRAIN_NODE_NAME", "HOSTNAME")),
+]
+
+
+@FUZZ
+@given(st.sampled_from(ADDRESSED), st.data())
+def test_an_accepted_identity_holds_only_addresses_a_tool_reads_as_one_value(case, data):
+    """The launcher's environment parsed like flags: any text in a variable that carries an address or
+    a name is refused, or the head's and the nodes' addresses and the names are single values (no
+    space, newline, comma or leading '-')."""
+    env, keys = case
+    env = {**env, data.draw(st.sampled_from(keys)): data.draw(TEXT)}
+    try:
+        ident = detect(env)
+    except InputError:
+        return
+    for value in (ident.head_address, ident.hostname, ident.node_name, *ident.node_addresses):
+        assert SAFE_ARG.fullmatch(value), value
+
+
+HANDLE_FIELDS = {"slurm": ("job_id", "head_node", "job_name", "log"), "skypilot": ("cluster", "job_id", "job_name"),
+                 "k8s": ("namespace", "job_name", "head_pod")}
+GOOD_HANDLES = {"slurm": {"job_id": "42", "head_node": "n1", "log": "/tmp/raytrain/logs/job-42.out", "job_name": "job"},
+                "skypilot": {"cluster": "job", "job_id": "1", "nodes": 2, "job_name": "job"},
+                "k8s": {"namespace": "default", "job_name": "job", "head_pod": "job-head-0"}}
+
+
+@FUZZ
+@given(st.sampled_from(sorted(HANDLE_FIELDS)), st.data())
+def test_a_held_record_passes_only_values_a_tool_reads_as_one_value(target, data):
+    """build/clusters.json's handle, any text in any field: refused naming the field, or every value
+    that reaches squeue/scancel/srun/sky/kubectl is one argument that is not an option."""
+    from deploy import handles
+    field = data.draw(st.sampled_from(HANDLE_FIELDS[target]))
+    handle = {**GOOD_HANDLES[target], field: data.draw(TEXT)}
+    try:
+        checked = handles.check(target, handle, "clusters.json [job]", "job")
+    except InputError as e:
+        assert f"handle.{field}" in str(e)
+        return
+    value = checked[field]
+    assert SAFE_ARG.fullmatch(value) or (field == "log" and value.startswith("/") and "\n" not in value), value
+
+
+TAR_NAMES = st.sampled_from(["raytrain-code/abc", "raytrain-code/abc/a", "raytrain-code/abc/a/b", "raytrain-code/abc/..",
+                             "raytrain-code/abc/../x", "/tmp/x", "raytrain-code", "raytrain-code/other/y", "", "a",
+                             "raytrain-code/abc/a/../../b", "raytrain-code/abc/\x00", "raytrain-code/abc/" + "n" * 300])
+TAR_KINDS = st.sampled_from([tarfile.REGTYPE, tarfile.DIRTYPE, tarfile.SYMTYPE, tarfile.LNKTYPE, tarfile.FIFOTYPE])
+LINK_TARGETS = st.sampled_from(["..", ".", "/etc", "/tmp", "a", "../../..", "raytrain-code/abc/a", ""])
+
+
+@FUZZ
+@given(st.lists(st.tuples(TAR_NAMES, TAR_KINDS, LINK_TARGETS), min_size=1, max_size=6), st.integers(0, 2))
+def test_a_code_tar_is_unpacked_whole_inside_its_root_or_not_at_all(tmp_path_factory, members, cut):
+    """Any tar of hostile names, links and special files, possibly cut short: refused with nothing
+    written, or unpacked as regular files and directories under the run's directory only."""
+    import io
+
+    from runtime.cluster import code_unpack
+    from scripts.probe_inputs import tar_of
+    base = tmp_path_factory.mktemp("tar")
+    root, outside = base / "root", base / "outside"
+    outside.mkdir()
+    data = tar_of(*[(n, k, b"x" if k == tarfile.REGTYPE else t) for n, k, t in members])
+    data = data[:len(data) - 512 * cut] if cut else data
+    try:
+        code_unpack.unpack(root, root / "raytrain-code/abc", io.BytesIO(data))
+    except InputError:
+        assert not root.exists() or not any(root.rglob("*")), sorted(map(str, root.rglob("*")))
+    else:
+        for p in root.rglob("*"):
+            assert not p.is_symlink() and (p.is_file() or p.is_dir()), p
+            rel = p.relative_to(root).as_posix()
+            assert rel in ("raytrain-code", "raytrain-code/abc") or rel.startswith("raytrain-code/abc/"), rel
+    assert list(outside.iterdir()) == []
+    assert sorted(p.name for p in base.iterdir()) in (["outside"], ["outside", "root"])
