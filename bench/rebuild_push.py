@@ -1,7 +1,8 @@
 """Rebuild + push after a one-line code change: layered pipeline vs a naive single-stage Dockerfile.
 
 Both use the same content (wheelhouse, runtime, example project, spec) and the same local
-registry (127.0.0.1:5000, as `invoke push` starts it), in the same run. Also prints cold-build figures recorded by the layered build and
+registry, the bench's own (127.0.0.1:5057, its data in the bench's scratch directory, stopped at
+the end: the project's registry on 5000 is left alone), in the same run. Also prints cold-build figures recorded by the layered build and
 uncompressed image sizes. Run: .venv/bin/python bench/rebuild_push.py   (takes ~15 min cold)
 """
 from __future__ import annotations
@@ -20,7 +21,9 @@ from toolchain import pipeline  # noqa: E402
 from toolchain.docker_client import engine  # noqa: E402
 from toolchain.progress import Reporter, human_bytes  # noqa: E402
 from toolchain.push import push_image  # noqa: E402
-from toolchain.registry import start_local  # noqa: E402
+from toolchain.registry import start_local, stop_local  # noqa: E402
+
+REGISTRY = "127.0.0.1:5057"  # the bench's own local registry
 
 NAIVE = """FROM {base}
 COPY . /src
@@ -45,11 +48,17 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-"))
     app = work / "app"
     shutil.copytree(ROOT / "examples" / "train", app)
-    s = make_settings(work / "w", app, registry_address="127.0.0.1:5000", runtime_dir=ROOT / "runtime")
+    s = make_settings(work / "w", app, registry_address=REGISTRY, runtime_dir=ROOT / "runtime")
     start_local(s, rep)
     try:
         run(client, rep, work, app, s)
-    finally:
+    finally:  # the bench's own registry, images and files go with it
+        stop_local(s)
+        for ref in ("bench-naive:1", "bench-naive:2"):
+            try:
+                client.images.remove(ref, force=True)
+            except Exception:  # noqa: BLE001 - not made (the bench stopped before)
+                pass
         shutil.rmtree(work, ignore_errors=True)
 
 
@@ -78,7 +87,7 @@ def run(client, rep, work: Path, app: Path, s) -> None:
     layered_build = time.monotonic() - t0
     lp = pipeline.push(s, str(SPEC), "cpu", rep)["images"]["cpu"]["push"]
     naive_rebuild = naive_build(client, ctx, "bench-naive:2")
-    np_ = push_image(client, "naive", client.images.get("bench-naive:2").id, "127.0.0.1:5000/bench-naive", ["2"], 0, 0, rep)
+    np_ = push_image(client, "naive", client.images.get("bench-naive:2").id, f"{REGISTRY}/bench-naive", ["2"], 0, 0, rep)
 
     size = lambda ref: client.images.get(ref).attrs["Size"]  # noqa: E731
     print("one-line code change          layered        naive     ratio (naive/layered)")
@@ -90,8 +99,6 @@ def run(client, rep, work: Path, app: Path, s) -> None:
     print(f"naive cold build: {naive_cold:.1f}s")
     print(f"image size (uncompressed): cpu {human_bytes(size(layered['local_ref']))}, "
           f"base {human_bytes(size(first['base_ref']))}, naive {human_bytes(size('bench-naive:2'))}")
-    client.images.remove("bench-naive:1", force=True)
-    client.images.remove("bench-naive:2", force=True)
 
 
 if __name__ == "__main__":
