@@ -79,7 +79,7 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
         keys = source_keys(settings)
         spec_sha = spec_hash(resolve_spec(settings, spec))
     deployed = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True,
-                              env=_context(env).env, **{"submit": True, **flags})
+                               env=_context(env).env, **{"submit": True, **flags})
     record = ClusterRecord(name=job_name, target=target_name, image=deployed.job["image"] or "", variant=variant or "",
                            spec_sha256=spec_sha, below_app_key=keys["below_app_key"],
                            runtime_sha256=keys["runtime_sha256"], project=str(settings.root.resolve()),

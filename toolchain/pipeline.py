@@ -178,8 +178,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
                       memory=d.memory, port_base=d.port_base,
                       time_limit=d.time_limit, env={C.RUN_ID: run_id}, serve=serve)
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
-                       job_values, gpus, settings.path(settings.project.app_dir),
-                       settings.build_dir)
+                       job_values, gpus, settings.path(settings.project.app_dir), settings.build_dir)
     artifacts = plan(req)
     job = req.job
     if not serve:
