@@ -29,7 +29,6 @@ class SquashResult:
     note: str = ""         # why an incremental conversion fell back to a full one
 
 
-
 def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
             options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None,
             layer_store: Optional[Path] = None, spare: bool = True) -> SquashResult:
@@ -39,8 +38,8 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
     with the digest given, a cached file is found without the engine (a login node without Docker).
 
     With `layer_store` (where the build keeps the layers it assembled), the layers below those are
-    squashed once and cached, and the rest is appended (deploy/targets/pyxis/enroot_incremental.py); where that
-    cannot be done honestly, a full conversion runs and `note` says why. `spare`: after an incremental
+    squashed once and cached, and the rest is appended (enroot_incremental.py); where that cannot be
+    done honestly, a full conversion runs and `note` says why. `spare`: after an incremental
     conversion, copy the cached part for the next one in the background (enroot_incremental.prepare_spare)."""
     t0 = time.monotonic()
     if digest and (Path(out_dir) / sqsh_name(image, digest)).exists():  # a cached file needs no engine
