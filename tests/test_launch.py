@@ -247,9 +247,9 @@ def test_a_worker_that_gives_up_fails_the_head_at_once_naming_it():
         took = time.monotonic() - gave_up
     finally:
         held.close()
-    assert wc == 2 and "ray start (worker) failed (attempt 1" in wout, wout[-3000:]
-    # how many attempts fit in 45 s depends on the machine's load (a loaded 2-core host fits one)
-    assert re.search(r"ray start \(worker\) failed [0-9]+ time\(s\) within", wout), wout[-3000:]
+    # how many attempts fit in 45 s depends on the machine's load: a loaded 2-core host fits one, whose
+    # own start may still be running at the join timeout (then no "failed (attempt 1" line comes first)
+    assert wc == 2 and re.search(r"ray start \(worker\) failed [0-9]+ time\(s\) within", wout), wout[-3000:]
     assert hc == 2, hout[-3000:]
     assert "node 1 (" in hout and "gave up before all 2 nodes were up" in hout, hout[-3000:]
     assert took < 20, took
