@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
@@ -109,17 +110,23 @@ def images_file(build_dir: Path) -> Path:
     return build_dir / "images.json"
 
 
-def _read(path: Path, model: type[R], made_by: str) -> dict[str, R]:
+def _raw(path: Path, made_by: str) -> bytes | None:
+    """The file's bytes (None: there is none); anything but a readable regular file is an InputError."""
     if not os.path.lexists(path):
-        return {}
+        return None
     if not path.is_file():  # a directory, a FIFO (a read would block), a dangling link
         raise InputError(f"{path}: not a regular file; it is written by `{made_by}`: remove it and run "
                          f"`{made_by}` again")
     try:
-        raw = path.read_bytes()
+        return path.read_bytes()
     except OSError as e:  # unreadable (permissions), or gone between the check and the read
         raise InputError(f"{path}: cannot read it ({e.strerror}); it is written by `{made_by}`: fix its "
                          f"permissions, or delete it and run `{made_by}` again") from None
+
+
+def _parse(raw: bytes | None, path: Path, model: type[R], made_by: str) -> dict[str, R]:
+    if raw is None:
+        return {}
     try:
         data = strict_json.loads(raw.decode("utf-8"))
         if not isinstance(data, dict):
@@ -135,11 +142,21 @@ def _read(path: Path, model: type[R], made_by: str) -> dict[str, R]:
                          f"`{made_by}` again") from None
 
 
-def _write(path: Path, records: dict[str, _Record]) -> Path:
+def _read(path: Path, model: type[R], made_by: str) -> dict[str, R]:
+    return _parse(_raw(path, made_by), path, model, made_by)
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write PATH whole or not at all (a crash leaves the old file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps({k: r.model_dump() for k, r in sorted(records.items())}, indent=2, sort_keys=True) + "\n")
+    tmp.write_bytes(data)
     os.replace(tmp, path)
+
+
+def _write(path: Path, records: dict[str, _Record]) -> Path:
+    _replace(path, (json.dumps({k: r.model_dump() for k, r in sorted(records.items())}, indent=2, sort_keys=True)
+                    + "\n").encode())
     return path
 
 
@@ -172,30 +189,34 @@ def write_run(build_dir: Path, name: str, record: RunRecord) -> Path:
     return _write(runs_file(build_dir), {**read_runs(build_dir), name: record})
 
 
-def runs_before(build_dir: Path) -> bytes | None:
-    """build/runs.json's bytes before a run is recorded (None: no file), for restore_run; the file is
-    checked first, so a malformed one is refused before anything starts."""
-    read_runs(build_dir)
+@dataclass(frozen=True)
+class RunsBefore:
+    """build/runs.json as it was before a run was recorded: its bytes (None: no file) and its records."""
+    raw: bytes | None
+    runs: dict[str, RunRecord]
+
+
+def runs_before(build_dir: Path) -> RunsBefore:
+    """build/runs.json, read once and checked before a run is recorded (a malformed file is refused
+    before anything starts), for restore_run."""
     path = runs_file(build_dir)
-    return path.read_bytes() if path.exists() else None
+    raw = _raw(path, "invoke deploy")
+    return RunsBefore(raw, _parse(raw, path, RunRecord, "invoke deploy"))
 
 
-def restore_run(build_dir: Path, name: str, before: bytes | None) -> None:
+def restore_run(build_dir: Path, name: str, before: RunsBefore) -> None:
     """Put NAME's record back as it was BEFORE (runs_before) a run that failed or started nothing.
     When nothing else changed meanwhile, the file is left byte for byte as it was (or removed again)."""
     path = runs_file(build_dir)
-    old = {str(k): RunRecord.model_validate(v) for k, v in strict_json.loads(before.decode()).items()} if before else {}
     runs = {k: v for k, v in read_runs(build_dir).items() if k != name}
-    if name in old:
-        runs[name] = old[name]
-    if runs != old:  # another job's run was recorded meanwhile: keep it
+    if name in before.runs:
+        runs[name] = before.runs[name]
+    if runs != before.runs:  # another job's run was recorded meanwhile: keep it
         _write(path, runs)
-    elif before is None:
+    elif before.raw is None:
         path.unlink(missing_ok=True)
     else:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(before)
-        os.replace(tmp, path)
+        _replace(path, before.raw)
 
 
 def clusters_file(build_dir: Path) -> Path:
