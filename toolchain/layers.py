@@ -1,12 +1,15 @@
 """Image layers that are only files, assembled directly (no Dockerfile builder), reproducibly.
 
-A layer is an uncompressed tar with sorted entries, every parent directory listed, a fixed mtime,
+A thin layer (the app, the spec) is an uncompressed tar built in memory (`make_layer`), with
+sorted entries, every parent directory listed, a fixed mtime,
 uid/gid 0 with no names, modes normalised (0755 directories and executables, 0644 other files)
 and no host metadata: the same sources give the same bytes, hence the same diff ID, from any
 checkout path, clone or mtime. The image config is written from the lower image's config plus
 what the layer adds (env, labels), with a fixed creation time, as canonical JSON: its sha256 is
-the image ID. `load()` hands the engine a docker-archive holding only the new layers; the lower
-layers are listed by diff ID and the engine, which has their chain, does not ask for them.
+the image ID. A big layer (the venv, toolchain/venv_layer.py) is a `FileLayer`: a tar on disk in
+the layer store, never held in memory. `load()` streams the engine a docker-archive holding only
+the new layers; the lower layers are listed by diff ID and the engine, which has their chain, does
+not ask for them.
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable
+from typing import Iterable, Iterator, Union
 
 from toolchain.errors import BuildError
 from toolchain.hashing import iter_tree
@@ -29,13 +32,49 @@ CREATED = "1970-01-01T00:00:00Z"
 CONFIG_KEYS = ("User", "Env", "Entrypoint", "Cmd", "WorkingDir", "Labels", "Volumes", "ExposedPorts", "StopSignal")
 
 
+CHUNK = 1 << 20
+
+
 @dataclass(frozen=True)
 class Layer:
+    """A thin layer, in memory."""
     data: bytes
 
     @property
     def diff_id(self) -> str:
         return "sha256:" + hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def size(self) -> int:
+        return len(self.data)
+
+    def chunks(self) -> Iterator[bytes]:
+        yield self.data
+
+
+@dataclass(frozen=True)
+class FileLayer:
+    """A layer whose tar is a file (written once, hashed while written: `diff_id` is its sha256)."""
+    path: Path
+    diff_id: str
+    size: int
+
+    def chunks(self) -> Iterator[bytes]:
+        with open(self.path, "rb") as f:
+            while block := f.read(CHUNK):
+                yield block
+
+
+def tar_header(info: tarfile.TarInfo) -> bytes:
+    """One entry's header as the layers write it: PAX (long names, sizes past 8 GiB), UTF-8."""
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def tar_padding(size: int) -> bytes:
+    return b"\0" * (-size % tarfile.BLOCKSIZE)
+
+
+TAR_END = b"\0" * (2 * tarfile.BLOCKSIZE)
 
 
 def files_under(src: Path, dest: str) -> list[tuple[str, bytes, bool]]:
@@ -81,40 +120,76 @@ def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labe
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def keep(layer: Layer, store: Path) -> Path:
-    """Keep the layer's tar as STORE/<sha256 hex>.tar (written whole or not at all), for consumers that
-    need a layer's files without a 7 GB `docker save`: the incremental .sqsh (deploy/targets/pyxis/enroot_incremental.py)."""
-    store.mkdir(parents=True, exist_ok=True)
-    path = store / f"{layer.diff_id[7:]}.tar"
+AnyLayer = Union[Layer, FileLayer]
+
+
+def _write_once(path: Path, data: bytes) -> None:
     if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        tmp.write_bytes(layer.data)
+        tmp.write_bytes(data)
         tmp.replace(path)
+
+
+def keep(layer: AnyLayer, store: Path) -> Path:
+    """Keep the layer's tar as STORE/<sha256 hex>.tar (written whole or not at all), for consumers that
+    need a layer's files without a 7 GB `docker save`: the incremental .sqsh (deploy/targets/pyxis/enroot_incremental.py)
+    and the push (toolchain/blobs.py). A FileLayer is written there in the first place."""
+    path = store / f"{layer.diff_id[7:]}.tar"
+    if isinstance(layer, FileLayer):
+        if layer.path != path:
+            raise ValueError(f"{layer.path} is not in the layer store {store}")
+        return path
+    _write_once(path, layer.data)
     return path
 
 
-def load(client, lower: dict, new: list[Layer], config: bytes, tag: str, store: Path | None = None) -> str:
-    """Load the image (only the new layers travel) and tag it; returns its ID (sha256 of the config).
-    With `store`, the new layers are kept there too (`keep`)."""
+def keep_config(config: bytes, store: Path) -> Path:
+    """Keep an assembled image's config as STORE/<image id hex>.json: the push sends these exact bytes."""
+    path = store / f"{hashlib.sha256(config).hexdigest()}.json"
+    _write_once(path, config)
+    return path
+
+
+def _archive(config_name: str, config: bytes, new: list[AnyLayer], manifest: bytes) -> Iterator[bytes]:
+    """A docker-archive, streamed: the config, the new layers' tars (read in chunks) and the manifest."""
+    def entry(name: str, size: int) -> bytes:
+        info = tarfile.TarInfo(name)
+        info.size, info.mtime = size, MTIME
+        return tar_header(info)
+    yield entry(config_name, len(config)) + config + tar_padding(len(config))
+    for layer in new:
+        yield entry(f"{layer.diff_id[7:]}/layer.tar", layer.size)
+        yield from layer.chunks()
+        yield tar_padding(layer.size)
+    yield entry("manifest.json", len(manifest)) + manifest + tar_padding(len(manifest)) + TAR_END
+
+
+def load(client, lower: dict, new: list[AnyLayer], config: bytes, tag: str, store: Path | None = None,
+         progress=None) -> str:
+    """Load the image (only the new layers travel, streamed) and tag it; returns its ID (sha256 of the
+    config). With `store`, the new layers and the config are kept there too (`keep`, `keep_config`).
+    `progress(bytes sent)` is called as the archive streams."""
     image_id = "sha256:" + hashlib.sha256(config).hexdigest()
     lower_ids = list(lower["RootFS"]["Layers"])
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w") as tf:
-        def add(name: str, data: bytes) -> None:
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime = len(data), MTIME
-            tf.addfile(info, io.BytesIO(data))
-        add(f"{image_id[7:]}.json", config)
-        for layer in new:
-            add(f"{layer.diff_id[7:]}/layer.tar", layer.data)
-        paths = [f"{d[7:]}/layer.tar" for d in lower_ids + [layer.diff_id for layer in new]]
-        add("manifest.json", json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": paths}]).encode())
+    paths = [f"{d[7:]}/layer.tar" for d in lower_ids + [layer.diff_id for layer in new]]
+    manifest = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": paths}]).encode()
+
+    def counted() -> Iterator[bytes]:
+        sent = 0
+        for block in _archive(f"{image_id[7:]}.json", config, new, manifest):
+            sent += len(block)
+            if progress is not None:
+                progress(sent)
+            yield block
     try:
-        client.images.load(out.getvalue())
+        client.images.load(counted())
     except Exception as e:  # the engine's message says which layer it missed
         raise BuildError("layer", tag, f"the engine did not load the assembled image: {e}", []) from None
     if client.images.get(tag).id != image_id:
         raise BuildError("layer", tag, f"the engine gave the image another ID than {image_id}", [])
-    for layer in new if store is not None else ():
-        keep(layer, store)
+    if store is not None:
+        for layer in new:
+            keep(layer, store)
+        keep_config(config, store)
     return image_id
