@@ -19,7 +19,7 @@ from runtime import contract as C
 from toolchain.records import (PushRecord, RunRecord, read_builds, read_pushes, restore_run, runs_before,
                                write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
-from toolchain.push import push_image
+from toolchain.push import BLOB_CACHE, push_image
 from toolchain.registry import is_local, scheme, start_local
 
 
@@ -109,16 +109,20 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         repo, content_tag = entry.local_ref.rsplit(":", 1)
         _, human_tag = entry.human_ref.rsplit(":", 1)
         target = f"{address}/{repo}"
+        # the layers not in the layer store come from `docker save` of the smallest stage that has them
+        below = [ref for ref in (entry.base_ref, getattr(entry, "user_ref", ""), entry.deps_ref) if ref and ref != "-"]
         res = push_image(client, v, image.id, target, [content_tag, human_tag],
                          settings.registry.retries, settings.registry.retry_backoff_s, rep,
-                         settings.registry.stall_timeout_s)
+                         settings.registry.stall_timeout_s, layer_store=settings.build_dir / LAYER_STORE,
+                         blob_cache=settings.build_dir / BLOB_CACHE, candidates=below)
         record = PushRecord(
             local_ref=entry.local_ref, image_id=image.id, repo_digest=res.repo_digest, digest=res.digest,
             spec_sha256=sha, spec_file=_shown(settings, spec_file), registry=address, registry_scheme=scheme(address),
             tags=[content_tag, human_tag], user=(image.attrs.get("Config") or {}).get("User") or "")
         path = write_push(settings.build_dir, v, record)
         rep.step(f"pushed {v}: {res.repo_digest} ({res.layers_pushed} layers uploaded, "
-                 f"{res.layers_existing} already there, {human_bytes(res.bytes_uploaded)}, {res.seconds:.1f}s)")
+                 f"{res.layers_existing} already there, {human_bytes(res.bytes_uploaded)}, {res.seconds:.1f}s; "
+                 f"compressed {human_bytes(res.bytes_compressed)} in {res.compress_seconds:.1f}s)")
         results[v] = {**record.model_dump(), "push": res.as_dict()}
     return {"images_json": str(path), "images": results}
 

@@ -1,0 +1,190 @@
+"""Compressed layer blobs for the registry: one gzip member per layer, compressed on all cores, once per diff ID.
+
+A layer's uncompressed tar (its diff ID is the tar's sha256) becomes the gzip blob the registry stores.
+The engine's push gzips on one core (7.1 GiB took 370-643 s); here the input is cut into CHUNK-sized
+pieces compressed in a thread pool (zlib releases the GIL) as raw deflate, each primed with the last
+32 KiB of the piece before it and ended with a sync flush (the last one with Z_FINISH), all inside ONE
+gzip member (mtime 0, no name; trailer: crc32 and size of the whole input). That is what pigz writes:
+a standard gzip stream every consumer reads (Docker, containerd, enroot, Python's gzip). The output
+depends only on the input, the level and CHUNK: the same layer gives the same blob digest every time.
+
+Measured 2026-11-28 on this 2-core machine, a 717 MiB shared library (libcublasLt.so.12 from the
+venv, in the page cache), with a pip install and a debootstrap running beside it (load 2-2.6):
+level 1: 31-32 MB/s, ratio 0.687; level 6: 19-22 MB/s, ratio 0.673 (one core of zlib level 1
+alone: 39 MB/s here). Level 1 it is: 2 % larger blobs for 1.5x the speed. Memory stays bounded:
+at most `workers + 3` input chunks are held at once.
+
+The cache is BLOB_DIR/<diff id hex>.gz with a sidecar <diff id hex>.json {digest, size, diff_id,
+diff_size, level, chunk}, each written to a temporary name and renamed into place (the sidecar last),
+so a push to a second registry, or the same push again, never compresses again.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import zlib
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import BinaryIO, Callable, Optional
+
+LEVEL = 1  # measured best here: see above
+CHUNK = 32 << 20
+WINDOW = 32 << 10
+HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # gzip, deflate, no flags, mtime 0, xfl 0, OS unknown
+
+
+@dataclass(frozen=True)
+class Blob:
+    digest: str      # sha256 of the gzip bytes: what the registry names it by
+    size: int        # of the gzip bytes
+    diff_id: str     # sha256 of the uncompressed tar
+    diff_size: int   # of the uncompressed tar
+    level: int
+    chunk: int
+    path: Path
+
+    def sidecar(self) -> dict:
+        out = asdict(self)
+        del out["path"]
+        return out
+
+
+class LayerMismatch(ValueError):
+    """The bytes compressed were not the layer asked for (their sha256 is another diff ID)."""
+
+
+def _deflate(data: memoryview, zdict: Optional[bytes], last: bool, level: int) -> bytes:
+    kw = {"zdict": zdict} if zdict else {}
+    c = zlib.compressobj(level, zlib.DEFLATED, -15, 8, zlib.Z_DEFAULT_STRATEGY, **kw)
+    return c.compress(data) + c.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
+
+
+def _read_full(src: BinaryIO, n: int) -> bytes:
+    """n bytes, fewer only at the end (streams and pipes answer short reads)."""
+    first = src.read(n)
+    if not first or len(first) == n:
+        return first or b""
+    parts, got = [first], len(first)
+    while got < n:
+        more = src.read(n - got)
+        if not more:
+            break
+        parts.append(more)
+        got += len(more)
+    return b"".join(parts)
+
+
+@dataclass(frozen=True)
+class Gzipped:
+    diff_id: str
+    diff_size: int
+    digest: str
+    size: int
+
+
+def gzip_stream(src: BinaryIO, dst: BinaryIO, level: int = LEVEL, workers: Optional[int] = None,
+                chunk: int = CHUNK, progress: Optional[Callable[[int], None]] = None) -> Gzipped:
+    """Compress src into dst as one gzip member, CHUNK-sized pieces in parallel; the input's and the
+    output's sha256 and sizes. Deterministic for a given level and chunk size."""
+    workers = workers or os.cpu_count() or 1
+    in_hash, out_hash = hashlib.sha256(), hashlib.sha256()
+    crc = size_in = size_out = 0
+
+    def write(block: bytes) -> None:
+        nonlocal size_out
+        dst.write(block)
+        out_hash.update(block)
+        size_out += len(block)
+
+    write(HEADER)
+    with ThreadPoolExecutor(workers, thread_name_prefix="gzip") as pool:
+        pending: deque = deque()
+        tail: Optional[bytes] = None
+        cur = _read_full(src, chunk)
+        if not cur:
+            pending.append(pool.submit(_deflate, memoryview(b""), None, True, level))
+        while cur:
+            nxt = _read_full(src, chunk)  # read ahead: the last piece is finished, the others sync-flushed
+            pending.append(pool.submit(_deflate, memoryview(cur), tail, not nxt, level))
+            in_hash.update(cur)
+            crc = zlib.crc32(cur, crc)
+            size_in += len(cur)
+            tail = cur[-WINDOW:]
+            while len(pending) > workers:
+                write(pending.popleft().result())
+            if progress:
+                progress(size_in)
+            cur = nxt
+        while pending:
+            write(pending.popleft().result())
+    write(struct.pack("<II", crc, size_in & 0xFFFFFFFF))
+    return Gzipped("sha256:" + in_hash.hexdigest(), size_in, "sha256:" + out_hash.hexdigest(), size_out)
+
+
+def file_sha256(path: Path, block: int = 8 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while data := f.read(block):
+            h.update(data)
+    return "sha256:" + h.hexdigest()
+
+
+class BlobCache:
+    """BLOB_DIR/<diff id hex>.gz and .json: each layer compressed once, whatever registry it goes to."""
+
+    def __init__(self, root: Path, level: int = LEVEL, chunk: int = CHUNK, workers: Optional[int] = None):
+        self.root, self.level, self.chunk, self.workers = Path(root), level, chunk, workers
+
+    def _paths(self, diff_id: str) -> tuple[Path, Path]:
+        hex_ = diff_id.removeprefix("sha256:")
+        return self.root / f"{hex_}.gz", self.root / f"{hex_}.json"
+
+    def get(self, diff_id: str) -> Optional[Blob]:
+        """The cached blob of a layer, or None when there is none or its entry does not hold together
+        (sidecar unreadable, another layer's, or the .gz missing or of another size). The content
+        itself is checked by `verify` before it is sent."""
+        gz, side = self._paths(diff_id)
+        try:
+            meta = json.loads(side.read_text())
+            blob = Blob(path=gz, **{k: meta[k] for k in ("digest", "size", "diff_id", "diff_size", "level", "chunk")})
+            if blob.diff_id != diff_id or gz.stat().st_size != blob.size:
+                return None
+            return blob
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def verify(self, blob: Blob) -> bool:
+        """Its bytes still hash to the recorded digest (a damaged or truncated file does not)."""
+        try:
+            return blob.path.stat().st_size == blob.size and file_sha256(blob.path) == blob.digest
+        except OSError:
+            return False
+
+    def drop(self, diff_id: str) -> None:
+        for p in reversed(self._paths(diff_id)):  # the sidecar first: without it the entry is gone
+            p.unlink(missing_ok=True)
+
+    def put(self, src: BinaryIO, expect: Optional[str] = None,
+            progress: Optional[Callable[[int], None]] = None) -> Blob:
+        """Compress a layer tar read from src into the cache; with `expect`, refuse (LayerMismatch) bytes
+        whose sha256 is another diff ID. Only a complete, checked blob is renamed into place."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.root / f".{os.getpid()}.{id(src):x}.partial"
+        try:
+            with open(tmp, "wb") as out:
+                z = gzip_stream(src, out, self.level, self.workers, self.chunk, progress)
+            if expect is not None and z.diff_id != expect:
+                raise LayerMismatch(f"the bytes read as layer {expect} have sha256 {z.diff_id}")
+            gz, side = self._paths(z.diff_id)
+            tmp.replace(gz)
+            blob = Blob(z.digest, z.size, z.diff_id, z.diff_size, self.level, self.chunk, gz)
+            tmp_side = side.with_name(f".{side.name}.{os.getpid()}.partial")
+            tmp_side.write_text(json.dumps(blob.sidecar(), sort_keys=True))
+            tmp_side.replace(side)
+            return blob
+        finally:
+            tmp.unlink(missing_ok=True)

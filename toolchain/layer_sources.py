@@ -1,0 +1,192 @@
+"""Where a pushed image's layers and config come from, compressed into the blob cache (toolchain/blobs.py).
+
+In order: the blob cache itself (compressed before, for any registry); the build's layer store
+(<build_dir>/layers/<diff id hex>.tar, every layer the build assembled, and <image id hex>.json, the
+config of every image it assembled); else `docker save` of the smallest local image that holds the
+layer (the caller's candidates, smallest first, then the image itself), streamed: only the layers
+still needed are compressed, straight into the cache, their diff ID checked, and the stream is
+closed as soon as nothing more is needed. Two save formats are read: the OCI layout of Docker 25+
+(blobs/sha256/<diff id hex>) and the legacy one of older engines (<v1 id>/layer.tar, named by no
+digest: a layer.tar whose size is that of a layer already at hand is only hashed, any other is
+compressed and kept under its own diff ID).
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import tarfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO, Optional, Sequence
+
+import docker
+
+from toolchain.blobs import Blob, BlobCache, LayerMismatch
+from toolchain.errors import ToolchainError
+from toolchain.progress import Reporter, human_bytes
+
+_OCI_BLOB = re.compile(r"blobs/sha256/([0-9a-f]{64})")
+_LEGACY_CONFIG = re.compile(r"([0-9a-f]{64})\.json")
+
+
+@dataclass
+class CompressStats:
+    layers: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    seconds: float = 0.0
+
+
+class LayerSource:
+    def __init__(self, client: docker.DockerClient, cache: BlobCache, image_id: str, store: Optional[Path],
+                 candidates: Sequence[str], rep: Reporter):
+        self.client, self.cache, self.image_id, self.store = client, cache, image_id, store
+        self.candidates, self.rep = list(candidates), rep
+        self.stats = CompressStats()
+        self._config: Optional[bytes] = None
+
+    # -- what the push asks for ----------------------------------------------------------------------
+    def config(self) -> bytes:
+        """The image's config bytes (their sha256 is the image ID)."""
+        if self._config is None and self.store is not None:
+            path = self.store / f"{self.image_id[7:]}.json"
+            if path.is_file():
+                data = path.read_bytes()
+                if "sha256:" + hashlib.sha256(data).hexdigest() == self.image_id:
+                    self._config = data
+        if self._config is None:
+            self._from_saves([], want_config=True)
+        return self._config
+
+    def blobs(self, diff_ids: Sequence[str]) -> dict[str, Blob]:
+        """The cached blob of each layer, compressing those not cached yet."""
+        out: dict[str, Blob] = {}
+        missing = []
+        for d in dict.fromkeys(diff_ids):
+            blob = self.cache.get(d)
+            if blob is None and self.store is not None and (self.store / f"{d[7:]}.tar").is_file():
+                tar = self.store / f"{d[7:]}.tar"
+                try:
+                    with open(tar, "rb") as f:
+                        blob = self._compress(f, d, tar.stat().st_size, "from the layer store")
+                except LayerMismatch as e:
+                    self.rep.warn(f"{tar}: {e}; reading the layer from the engine instead")
+            if blob is None:
+                missing.append(d)
+            else:
+                out[d] = blob
+        if missing:
+            out.update(self._from_saves(missing, want_config=False))
+        return out
+
+    # -- compressing ---------------------------------------------------------------------------------
+    def _compress(self, src: BinaryIO, expect: Optional[str], size: int, where: str) -> Blob:
+        name = expect[7:19] if expect else "a layer"
+        t0 = time.monotonic()
+        try:
+            blob = self.cache.put(src, expect, lambda done: self.rep.progress(f"compressing {name}", done, size))
+        finally:
+            self.rep.progress_done()
+        dt = time.monotonic() - t0
+        self.stats.layers += 1
+        self.stats.bytes_in += blob.diff_size
+        self.stats.bytes_out += blob.size
+        self.stats.seconds += dt
+        self.rep.detail(f"{blob.diff_id[7:19]}: compressed {human_bytes(blob.diff_size)} to {human_bytes(blob.size)} "
+                        f"in {dt:.1f}s ({blob.diff_size / max(dt, 1e-6) / 1e6:.0f} MB/s) {where}")
+        return blob
+
+    # -- docker save ---------------------------------------------------------------------------------
+    def _from_saves(self, missing: list[str], want_config: bool) -> dict[str, Blob]:
+        found: dict[str, Blob] = {}
+        # without the config at hand the image itself is saved anyway: it holds every layer too
+        refs = [self.image_id] if want_config or (self._config is None and self._config_missing()) else [*self.candidates, self.image_id]
+        for ref in refs:
+            need = {d for d in missing if d not in found}
+            if not need and not (want_config and self._config is None):
+                break
+            try:
+                image = self.client.images.get(ref)
+            except (docker.errors.ImageNotFound, docker.errors.APIError):
+                continue
+            has = need & set(image.attrs["RootFS"]["Layers"])
+            config_here = self._config is None and image.id == self.image_id  # taken on the way when it is there
+            if has or (config_here and want_config):
+                found.update(self._save(ref, image.attrs["RootFS"]["Layers"], has, config_here))
+        lost = [d for d in missing if d not in found]
+        if lost or (want_config and self._config is None):
+            what = f"layer(s) {', '.join(d[7:19] for d in lost)}" if lost else "the image config"
+            raise ToolchainError(f"{what} of image {self.image_id[7:19]} are neither in the blob cache "
+                                 f"({self.cache.root}), the layer store ({self.store}) nor in a local image "
+                                 f"({', '.join(refs)}); build it again: invoke build")
+        return found
+
+    def _config_missing(self) -> bool:
+        return self.store is None or not (self.store / f"{self.image_id[7:]}.json").is_file()
+
+    def _known_sizes(self, layers: Sequence[str], need: set) -> set:
+        """Sizes of the image's layers that are already at hand (a legacy save does not name them)."""
+        sizes = set()
+        for d in layers:
+            if d in need:
+                continue
+            blob = self.cache.get(d)
+            if blob is not None:
+                sizes.add(blob.diff_size)
+            elif self.store is not None and (self.store / f"{d[7:]}.tar").is_file():
+                sizes.add((self.store / f"{d[7:]}.tar").stat().st_size)
+        return sizes
+
+    def _save(self, ref: str, layers: Sequence[str], need: set, want_config: bool, skip: bool = True) -> dict[str, Blob]:
+        need = set(need)
+        got: dict[str, Blob] = {}
+        again = False
+        skip_sizes = self._known_sizes(layers, need) if skip else set()
+        self.rep.step(f"push: reading {len(need)} layer(s){' and the config' if want_config else ''} "
+                      f"from `docker save {ref}`")
+        api = self.client.api
+        res = api._get(api._url("/images/{0}/get", ref), stream=True)  # the SDK's get_image, as a closable stream
+        try:
+            api._raise_for_status(res)
+            with tarfile.open(fileobj=res.raw, mode="r|", bufsize=1 << 20) as tf:
+                for m in tf:
+                    if not need and not (want_config and self._config is None):
+                        break  # closes the stream: the engine stops sending
+                    if not m.isfile():
+                        continue
+                    oci, legacy_config = _OCI_BLOB.fullmatch(m.name), _LEGACY_CONFIG.fullmatch(m.name)
+                    if oci and "sha256:" + oci[1] in need:
+                        d = "sha256:" + oci[1]
+                        got[d] = self._compress(tf.extractfile(m), d, m.size, f"from `docker save {ref}`")
+                        need.discard(d)
+                    elif (oci or legacy_config) and want_config and "sha256:" + (oci or legacy_config)[1] == self.image_id:
+                        self._config = tf.extractfile(m).read()
+                    elif m.name.endswith("/layer.tar") and need:
+                        if m.size in skip_sizes:
+                            d = _sha256(tf.extractfile(m))
+                            if d in need:  # same size as a layer at hand, but needed: read this save again
+                                self.rep.detail(f"{d[7:19]}: needed after all; reading `docker save {ref}` again")
+                                again = True
+                                break
+                            continue
+                        blob = self._compress(tf.extractfile(m), None, m.size, f"from `docker save {ref}`")
+                        if blob.diff_id in need:
+                            got[blob.diff_id] = blob
+                            need.discard(blob.diff_id)
+        except docker.errors.APIError as e:
+            raise ToolchainError(f"`docker save {ref}` failed: {e}") from None
+        except (tarfile.TarError, OSError) as e:
+            raise ToolchainError(f"`docker save {ref}` gave an unreadable stream ({type(e).__name__}: {e})") from None
+        finally:
+            res.close()
+        if again:
+            got.update(self._save(ref, layers, need, want_config, skip=False))
+        return got
+
+
+def _sha256(f: BinaryIO) -> str:
+    h = hashlib.sha256()
+    while data := f.read(8 << 20):
+        h.update(data)
+    return "sha256:" + h.hexdigest()
