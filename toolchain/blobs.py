@@ -134,10 +134,16 @@ def file_sha256(path: Path, block: int = 8 << 20) -> str:
 
 
 class BlobCache:
-    """BLOB_DIR/<diff id hex>.gz and .json: each layer compressed once, whatever registry it goes to."""
+    """BLOB_DIR/<diff id hex>.gz and .json: each layer compressed once, whatever registry it goes to.
 
-    def __init__(self, root: Path, level: int = LEVEL, chunk: int = CHUNK, workers: Optional[int] = None):
+    With an `index` directory (shared by every build directory of the user), each sidecar is copied
+    there too: a build directory that never compressed a layer still knows its blob's digest, and a
+    registry that already has that blob is not sent it, nor is the layer compressed for it."""
+
+    def __init__(self, root: Path, level: int = LEVEL, chunk: int = CHUNK, workers: Optional[int] = None,
+                 index: Optional[Path] = None):
         self.root, self.level, self.chunk, self.workers = Path(root), level, chunk, workers
+        self.index = Path(index) if index is not None else None
 
     def _paths(self, diff_id: str) -> tuple[Path, Path]:
         hex_ = diff_id.removeprefix("sha256:")
@@ -148,14 +154,20 @@ class BlobCache:
         (sidecar unreadable, another layer's, or the .gz missing or of another size). The content
         itself is checked by `verify` before it is sent."""
         gz, side = self._paths(diff_id)
+        blob = _read_sidecar(side, diff_id, gz)
         try:
-            meta = json.loads(side.read_text())
-            blob = Blob(path=gz, **{k: meta[k] for k in ("digest", "size", "diff_id", "diff_size", "level", "chunk")})
-            if blob.diff_id != diff_id or gz.stat().st_size != blob.size:
-                return None
-            return blob
-        except (OSError, ValueError, KeyError, TypeError):
+            return blob if blob is not None and gz.stat().st_size == blob.size else None
+        except OSError:
             return None
+
+    def known(self, diff_id: str) -> Optional[Blob]:
+        """The blob a layer was compressed to, here or by another build directory (the index): its
+        digest and size, its file possibly absent."""
+        found = self.get(diff_id)
+        if found is None and self.index is not None:
+            hex_ = diff_id.removeprefix("sha256:")
+            found = _read_sidecar(self.index / f"{hex_}.json", diff_id, self.root / f"{hex_}.gz")
+        return found
 
     def verify(self, blob: Blob) -> bool:
         """Its bytes still hash to the recorded digest (a damaged or truncated file does not)."""
@@ -182,9 +194,27 @@ class BlobCache:
             gz, side = self._paths(z.diff_id)
             tmp.replace(gz)
             blob = Blob(z.digest, z.size, z.diff_id, z.diff_size, self.level, self.chunk, gz)
-            tmp_side = side.with_name(f".{side.name}.{os.getpid()}.partial")
-            tmp_side.write_text(json.dumps(blob.sidecar(), sort_keys=True))
-            tmp_side.replace(side)
+            _write_atomic(side, json.dumps(blob.sidecar(), sort_keys=True))
+            if self.index is not None:
+                self.index.mkdir(parents=True, exist_ok=True)
+                _write_atomic(self.index / side.name, json.dumps(blob.sidecar(), sort_keys=True))
             return blob
         finally:
             tmp.unlink(missing_ok=True)
+
+
+def _read_sidecar(side: Path, diff_id: str, gz: Path) -> Optional[Blob]:
+    try:
+        meta = json.loads(side.read_text())
+        blob = Blob(path=gz, **{k: meta[k] for k in ("digest", "size", "diff_id", "diff_size", "level", "chunk")})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    ok = (blob.diff_id == diff_id and isinstance(blob.digest, str) and blob.digest.startswith("sha256:")
+          and isinstance(blob.size, int))
+    return blob if ok else None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    tmp.write_text(text)
+    tmp.replace(path)

@@ -94,6 +94,7 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
                           f"build it: invoke build --variant {','.join(missing)}{instead}")
     client = engine()
     results = {}
+    pushed_to = {(r.registry, r.ref.repository) for r in read_pushes(settings.build_dir).values()}  # blobs to mount from
     for v in variants:
         address = registry_address(settings, spec_file, v)
         if is_local(address):
@@ -114,7 +115,9 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         res = push_image(client, v, image.id, target, [content_tag, human_tag],
                          settings.registry.retries, settings.registry.retry_backoff_s, rep,
                          settings.registry.stall_timeout_s, layer_store=settings.build_dir / LAYER_STORE,
-                         blob_cache=settings.build_dir / BLOB_CACHE, candidates=below)
+                         blob_cache=settings.build_dir / BLOB_CACHE, candidates=below,
+                         mount_from=sorted(r for a, r in pushed_to if a == address and r != repo))
+        pushed_to.add((address, repo))
         record = PushRecord(
             local_ref=entry.local_ref, image_id=image.id, repo_digest=res.repo_digest, digest=res.digest,
             spec_sha256=sha, spec_file=_shown(settings, spec_file), registry=address, registry_scheme=scheme(address),

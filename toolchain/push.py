@@ -32,6 +32,7 @@ from toolchain.registry_api import FileBody, RegistryClient, RegistryGone, Stall
 __all__ = ["PushResult", "push_image", "classify", "RegistryGone", "StalledPush", "BLOB_CACHE"]
 
 BLOB_CACHE = "blobs"  # <build_dir>/blobs/<diff id hex>.gz: each layer compressed once
+DIGEST_INDEX = "blob-digests"  # ~/.cache/raytrain/blob-digests/<diff id hex>.json: every build directory's digests
 
 
 @dataclass
@@ -43,6 +44,7 @@ class PushResult:
     repo_digest: str
     layers_pushed: int = 0
     layers_existing: int = 0
+    layers_mounted: int = 0
     bytes_uploaded: int = 0
     attempts: int = 1
     engine_retries: int = 0  # kept for readers of older results: the engine no longer pushes
@@ -66,6 +68,7 @@ class _Sent:
     """What this push sent, across its attempts (a blob uploaded by attempt 1 is found by attempt 2)."""
     pushed: set = field(default_factory=set)
     existing: set = field(default_factory=set)
+    mounted: set = field(default_factory=set)
     bytes: int = 0
     seconds: float = 0.0
 
@@ -90,61 +93,83 @@ def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> N
     rep.detail(f"{blob.digest[7:19]}: pushed ({human_bytes(blob.size)}, {dt:.1f}s, {blob.size / max(dt, 1e-6) / 1e6:.0f} MB/s)")
 
 
-def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], blobs: dict[str, Blob],
-               config: bytes, tags: list[str], sent: _Sent, rep: Reporter) -> str:
-    """Every blob the registry lacks, the config, then the manifest under each tag; the manifest's digest."""
+def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], config: bytes, tags: list[str],
+               sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> str:
+    """Every blob the registry lacks, the config, then the manifest under each tag; the manifest's digest.
+
+    A layer whose blob digest is known (compressed before, by any build directory) and that the
+    registry has is neither compressed nor sent; the others are compressed (once: the blob cache)
+    and uploaded, or mounted from another repository of the registry that has them."""
+    layers: dict[str, tuple[str, int]] = {}
+    need = []
     for d in dict.fromkeys(diff_ids):
+        known = source.cache.known(d)
+        if known is not None and _there(reg, known, sent, rep, mount_from):
+            layers[d] = (known.digest, known.size)
+        else:
+            need.append(d)
+    blobs = source.blobs(need) if need else {}
+    for d in need:
         blob = blobs[d]
-        if reg.has_blob(blob.digest):
-            if blob.digest not in sent.pushed:
-                sent.existing.add(blob.digest)
-                rep.detail(f"{blob.digest[7:19]}: already there")
-            continue
-        if not source.cache.verify(blob):  # damaged since it was made: made again
-            rep.warn(f"the cached blob of layer {d[7:19]} ({blob.path}) is damaged; compressing the layer again")
-            source.cache.drop(d)
-            blob = blobs[d] = source.blobs([d])[d]
-            if reg.has_blob(blob.digest):
-                continue
-        _send_blob(reg, blob, sent, rep)
+        if not _there(reg, blob, sent, rep, mount_from):
+            if not source.cache.verify(blob):  # damaged since it was made: made again
+                rep.warn(f"the cached blob of layer {d[7:19]} ({blob.path}) is damaged; compressing the layer again")
+                source.cache.drop(d)
+                blob = source.blobs([d])[d]
+            _send_blob(reg, blob, sent, rep)
+        layers[d] = (blob.digest, blob.size)
     config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
     if not reg.has_blob(config_digest):
         reg.upload(config_digest, lambda: config, len(config), "the image config")
-    body = manifest(config, [(blobs[d].digest, blobs[d].size) for d in diff_ids])
+    body = manifest(config, [layers[d] for d in diff_ids])
     digest = None
     for tag in tags:
         digest = reg.put_manifest(tag, body)
     return digest
 
 
+def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> bool:
+    """The registry's repository has the blob, or it was mounted there from another repository."""
+    if reg.has_blob(blob.digest):
+        if blob.digest not in sent.pushed | sent.mounted:
+            sent.existing.add(blob.digest)
+            rep.detail(f"{blob.digest[7:19]}: already there")
+        return True
+    for other in mount_from:
+        if reg.mount(blob.digest, other):
+            sent.mounted.add(blob.digest)
+            rep.detail(f"{blob.digest[7:19]}: mounted from {other}")
+            return True
+    return False
+
+
 def push_image(client: docker.DockerClient, variant: str, image_id: str, target: str, tags: list[str],
                retries: int, backoff: float, rep: Reporter, stall_s: float = 300, *,
                layer_store: Optional[Path] = None, blob_cache: Optional[Path] = None,
-               candidates: Sequence[str] = ()) -> PushResult:
+               candidates: Sequence[str] = (), mount_from: Sequence[str] = ()) -> PushResult:
     """Push image_id to target (registry/repository) under each tag; the digest of its manifest.
 
     Layers come from the blob cache, the layer store, or `docker save` of the candidates (local
-    images holding some of its layers, smallest first) and of the image itself."""
+    images holding some of its layers, smallest first) and of the image itself. A blob the
+    registry has in one of the `mount_from` repositories is mounted, not sent."""
     t0 = time.monotonic()
     address, repo = target.split("/", 1)
     image = client.images.get(image_id)
     diff_ids = list(image.attrs["RootFS"]["Layers"])
-    source = LayerSource(client, BlobCache(blob_cache or default_blob_cache()), image.id, layer_store,
-                         candidates, rep)
+    cache = BlobCache(blob_cache or default_blob_cache(), index=default_blob_cache().with_name(DIGEST_INDEX))
+    source = LayerSource(client, cache, image.id, layer_store, candidates, rep)
     sent = _Sent()
-    blobs: Optional[dict] = None
     config: Optional[bytes] = None
     attempt = 0
     while True:
         attempt += 1
         rep.step(f"push[{variant}]: {target}:{tags[0]} (attempt {attempt})")
-        reg = RegistryClient(address, repo, stall_s)
+        reg = RegistryClient(address, repo, stall_s, mount_from)
         try:
             reg.check()  # a refused login or a registry that is not there, before any compressing
-            if blobs is None:
-                blobs = source.blobs(diff_ids)
+            if config is None:
                 config = source.config()
-            digest = _push_once(reg, source, diff_ids, blobs, config, tags, sent, rep)
+            digest = _push_once(reg, source, diff_ids, config, tags, sent, rep, mount_from)
             break
         except TransientRegistryError as e:
             if attempt > retries:
@@ -157,7 +182,8 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
             reg.close()
     st = source.stats
     return PushResult(variant=variant, target=target, tag=tags[0], digest=digest, repo_digest=f"{target}@{digest}",
-                      layers_pushed=len(sent.pushed), layers_existing=len(sent.existing), bytes_uploaded=sent.bytes,
+                      layers_pushed=len(sent.pushed), layers_existing=len(sent.existing),
+                      layers_mounted=len(sent.mounted), bytes_uploaded=sent.bytes,
                       attempts=attempt, seconds=round(time.monotonic() - t0, 3), extra_tags=list(tags[1:]),
                       layers_compressed=st.layers, bytes_compressed=st.bytes_in,
                       compress_seconds=round(st.seconds, 3), upload_seconds=round(sent.seconds, 3))

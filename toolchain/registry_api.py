@@ -29,7 +29,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from toolchain.errors import RegistryError, TransientRegistryError
-from toolchain.registry import is_local, scheme
+from toolchain.registry import is_local, ping, scheme
 
 MANIFEST_V2 = "application/vnd.docker.distribution.manifest.v2+json"
 CONFIG_V1 = "application/vnd.docker.container.image.v1+json"
@@ -150,9 +150,10 @@ class FileBody:
 class RegistryClient:
     """One repository of one registry, for one push attempt."""
 
-    def __init__(self, address: str, repo: str, stall_s: float):
+    def __init__(self, address: str, repo: str, stall_s: float, mount_from: Iterable[str] = ()):
         self.host = address.split("/")[0]
         self.repo, self.stall_s = repo, stall_s
+        self.mount_from = [r for r in mount_from if r != repo]
         found = scheme(self.host) if is_local(self.host) else "https"
         self.base = f"{'https' if found == 'https' else 'http'}://{self.host}"
         self.session = requests.Session()
@@ -183,6 +184,9 @@ class RegistryClient:
                 if "timed out" in reason.lower():
                     raise self._stalled(what) from None
                 err = classify(f"{what}: {reason}", self.host)
+                if not isinstance(err, RegistryGone) and not ping(self.host, timeout=2):  # it went away mid-transfer
+                    err = classify(f"{what}: {reason}, and {self.host} now refuses connections (connection refused)",
+                                   self.host)
                 raise err if type(err) is not RegistryError else TransientRegistryError(err.args[0]) from None
             if r.status_code == 401 and round_ == 1:
                 self._authenticate(r)
@@ -222,7 +226,8 @@ class RegistryClient:
             realm = params.pop("realm", None)
             if not realm:
                 raise RegistryError(f"{self.host} asked for a Bearer token without a realm ({challenge[:200]!r})")
-            params["scope"] = params.get("scope") or f"repository:{self.repo}:pull,push"
+            params["scope"] = [params["scope"]] if params.get("scope") else [
+                f"repository:{self.repo}:pull,push", *(f"repository:{r}:pull" for r in self.mount_from)]
             realm_host = urlsplit(realm).netloc
             verify, cert = tls_settings(realm_host)
             try:
@@ -259,6 +264,23 @@ class RegistryClient:
         if r.status_code == 404:
             return False
         raise self._fail(r, f"asking for blob {digest[7:19]}")
+
+    def mount(self, digest: str, other: str) -> bool:
+        """Mount a blob from another repository of this registry (no bytes sent): True when it was.
+        Asked only where that repository has it, so no upload session is left open otherwise."""
+        if other == self.repo:
+            return False
+        r = self._request("HEAD", f"/v2/{other}/blobs/{digest}", f"asking {other} for blob {digest[7:19]}")
+        if r.status_code != 200:
+            return False
+        r = self._request("POST", f"/v2/{self.repo}/blobs/uploads/", f"mounting blob {digest[7:19]} from {other}",
+                          params={"mount": digest, "from": other})
+        if r.status_code == 201:
+            return True
+        if r.status_code == 202 and r.headers.get("Location"):  # not mounted: drop the upload session it opened
+            self._request("DELETE", urljoin(self.base + "/", r.headers["Location"]), "cancelling an upload")
+            return False
+        raise self._fail(r, f"mounting blob {digest[7:19]} from {other}")
 
     def upload(self, digest: str, body: Callable[[], object], size: int, what: str) -> None:
         """POST an upload session, then one PUT of the whole blob at its Location with ?digest=."""
