@@ -2,6 +2,8 @@
 `docker login`, a wrong password named as such, and a pod's image pulled the way a kubelet pulls it,
 with the credentials of the Secret the manifest's imagePullSecrets names."""
 import json
+import shutil
+import subprocess
 import uuid
 
 import pytest
@@ -14,23 +16,40 @@ from runtime.spec import KubernetesOptions, spec_hash
 from toolchain import pipeline
 from toolchain.errors import RegistryError
 from toolchain.progress import Reporter
+from toolchain.registry_api import CERTS_D
 
 
-def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private_registry, tmp_path, app_dir,
+def _record(s, local: str, image_id: str) -> None:
+    """build.json records the one-file image as the cpu build (no stages below it: its layer comes from `docker save`)."""
+    record = {"variant": "cpu", "local_ref": local, "human_ref": "raytrain-cpu:cpu-latest-private",
+              "image_id": image_id, "spec_sha256": spec_hash(SPEC), "base_ref": "-", "deps_ref": "-",
+              "app_ref": "-", "torch_source": "-"}
+    (s.build_dir / "build.json").write_text(json.dumps({"cpu": record}))
+
+
+@pytest.fixture
+def trusted_ca(private_registry):
+    """The registry's CA where the engine and the push look for it: /etc/docker/certs.d/<host:port>/ca.crt."""
+    d = CERTS_D / private_registry.address
+    d.mkdir(parents=True, exist_ok=False)
+    shutil.copy(private_registry.ca, d / "ca.crt")
+    yield d / "ca.crt"
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private_registry, trusted_ca, tmp_path, app_dir,
                                                              monkeypatch):
     private = private_registry
-    """The toolchain's own push of a recorded build (a one-file image: the push path is the same for 7 GiB)."""
+    """The toolchain's own push of a recorded build (a one-file image, its layer and config taken from
+    `docker save`: the push path is the same for 7 GiB), the TLS certificate verified against certs.d."""
     config = tmp_path / "docker-config"
-    monkeypatch.setenv("DOCKER_CONFIG", str(config))  # the engine client reads the login from here
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))  # the push reads the login from here, as the engine's client does
     s = make_settings(tmp_path / "w", app_dir, registry_address=private.address)
     local = f"raytrain-cpu:cpu-private{uuid.uuid4().hex[:8]}"
     image_id = tiny_image(client, local)
     try:
         client.api.tag(image_id, "raytrain-cpu", "cpu-latest-private")
-        record = {"variant": "cpu", "local_ref": local, "human_ref": "raytrain-cpu:cpu-latest-private",
-                  "image_id": image_id, "spec_sha256": spec_hash(SPEC), "base_ref": "-", "deps_ref": "-",
-                  "app_ref": "-", "torch_source": "-"}
-        (s.build_dir / "build.json").write_text(json.dumps({"cpu": record}))
+        _record(s, local, image_id)
 
         # without a login: refused, with the fix
         with pytest.raises(RegistryError, match="refused the credentials; run `docker login"):
@@ -39,8 +58,13 @@ def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private_regi
         assert bad.returncode != 0 and "unauthorized" in bad.stderr.lower(), bad.stderr
 
         assert private.login(config).returncode == 0
+        assert private.password not in (config / "config.json").read_text()  # base64 of user:password
         pushed = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
         assert pushed["repo_digest"].startswith(f"{private.address}/") and pushed["registry_scheme"] == "https"
+        assert pushed["push"]["layers_pushed"] == 1 and pushed["push"]["bytes_compressed"] > 0
+        again = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
+        assert again["digest"] == pushed["digest"] and again["push"]["layers_existing"] == 1
+        assert again["push"]["bytes_compressed"] == 0
 
         # the pod as rendered, pulled as a kubelet pulls it
         opts = KubernetesOptions(namespace="ml", fileroot_claim="shared", image_pull_secret="regcred")
@@ -61,3 +85,31 @@ def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private_regi
             client.api.remove_image(image_id, force=True)  # and every tag of it
         except Exception:
             pass
+
+
+def test_a_certificate_the_ca_in_certs_d_did_not_sign_is_refused(client, private_registry, tmp_path, app_dir,
+                                                                  monkeypatch):
+    """With /etc/docker/certs.d/<host:port>/ca.crt present, the push trusts that CA and no other: the
+    registry's own certificate (another CA) is refused before any credentials are sent, naming the file."""
+    other = tmp_path / "other-ca"
+    other.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=not it",
+                    "-keyout", str(other / "ca.key"), "-out", str(other / "ca.crt")], check=True, capture_output=True)
+    d = CERTS_D / private_registry.address
+    d.mkdir(parents=True, exist_ok=False)
+    shutil.copy(other / "ca.crt", d / "ca.crt")
+    config = tmp_path / "docker-config"
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+    local = f"raytrain-cpu:cpu-private{uuid.uuid4().hex[:8]}"
+    image_id = tiny_image(client, local)
+    try:
+        assert private_registry.login(config).returncode == 0  # the CLI, through the engine (loopback: not verified)
+        s = make_settings(tmp_path / "w", app_dir, registry_address=private_registry.address)
+        _record(s, local, image_id)
+        with pytest.raises(RegistryError, match=rf"TLS with {private_registry.address} failed \(certificate verify "
+                                                rf"failed.*{d / 'ca.crt'}"):
+            pipeline.push(s, str(SPEC), "cpu", Reporter())
+        assert not (s.build_dir / "images.json").exists()
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+        client.api.remove_image(image_id, force=True)

@@ -1,10 +1,10 @@
-"""Push to a real docker-registry: digests recorded, pull back by digest, failures leave nothing."""
+"""Push to a real docker-registry over its HTTP API: digests recorded, pull back by digest, failures
+leave nothing. The full images go through once (the session's `pushed`); the failure cases push a
+small image of their own (tests/helpers/small_image.py): the path through the code is the same."""
 import io
 import json
-import os
 import threading
 import time
-import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -13,6 +13,8 @@ import pytest
 import requests
 
 from conftest import SPEC, make_settings, run_in
+from helpers.small_image import build_record, cleanup_pulled, small_image, write_build
+from runtime.spec import spec_hash
 from toolchain import pipeline
 from toolchain.errors import ConfigError, RegistryError
 from toolchain.records import read_pushes
@@ -26,7 +28,9 @@ def test_push_records_digest_and_pull_back_by_digest(client, built, pushed, sett
         entry = recorded[v]
         assert entry["repo_digest"].startswith(f"{settings.registry.address}/raytrain-{v}@sha256:")
         assert entry["image_id"] == built[v]["image_id"] and entry["spec_sha256"] == built[v]["spec_sha256"]
-        assert entry["repo_digest"] in client.images.get(built[v]["local_ref"]).attrs["RepoDigests"]
+        # the engine did not push, so it has no repo digest: a pull by digest finds the image by its ID
+        # (the manifest and config only) and records it
+        assert client.images.pull(entry["repo_digest"]).id == built[v]["image_id"]
     ref = recorded["cpu"]["repo_digest"]
     # the registry itself serves the manifest under that digest
     repo, digest = ref.split("/", 1)[1].split("@")
@@ -49,9 +53,24 @@ def _tags_for(client, prefix):
     return [t for img in client.images.list() for t in img.tags if t.startswith(prefix)]
 
 
-def test_registry_down_is_clear_and_records_nothing(client, built, tmp_path, app_dir):
+@pytest.fixture
+def small(client, tmp_path):
+    """A small runnable image with its layer store, as a build leaves one; removed afterwards."""
+    img = small_image(client, tmp_path / "small-layers")
+    yield img
+    img.remove(client)
+
+
+def _recorded(s, img) -> None:
+    """build.json of settings S records the small image as the cpu build, its layer store the build's."""
+    write_build(s.build_dir, {"cpu": build_record(img, spec_hash(SPEC))})
+    if not (s.build_dir / "layers").exists():
+        (s.build_dir / "layers").symlink_to(img.store)
+
+
+def test_registry_down_is_clear_and_records_nothing(client, small, tmp_path, app_dir):
     s = make_settings(tmp_path / "w", app_dir, registry_address="127.0.0.1:5999", start_local=False)
-    (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"]}))
+    _recorded(s, small)
     with pytest.raises(RegistryError, match="5999.*start_local is false"):
         pipeline.push(s, str(SPEC), "cpu", Reporter())
     assert read_pushes(s.build_dir) == {}
@@ -122,28 +141,28 @@ class FaultyProxy:
 
 
 @pytest.fixture
-def proxied(client, tmp_path, app_dir, built, registry, settings):
+def proxied(client, tmp_path, app_dir, small, registry, settings):
     made = []
 
     def make(method, status, failures, retries, body=b""):
         proxy = FaultyProxy(settings.registry.address, method, status, failures, body)
         made.append(proxy)
         s = make_settings(tmp_path / f"w{len(made)}", app_dir, registry_address=proxy.address, retries=retries)
-        (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"]}))
+        _recorded(s, small)
         return s, proxy
 
     yield make
     for p in made:
         p.close()
-        for tag in _tags_for(client, p.address + "/"):
-            client.images.remove(tag, noprune=True)
+        cleanup_pulled(client, p.address)
 
 
-def test_transient_5xx_is_retried(client, proxied):
+def test_transient_5xx_is_retried(client, proxied, small):
     s, proxy = proxied("PUT", 503, failures=1, retries=2)
     out = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
     assert proxy.count == 1 and out["push"]["attempts"] == 2
     assert read_pushes(s.build_dir)["cpu"].repo_digest.startswith(proxy.address)
+    assert client.images.pull(out["repo_digest"]).id == small.image_id
 
 
 def test_persistent_5xx_fails_without_record_or_tags(client, proxied):
@@ -164,8 +183,8 @@ def test_auth_denied_is_clear(client, proxied):
 
 
 def test_stalled_push_is_a_clear_message_not_a_traceback(client, proxied):
-    """The registry accepts the upload and then says nothing: the stream stalls, each attempt gives
-    up after registry.stall_timeout_s, the failure names the stall and the setting; nothing is kept."""
+    """The registry takes the upload and then says nothing: each attempt gives up after
+    registry.stall_timeout_s, the failure names the stall and the setting; nothing is kept."""
     s, proxy = proxied("PUT", 0, failures=100, retries=1)
     s = s.model_copy(update={"registry": s.registry.model_copy(update={"stall_timeout_s": 4})})
     warnings = io.StringIO()
@@ -177,20 +196,23 @@ def test_stalled_push_is_a_clear_message_not_a_traceback(client, proxied):
 
 
 @pytest.fixture
-def big_image(client, built):
-    """A fresh 96 MiB layer of random bytes over the base: an upload that takes long enough to interrupt."""
-    from toolchain import layers
-    lower = client.images.get(built["cpu"]["base_ref"]).attrs
-    layer = layers.make_layer([("opt/blob", os.urandom(96 << 20), False)])
-    config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
-    tag = f"raytrain-fault:{uuid.uuid4().hex[:8]}"
-    image_id = layers.load(client, lower, [layer], config, tag)
-    yield tag, image_id
-    client.images.remove(image_id, force=True)
+def big_image(client, tmp_path):
+    """A fresh 96 MiB layer of random bytes over a small base: an upload that takes long enough to interrupt."""
+    img = small_image(client, tmp_path / "big-layers", payload=96 << 20, random_payload=True)
+    yield img
+    img.remove(client)
 
 
-def _uploads_started(data_dir) -> bool:
-    return any(p.name == "_uploads" and any(p.iterdir()) for p in Path(data_dir).rglob("_uploads"))
+def _big_upload_under_way(data_dir) -> bool:
+    """The registry has written 8 MiB of an upload that has not finished (the 96 MiB layer's)."""
+    for uploads in Path(data_dir).rglob("_uploads"):
+        for data in uploads.glob("*/data"):
+            try:
+                if data.stat().st_size >= 8 << 20:
+                    return True
+            except FileNotFoundError:
+                pass
+    return False
 
 
 @pytest.mark.parametrize("comes_back", [True, False], ids=["restarted", "gone-for-good"])
@@ -200,12 +222,17 @@ def test_registry_killed_mid_upload(client, big_image, tmp_path, app_dir, comes_
     s = make_settings(tmp_path / "w", app_dir, registry_address="127.0.0.1:5088", retries=4)
     s.registry.data_dir = str(tmp_path / "reg")
     start_local(s, Reporter(quiet=True))
-    tag, image_id = big_image
     target = f"{s.registry.address}/raytrain-fault"
     out = io.StringIO()
 
+    def push(retries):
+        return push_image(client, "cpu", big_image.image_id, target, ["x"], retries, 1.0 if retries else 0.5,
+                          Reporter(stream=out), stall_s=60, layer_store=big_image.store,
+                          blob_cache=tmp_path / "blobs", candidates=[big_image.base_ref])
+
     def saboteur():
-        wait_until(lambda: _uploads_started(s.registry.data_dir), timeout_s=60, interval_s=0.05, what="an upload")
+        wait_until(lambda: _big_upload_under_way(s.registry.data_dir), timeout_s=120, interval_s=0.02,
+                   what="the big layer's upload")
         stop_local(s)
         if comes_back:
             time.sleep(1)
@@ -214,34 +241,37 @@ def test_registry_killed_mid_upload(client, big_image, tmp_path, app_dir, comes_
     t.start()
     try:
         if comes_back:
-            res = push_image(client, "cpu", image_id, target, ["x"], 4, 1.0, Reporter(stream=out), stall_s=60)
+            res = push(4)
             assert res.digest.startswith("sha256:")
-            # resumed by our retry or by the engine's own per-layer retry; either way it is logged
-            assert res.attempts >= 2 or res.engine_retries >= 1, res
-            assert "retrying" in out.getvalue().lower()
+            assert res.attempts >= 2 and "retrying" in out.getvalue().lower(), res
+            # the retry resumed: each blob went up once in the end, and the image pulls back whole
+            assert res.layers_pushed == 2 and res.layers_compressed == 2
+            client.images.remove(big_image.image_id, force=True)
+            assert client.images.pull(res.repo_digest).id == big_image.image_id
         else:
-            with pytest.raises(RegistryError, match="not reachable"):
-                push_image(client, "cpu", image_id, target, ["x"], 0, 0.5, Reporter(stream=out), stall_s=60)
+            with pytest.raises(RegistryError, match="not reachable.*invoke registry.start"):
+                push(0)
             assert _tags_for(client, target) == []
         assert "Traceback" not in out.getvalue()
     finally:
         t.join()
         stop_local(s)
-        for ref in _tags_for(client, target):
-            client.images.remove(ref, noprune=True)
+        cleanup_pulled(client, s.registry.address)
 
 
-def test_push_pushes_what_build_recorded(client, built, registry, tmp_path, app_dir):
+def test_push_pushes_what_build_recorded(client, small, registry, tmp_path, app_dir):
     """`invoke build --variant cpu push`: push, given no --variant, pushes the cpu build (the gpu one
     recorded from another spec stays), and asking for a variant never built names the command that works."""
     s = make_settings(tmp_path / "w", app_dir)
-    stale_gpu = {**built["gpu"], "spec_sha256": "f" * 64}
-    (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"], "gpu": stale_gpu}))
+    cpu = build_record(small, spec_hash(SPEC))
+    stale_gpu = {**build_record(small, "f" * 64, "gpu")}
+    _recorded(s, small)
+    write_build(s.build_dir, {"cpu": cpu, "gpu": stale_gpu})
     said = io.StringIO()
     out = pipeline.push(s, str(SPEC), None, Reporter(stream=said))
     assert list(out["images"]) == ["cpu"] and list(read_pushes(s.build_dir)) == ["cpu"]
     assert "not pushing gpu: built from another spec" in said.getvalue()
-    (s.build_dir / "build.json").write_text(json.dumps({"cpu": built["cpu"]}))
+    write_build(s.build_dir, {"cpu": cpu})
     with pytest.raises(ConfigError, match="build it: invoke build --variant gpu, or push what was built: "
                                           "invoke push --variant cpu"):
         pipeline.push(s, str(SPEC), "gpu", Reporter())

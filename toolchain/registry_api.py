@@ -157,7 +157,8 @@ class RegistryClient:
         found = scheme(self.host) if is_local(self.host) else "https"
         self.base = f"{'https' if found == 'https' else 'http'}://{self.host}"
         self.session = requests.Session()
-        self.session.verify, self.session.cert = tls_settings(self.host)
+        # passed with each request: a Session's own verify loses to REQUESTS_CA_BUNDLE in the environment
+        self.verify, self.cert = tls_settings(self.host)
         self._authenticated = False
 
     def close(self) -> None:
@@ -171,7 +172,7 @@ class RegistryClient:
             try:
                 with warnings.catch_warnings():  # an unverified loopback registry, as the engine allows
                     warnings.simplefilter("ignore")
-                    r = self.session.request(method, url, data=body() if body else None,
+                    r = self.session.request(method, url, data=body() if body else None, verify=self.verify, cert=self.cert,
                                              timeout=(CONNECT_S, self.stall_s), allow_redirects=method in ("GET", "HEAD"),
                                              **kw)
             except requests.exceptions.SSLError as e:

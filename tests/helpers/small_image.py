@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
 import re
 import subprocess
@@ -79,15 +80,16 @@ class SmallImage:
                 pass
 
 
-def small_image(client, store: Path, payload: int = 3 << 20, seed: int = 0) -> SmallImage:
-    """The runnable base and one assembled layer (/opt/hello.txt, /opt/payload of `payload` bytes)
-    loaded on top, its tar and config kept in STORE. Unique tags; `remove` deletes both images."""
+def small_image(client, store: Path, payload: int = 3 << 20, seed: int = 0, random_payload: bool = False) -> SmallImage:
+    """The runnable base and one assembled layer (/opt/hello.txt, /opt/payload of `payload` bytes,
+    binary-like or random) loaded on top, its tar and config kept in STORE. Unique tags; `remove`
+    deletes both images."""
     name = uuid.uuid4().hex[:8]
     base_ref = f"raytrain-pushtest-base:{name}"
     base_id = runnable_base(client, base_ref)
     lower = client.images.get(base_id).attrs
     text = f"hello from {name}\n".encode()
-    layer = layers.make_layer([("opt/hello.txt", text, False), ("opt/payload", mixed_bytes(payload, seed), False)])
+    layer = layers.make_layer([("opt/hello.txt", text, False), ("opt/payload", os.urandom(payload) if random_payload else mixed_bytes(payload, seed), False)])
     config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
     ref = f"raytrain-pushtest:{name}"
     image_id = layers.load(client, lower, [layer], config, ref, store)
