@@ -1,6 +1,7 @@
 """A private registry as a site runs one (TLS with its own CA, htpasswd login): `invoke push` after
 `docker login`, a wrong password named as such, and a pod's image pulled the way a kubelet pulls it,
 with the credentials of the Secret the manifest's imagePullSecrets names."""
+import base64
 import json
 import shutil
 import subprocess
@@ -113,3 +114,46 @@ def test_a_certificate_the_ca_in_certs_d_did_not_sign_is_refused(client, private
     finally:
         shutil.rmtree(d, ignore_errors=True)
         client.api.remove_image(image_id, force=True)
+
+
+def test_push_to_a_registry_that_asks_for_bearer_tokens(client, tmp_path, monkeypatch):
+    """Docker Hub, Harbor and GitLab answer 401 with a Bearer challenge: the push gets a token for the
+    repository from the realm with the login of the Docker config, and is refused clearly without one."""
+    pytest.importorskip("cryptography")
+    from helpers.small_image import cleanup_pulled, small_image
+    from helpers.token_auth import TokenRegistry, TokenService
+    from toolchain.push import push_image
+    password = uuid.uuid4().hex
+    service = TokenService(tmp_path, "trainer", password)
+    reg = TokenRegistry(tmp_path / "reg", service)
+    img = small_image(client, tmp_path / "layers")
+    config = tmp_path / "docker-config"
+    config.mkdir()
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+
+    def login(secret: str) -> None:
+        auth = base64.b64encode(f"trainer:{secret}".encode()).decode()
+        (config / "config.json").write_text(json.dumps({"auths": {reg.address: {"auth": auth}}}))
+
+    def push():
+        return push_image(client, "cpu", img.image_id, f"{reg.address}/team/raytrain-cpu", ["t"], 0, 0.1,
+                          Reporter(quiet=True), 30, layer_store=img.store, blob_cache=tmp_path / "blobs",
+                          candidates=[img.base_ref])
+    try:
+        with pytest.raises(RegistryError, match=rf"getting a token .* HTTP 401.*with no login.*docker login {reg.address}"):
+            push()
+        login("not-the-password")
+        with pytest.raises(RegistryError, match=r"HTTP 401.*with the login in the Docker config.*docker login"):
+            push()
+        login(password)
+        res = push()
+        assert res.layers_pushed == 2
+        assert ["repository:team/raytrain-cpu:pull,push"] in service.scopes
+        client.images.remove(img.image_id, force=True)
+        pulled = client.images.pull(res.repo_digest, auth_config={"username": "trainer", "password": password})
+        assert pulled.id == img.image_id
+    finally:
+        img.remove(client)
+        reg.stop()
+        service.close()
+        cleanup_pulled(client, reg.address)

@@ -159,6 +159,8 @@ class RegistryClient:
         self.session = requests.Session()
         # passed with each request: a Session's own verify loses to REQUESTS_CA_BUNDLE in the environment
         self.verify, self.cert = tls_settings(self.host)
+        # like the engine (Go's ProxyFromEnvironment), never through an HTTP(S)_PROXY to a loopback registry
+        self.proxies = {"http": None, "https": None, "all": None} if is_local(self.host) else None
         self._authenticated = False
 
     def close(self) -> None:
@@ -172,9 +174,9 @@ class RegistryClient:
             try:
                 with warnings.catch_warnings():  # an unverified loopback registry, as the engine allows
                     warnings.simplefilter("ignore")
-                    r = self.session.request(method, url, data=body() if body else None, verify=self.verify, cert=self.cert,
-                                             timeout=(CONNECT_S, self.stall_s), allow_redirects=method in ("GET", "HEAD"),
-                                             **kw)
+                    r = self.session.request(method, url, data=body() if body else None, verify=self.verify,
+                                             cert=self.cert, proxies=self.proxies, timeout=(CONNECT_S, self.stall_s),
+                                             allow_redirects=method in ("GET", "HEAD"), **kw)
             except requests.exceptions.SSLError as e:
                 raise RegistryError(f"{what}: TLS with {self.host} failed ({_reason(e)}); put the registry's CA "
                                     f"certificate at {CERTS_D / self.host / 'ca.crt'}") from None

@@ -126,13 +126,18 @@ class PlainRegistry:
         (self.dir / "config.yml").write_text(
             "version: 0.1\nlog:\n  level: warn\n"
             f"storage:\n  filesystem:\n    rootdirectory: {self.dir / 'data'}\n  delete:\n    enabled: true\n"
-            f"http:\n  addr: {self.address}\n")
+            f"http:\n  addr: {self.address}\n" + self.auth_config())
         binary = shutil.which("docker-registry") or shutil.which("registry")
         self.proc = subprocess.Popen([binary, "serve", str(self.dir / "config.yml")], stdout=subprocess.DEVNULL,
                                      stderr=open(self.dir / "registry.log", "wb"), stdin=subprocess.DEVNULL)
         from toolchain.registry import ping
         from runtime.wait import wait_until
-        wait_until(lambda: ping(self.address, 0.5), timeout_s=30, what=f"docker-registry on {self.address}")
+        wait_until(lambda: ping(self.address, 0.5), timeout_s=30, what=f"docker-registry on {self.address}",
+                   logs=lambda: (self.dir / "registry.log").read_text(errors="replace")[-2000:])
+
+    def auth_config(self) -> str:
+        """Extra registry configuration (an `auth:` section); none here."""
+        return ""
 
     def stop(self) -> None:
         if self.proc.poll() is None:
