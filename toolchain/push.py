@@ -93,7 +93,7 @@ def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> N
     rep.detail(f"{blob.digest[7:19]}: pushed ({human_bytes(blob.size)}, {dt:.1f}s, {blob.size / max(dt, 1e-6) / 1e6:.0f} MB/s)")
 
 
-def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], config: bytes, tags: list[str],
+def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], tags: list[str],
                sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> str:
     """Every blob the registry lacks, the config, then the manifest under each tag; the manifest's digest.
 
@@ -118,6 +118,7 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], co
                 blob = source.blobs([d])[d]
             _send_blob(reg, blob, sent, rep)
         layers[d] = (blob.digest, blob.size)
+    config = source.config()  # after the layers: a `docker save` of the image for them brings it too
     config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
     if not reg.has_blob(config_digest):
         reg.upload(config_digest, lambda: config, len(config), "the image config")
@@ -159,7 +160,6 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
     cache = BlobCache(blob_cache or default_blob_cache(), index=default_blob_cache().with_name(DIGEST_INDEX))
     source = LayerSource(client, cache, image.id, layer_store, candidates, rep)
     sent = _Sent()
-    config: Optional[bytes] = None
     attempt = 0
     while True:
         attempt += 1
@@ -167,9 +167,7 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
         reg = RegistryClient(address, repo, stall_s, mount_from)
         try:
             reg.check()  # a refused login or a registry that is not there, before any compressing
-            if config is None:
-                config = source.config()
-            digest = _push_once(reg, source, diff_ids, config, tags, sent, rep, mount_from)
+            digest = _push_once(reg, source, diff_ids, tags, sent, rep, mount_from)
             break
         except TransientRegistryError as e:
             if attempt > retries:
