@@ -21,7 +21,7 @@ from toolchain.registry_api import CERTS_D
 
 
 def _record(s, local: str, image_id: str) -> None:
-    """build.json records the one-file image as the cpu build (no stages below it: its layer comes from `docker save`)."""
+    """build.json records the one-file image as the cpu build (no stages below: its layer comes from `docker save`)."""
     record = {"variant": "cpu", "local_ref": local, "human_ref": "raytrain-cpu:cpu-latest-private",
               "image_id": image_id, "spec_sha256": spec_hash(SPEC), "base_ref": "-", "deps_ref": "-",
               "app_ref": "-", "torch_source": "-"}
@@ -140,7 +140,8 @@ def test_push_to_a_registry_that_asks_for_bearer_tokens(client, tmp_path, monkey
                           Reporter(quiet=True), 30, layer_store=img.store, blob_cache=tmp_path / "blobs",
                           candidates=[img.base_ref])
     try:
-        with pytest.raises(RegistryError, match=rf"getting a token .* HTTP 401.*with no login.*docker login {reg.address}"):
+        no_login = rf"getting a token .* HTTP 401.*with no login.*docker login {reg.address}"
+        with pytest.raises(RegistryError, match=no_login):
             push()
         login("not-the-password")
         with pytest.raises(RegistryError, match=r"HTTP 401.*with the login in the Docker config.*docker login"):

@@ -101,7 +101,8 @@ class LayerSource:
     def _from_saves(self, missing: list[str], want_config: bool) -> dict[str, Blob]:
         found: dict[str, Blob] = {}
         # without the config at hand the image itself is saved anyway: it holds every layer too
-        refs = [self.image_id] if want_config or (self._config is None and self._config_missing()) else [*self.candidates, self.image_id]
+        config_later = self._config is None and self._config_missing()
+        refs = [self.image_id] if want_config or config_later else [*self.candidates, self.image_id]
         for ref in refs:
             need = {d for d in missing if d not in found}
             if not need and not (want_config and self._config is None):
@@ -138,7 +139,8 @@ class LayerSource:
                 sizes.add((self.store / f"{d[7:]}.tar").stat().st_size)
         return sizes
 
-    def _save(self, ref: str, layers: Sequence[str], need: set, want_config: bool, skip: bool = True) -> dict[str, Blob]:
+    def _save(self, ref: str, layers: Sequence[str], need: set, want_config: bool,
+              skip: bool = True) -> dict[str, Blob]:
         need = set(need)
         got: dict[str, Blob] = {}
         again = False
@@ -160,7 +162,7 @@ class LayerSource:
                         d = "sha256:" + oci[1]
                         got[d] = self._compress(tf.extractfile(m), d, m.size, f"from `docker save {ref}`")
                         need.discard(d)
-                    elif (oci or legacy_config) and want_config and "sha256:" + (oci or legacy_config)[1] == self.image_id:
+                    elif want_config and (oci or legacy_config) and (oci or legacy_config)[1] == self.image_id[7:]:
                         self._config = tf.extractfile(m).read()
                     elif m.name.endswith("/layer.tar") and need:
                         if m.size in skip_sizes:

@@ -90,7 +90,8 @@ def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> N
     sent.pushed.add(blob.digest)
     sent.bytes += blob.size
     dt = time.monotonic() - t0
-    rep.detail(f"{blob.digest[7:19]}: pushed ({human_bytes(blob.size)}, {dt:.1f}s, {blob.size / max(dt, 1e-6) / 1e6:.0f} MB/s)")
+    rate = blob.size / max(dt, 1e-6) / 1e6
+    rep.detail(f"{blob.digest[7:19]}: pushed ({human_bytes(blob.size)}, {dt:.1f}s, {rate:.0f} MB/s)")
 
 
 def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], tags: list[str],

@@ -61,8 +61,8 @@ def classify(message: str, registry: str = "<registry>") -> RegistryError:
     """The error a registry's answer or a connection failure stands for: credentials refused (at once,
     with the fix), the registry gone, transient (retried), or anything else (at once)."""
     if _AUTH.search(message):
-        return RegistryError(f"{message.strip()} — the registry refused the credentials; run `docker login {registry}` "
-                             "or fix registry.address")
+        return RegistryError(f"{message.strip()} — the registry refused the credentials; "
+                             f"run `docker login {registry}` or fix registry.address")
     if _DOWN.search(message):
         return RegistryGone(f"{message.strip()} — the registry is not reachable; start it (`invoke registry.start`) "
                             "or fix registry.address")
@@ -208,7 +208,8 @@ class RegistryClient:
             detail = "; ".join(f"{e.get('code', '')}: {e.get('message', '')}".strip(": ") for e in errors)
         except (ValueError, AttributeError):
             pass
-        msg = f"{what}: the registry answered HTTP {r.status_code} {r.reason or ''}".rstrip() + (f" ({detail})" if detail else "")
+        msg = f"{what}: the registry answered HTTP {r.status_code} {r.reason or ''}".rstrip()
+        msg += f" ({detail})" if detail else ""
         if r.status_code == 401:
             who = "with no login" if credentials(self.host) is None else "with the login in the Docker config"
             msg += f", {who}"
@@ -312,8 +313,9 @@ class RegistryClient:
 
 def manifest(config: bytes, layers: list[tuple[str, int]]) -> bytes:
     """A Docker schema2 manifest: the config blob and the gzip layers (digest, size), in order."""
+    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
     doc = {"schemaVersion": 2, "mediaType": MANIFEST_V2,
-           "config": {"mediaType": CONFIG_V1, "size": len(config), "digest": "sha256:" + hashlib.sha256(config).hexdigest()},
+           "config": {"mediaType": CONFIG_V1, "size": len(config), "digest": config_digest},
            "layers": [{"mediaType": LAYER_GZIP, "size": size, "digest": digest} for digest, size in layers]}
     return json.dumps(doc, indent=3).encode()
 

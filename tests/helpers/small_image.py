@@ -89,7 +89,8 @@ def small_image(client, store: Path, payload: int = 3 << 20, seed: int = 0, rand
     base_id = runnable_base(client, base_ref)
     lower = client.images.get(base_id).attrs
     text = f"hello from {name}\n".encode()
-    layer = layers.make_layer([("opt/hello.txt", text, False), ("opt/payload", os.urandom(payload) if random_payload else mixed_bytes(payload, seed), False)])
+    data = os.urandom(payload) if random_payload else mixed_bytes(payload, seed)
+    layer = layers.make_layer([("opt/hello.txt", text, False), ("opt/payload", data, False)])
     config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
     ref = f"raytrain-pushtest:{name}"
     image_id = layers.load(client, lower, [layer], config, ref, store)
