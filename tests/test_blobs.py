@@ -153,3 +153,68 @@ def test_a_damaged_cache_entry_is_made_again(client, image, two_registries, tmp_
     assert other.layers_compressed == 1 and other.digest == first.digest
     assert gzip.decompress(top.read_bytes()) == (image.store / f"{top.name[:-3]}.tar").read_bytes()
     _pull_back(client, image, other.repo_digest)
+
+
+# -- reading `docker save` streams (toolchain/layer_sources.py) ---------------------------------------
+
+def _layer(seed: int, size: int = 3 * SMALL_CHUNK) -> tuple[str, bytes]:
+    data = mixed_bytes(size, seed)
+    return "sha256:" + hashlib.sha256(data).hexdigest(), data
+
+
+def _tar(entries: list) -> bytes:
+    """A tar of (name, bytes) files and (name, '->', target) symlinks, in order."""
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for entry in entries:
+            info = tarfile.TarInfo(entry[0])
+            if entry[1] == "->":
+                info.type, info.linkname = tarfile.SYMTYPE, entry[2]
+                tf.addfile(info)
+            else:
+                info.size = len(entry[1])
+                tf.addfile(info, io.BytesIO(entry[1]))
+    return buf.getvalue()
+
+
+def _source(tmp_path, config: bytes):
+    from toolchain.layer_sources import LayerSource
+    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
+    return LayerSource(None, BlobCache(tmp_path / "blobs", chunk=SMALL_CHUNK), image_id, None, [], Reporter(quiet=True))
+
+
+def test_an_oci_layout_save_gives_the_needed_layers_by_name_and_the_config(tmp_path):
+    """Docker 25+ (OCI layout): blobs/sha256/<diff id>; the legacy <id>/layer.tar are links. Only the
+    needed layer is compressed; the reading stops once the layer and the config are in hand."""
+    (a, a_data), (b, b_data) = _layer(1), _layer(2)
+    config = b'{"rootfs":{"type":"layers","diff_ids":["%s","%s"]}}' % (a.encode(), b.encode())
+    src = _source(tmp_path, config)
+    stream = _tar([("blobs/sha256/" + a[7:], a_data), ("blobs/sha256/" + b[7:], b_data),
+                   ("blobs/sha256/" + src.image_id[7:], config), ("0123/layer.tar", "->", "../blobs/sha256/" + b[7:]),
+                   ("index.json", b"{}"), ("manifest.json", b"[]")])
+    need = {b}
+    got, again = src.read_save(io.BytesIO(stream), "a test save", need, True, set())
+    assert set(got) == {b} and need == set() and not again and src._config == config
+    assert gzip.decompress(got[b].path.read_bytes()) == b_data and src.cache.get(a) is None
+
+
+def test_a_legacy_save_is_hashed_where_sizes_match_and_read_again_on_a_collision(tmp_path):
+    """Engines before 25 name layer.tar by no digest: a layer of the size of one at hand is only hashed;
+    one that is needed though its size matched sends the caller back to read the save again."""
+    (a, a_data), (b, b_data) = _layer(1), _layer(2, 5 * SMALL_CHUNK)
+    config = b'{"rootfs":{"type":"layers","diff_ids":["%s","%s"]}}' % (a.encode(), b.encode())
+    src = _source(tmp_path, config)
+    stream = _tar([("aaaa/layer.tar", a_data), ("bbbb/layer.tar", b_data), (src.image_id[7:] + ".json", config),
+                   ("manifest.json", b"[]")])
+    need = {b}
+    got, again = src.read_save(io.BytesIO(stream), "a test save", need, True, {len(a_data)})
+    assert set(got) == {b} and not again and src._config == config and src.cache.get(a) is None
+    assert gzip.decompress(got[b].path.read_bytes()) == b_data
+
+    need = {a}  # needed, and of a size taken for another layer's
+    got, again = _source(tmp_path / "2", config).read_save(io.BytesIO(stream), "a test save", need, False,
+                                                            {len(a_data)})
+    assert got == {} and again and need == {a}
+    got, again = _source(tmp_path / "3", config).read_save(io.BytesIO(stream), "a test save", need, False, set())
+    assert set(got) == {a} and not again

@@ -142,8 +142,6 @@ class LayerSource:
     def _save(self, ref: str, layers: Sequence[str], need: set, want_config: bool,
               skip: bool = True) -> dict[str, Blob]:
         need = set(need)
-        got: dict[str, Blob] = {}
-        again = False
         skip_sizes = self._known_sizes(layers, need) if skip else set()
         self.rep.step(f"push: reading {len(need)} layer(s){' and the config' if want_config else ''} "
                       f"from `docker save {ref}`")
@@ -151,40 +149,47 @@ class LayerSource:
         res = api._get(api._url("/images/{0}/get", ref), stream=True)  # the SDK's get_image, as a closable stream
         try:
             api._raise_for_status(res)
-            with tarfile.open(fileobj=res.raw, mode="r|", bufsize=1 << 20) as tf:
-                for m in tf:
-                    if not need and not (want_config and self._config is None):
-                        break  # closes the stream: the engine stops sending
-                    if not m.isfile():
-                        continue
-                    oci, legacy_config = _OCI_BLOB.fullmatch(m.name), _LEGACY_CONFIG.fullmatch(m.name)
-                    if oci and "sha256:" + oci[1] in need:
-                        d = "sha256:" + oci[1]
-                        got[d] = self._compress(tf.extractfile(m), d, m.size, f"from `docker save {ref}`")
-                        need.discard(d)
-                    elif want_config and (oci or legacy_config) and (oci or legacy_config)[1] == self.image_id[7:]:
-                        self._config = tf.extractfile(m).read()
-                    elif m.name.endswith("/layer.tar") and need:
-                        if m.size in skip_sizes:
-                            d = _sha256(tf.extractfile(m))
-                            if d in need:  # same size as a layer at hand, but needed: read this save again
-                                self.rep.detail(f"{d[7:19]}: needed after all; reading `docker save {ref}` again")
-                                again = True
-                                break
-                            continue
-                        blob = self._compress(tf.extractfile(m), None, m.size, f"from `docker save {ref}`")
-                        if blob.diff_id in need:
-                            got[blob.diff_id] = blob
-                            need.discard(blob.diff_id)
+            got, again = self.read_save(res.raw, f"`docker save {ref}`", need, want_config, skip_sizes)
         except docker.errors.APIError as e:
             raise ToolchainError(f"`docker save {ref}` failed: {e}") from None
         except (tarfile.TarError, OSError) as e:
             raise ToolchainError(f"`docker save {ref}` gave an unreadable stream ({type(e).__name__}: {e})") from None
         finally:
-            res.close()
+            res.close()  # the engine stops sending what was not read
         if again:
+            self.rep.detail(f"a layer of the size of one at hand is needed after all; reading `docker save {ref}` again")
             got.update(self._save(ref, layers, need, want_config, skip=False))
         return got
+
+    def read_save(self, stream: BinaryIO, where: str, need: set, want_config: bool,
+                  skip_sizes: set) -> tuple[dict[str, Blob], bool]:
+        """Take the needed layers (compressed into the cache; removed from `need`) and, with want_config,
+        the image's config from a save's tar stream, stopping as soon as nothing more is needed.
+        (blobs, True when a layer only hashed for its size turned out to be needed: read again)."""
+        got: dict[str, Blob] = {}
+        with tarfile.open(fileobj=stream, mode="r|", bufsize=1 << 20) as tf:
+            for m in tf:
+                if not need and not (want_config and self._config is None):
+                    break
+                if not m.isfile():  # Docker 25+'s <id>/layer.tar are links into blobs/
+                    continue
+                oci, legacy_config = _OCI_BLOB.fullmatch(m.name), _LEGACY_CONFIG.fullmatch(m.name)
+                if oci and "sha256:" + oci[1] in need:  # OCI layout: named by the diff ID
+                    d = "sha256:" + oci[1]
+                    got[d] = self._compress(tf.extractfile(m), d, m.size, f"from {where}")
+                    need.discard(d)
+                elif want_config and (oci or legacy_config) and (oci or legacy_config)[1] == self.image_id[7:]:
+                    self._config = tf.extractfile(m).read()
+                elif m.name.endswith("/layer.tar") and need:  # legacy: named by no digest
+                    if m.size in skip_sizes:
+                        if _sha256(tf.extractfile(m)) in need:
+                            return got, True
+                        continue
+                    blob = self._compress(tf.extractfile(m), None, m.size, f"from {where}")
+                    if blob.diff_id in need:
+                        got[blob.diff_id] = blob
+                        need.discard(blob.diff_id)
+        return got, False
 
 
 def _sha256(f: BinaryIO) -> str:
