@@ -275,3 +275,24 @@ def test_push_pushes_what_build_recorded(client, small, registry, tmp_path, app_
     with pytest.raises(ConfigError, match="build it: invoke build --variant gpu, or push what was built: "
                                           "invoke push --variant cpu"):
         pipeline.push(s, str(SPEC), "gpu", Reporter())
+
+
+def test_a_layer_another_repository_has_is_mounted_not_sent(client, small, tmp_path):
+    """The gpu image after the cpu one (pipeline.push passes the registry's other repositories): the
+    layers they share are mounted across repositories, not uploaded again."""
+    from helpers.small_image import PlainRegistry
+    from toolchain.push import push_image
+    reg = PlainRegistry(tmp_path / "reg")
+    kw = dict(layer_store=small.store, blob_cache=tmp_path / "blobs", candidates=[small.base_ref])
+    try:
+        first = push_image(client, "cpu", small.image_id, f"{reg.address}/raytrain-cpu", ["a"], 0, 0.1,
+                           Reporter(quiet=True), 30, **kw)
+        second = push_image(client, "gpu", small.image_id, f"{reg.address}/raytrain-gpu", ["a"], 0, 0.1,
+                            Reporter(quiet=True), 30, mount_from=["raytrain-cpu"], **kw)
+        assert (second.layers_mounted, second.layers_pushed, second.bytes_uploaded) == (2, 0, 0)
+        assert second.digest == first.digest
+        client.images.remove(small.image_id, force=True)
+        assert client.images.pull(second.repo_digest).id == small.image_id
+    finally:
+        reg.stop()
+        cleanup_pulled(client, reg.address)
