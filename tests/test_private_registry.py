@@ -3,6 +3,7 @@
 with the credentials of the Secret the manifest's imagePullSecrets names."""
 import base64
 import json
+import os
 import shutil
 import subprocess
 import uuid
@@ -158,3 +159,37 @@ def test_push_to_a_registry_that_asks_for_bearer_tokens(client, tmp_path, monkey
         reg.stop()
         service.close()
         cleanup_pulled(client, reg.address)
+
+
+def test_logins_are_read_as_the_docker_cli_stores_them(tmp_path, monkeypatch):
+    """auths (any spelling of the host), a credHelpers entry for the host, a credsStore: the helper
+    program is run with the host on stdin, as the Docker CLI runs it."""
+    from toolchain.registry_api import credentials
+    bin_dir, config = tmp_path / "bin", tmp_path / "docker-config"
+    bin_dir.mkdir()
+    config.mkdir()
+    helper = bin_dir / "docker-credential-raytraintest"
+    helper.write_text('#!/bin/sh\nread host\nif [ "$1 $host" = "get reg.example.com:5000" ]; then\n'
+                      '  echo \'{"ServerURL":"reg.example.com:5000","Username":"robot","Secret":"s3cret"}\'\n'
+                      'else\n  echo "credentials not found in native keychain"; exit 1\nfi\n')
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DOCKER_CONFIG", str(config))
+
+    def cfg(doc) -> None:
+        (config / "config.json").write_text(json.dumps(doc))
+    assert credentials("reg.example.com:5000") is None  # no config file at all
+    cfg({"auths": {"https://reg.example.com:5000/v1/": {"auth": base64.b64encode(b"me:pw:with:colons").decode()}}})
+    assert credentials("reg.example.com:5000") == ("me", "pw:with:colons")
+    assert credentials("other.example.com") is None
+    cfg({"credHelpers": {"reg.example.com:5000": "raytraintest"}})
+    assert credentials("reg.example.com:5000") == ("robot", "s3cret")
+    cfg({"credsStore": "raytraintest"})
+    assert credentials("reg.example.com:5000") == ("robot", "s3cret")
+    assert credentials("other.example.com") is None  # the helper's "not found"
+    cfg({"credsStore": "not-installed-here"})
+    with pytest.raises(RegistryError, match="docker-credential-not-installed-here is not on PATH"):
+        credentials("reg.example.com:5000")
+    (config / "config.json").write_text("{broken")
+    with pytest.raises(RegistryError, match=f"{config / 'config.json'}: not readable as the Docker config"):
+        credentials("reg.example.com:5000")
