@@ -22,6 +22,7 @@ so a push to a second registry, or the same push again, never compresses again.
 """
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -32,6 +33,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import BinaryIO, Callable, Optional
+
+from toolchain.errors import ToolchainError
 
 LEVEL = 1  # measured best here: see above
 CHUNK = 32 << 20
@@ -189,8 +192,14 @@ class BlobCache:
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{os.getpid()}.{id(src):x}.partial"
         try:
-            with open(tmp, "wb") as out:
-                z = gzip_stream(src, out, self.level, self.workers, self.chunk, progress)
+            try:
+                with open(tmp, "wb") as out:
+                    z = gzip_stream(src, out, self.level, self.workers, self.chunk, progress)
+            except OSError as e:
+                if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
+                    raise ToolchainError(f"writing a compressed layer into {self.root} failed ({e.strerror}); "
+                                         "free space there (old blobs of layers no longer built can go)") from None
+                raise
             if expect is not None and z.diff_id != expect:
                 raise LayerMismatch(f"the bytes read as layer {expect} have sha256 {z.diff_id}")
             gz, side = self._paths(z.diff_id)
