@@ -218,3 +218,19 @@ def test_a_legacy_save_is_hashed_where_sizes_match_and_read_again_on_a_collision
     assert got == {} and again and need == {a}
     got, again = _source(tmp_path / "3", config).read_save(io.BytesIO(stream), "a test save", need, False, set())
     assert set(got) == {a} and not again
+
+
+def test_old_big_blobs_are_pruned_but_the_pushed_image_s_and_the_newest(tmp_path, monkeypatch):
+    from toolchain import blobs
+    monkeypatch.setattr(blobs, "BIG_BLOB", 1000)
+    cache = BlobCache(tmp_path / "blobs", chunk=SMALL_CHUNK)
+    made = []
+    for i in range(5):
+        data = os.urandom(2000 + i)
+        made.append(cache.put(io.BytesIO(data)))
+        os.utime(made[-1].path, (1_000_000 + i, 1_000_000 + i))  # made in this order
+    small = cache.put(io.BytesIO(b"small"))
+    gone = cache.prune_big({made[0].diff_id})
+    assert sorted(gone) == sorted(b.path for b in made[1:3])
+    assert [cache.get(b.diff_id) is not None for b in made] == [True, False, False, True, True]
+    assert cache.get(small.diff_id) is not None

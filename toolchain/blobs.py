@@ -38,6 +38,8 @@ from toolchain.errors import ToolchainError
 
 LEVEL = 1  # measured best here: see above
 CHUNK = 32 << 20
+BIG_BLOB = 256 << 20  # prune_big: of the blobs this size and up, those of the image pushed and the
+KEEP_BIG = 2          # KEEP_BIG newest others are kept
 WINDOW = 32 << 10
 HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # gzip, deflate, no flags, mtime 0, xfl 0, OS unknown
 
@@ -184,6 +186,23 @@ class BlobCache:
     def drop(self, diff_id: str) -> None:
         for p in reversed(self._paths(diff_id)):  # the sidecar first: without it the entry is gone
             p.unlink(missing_ok=True)
+
+    def prune_big(self, keep: set, newest: int = KEEP_BIG) -> list[Path]:
+        """Delete the blobs of big layers (BIG_BLOB bytes and up) other than those of the layers in `keep`
+        and the `newest` most recently made: a requirements change makes a new multi-GB blob, and an
+        old one is only a shortcut (its layer is compressed again if it is ever pushed again)."""
+        big = []
+        for gz in self.root.glob("*.gz"):
+            try:
+                st = gz.stat()
+            except FileNotFoundError:
+                continue
+            if st.st_size >= BIG_BLOB and f"sha256:{gz.name[:-3]}" not in keep:
+                big.append((st.st_mtime, gz))
+        gone = [gz for _, gz in sorted(big, reverse=True)[newest:]]
+        for gz in gone:
+            self.drop(f"sha256:{gz.name[:-3]}")
+        return gone
 
     def put(self, src: BinaryIO, expect: Optional[str] = None,
             progress: Optional[Callable[[int], None]] = None) -> Blob:

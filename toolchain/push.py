@@ -179,6 +179,8 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
             time.sleep(wait)
         finally:
             reg.close()
+    for gone in cache.prune_big(set(diff_ids)):
+        rep.detail(f"removed the cached blob {gone.name} (a big layer of an older build)")
     st = source.stats
     return PushResult(variant=variant, target=target, tag=tags[0], digest=digest, repo_digest=f"{target}@{digest}",
                       layers_pushed=len(sent.pushed), layers_existing=len(sent.existing),
