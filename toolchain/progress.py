@@ -30,20 +30,25 @@ class Reporter:
             return
         tty = getattr(self.stream, "isatty", lambda: False)()
         now = time.monotonic()
-        if now - getattr(self, "_last_progress", 0.0) < (0.2 if tty else 5.0):
+        if getattr(self, "_progress_what", None) != what:  # a new bar: its rate counts from here
+            self._progress_what, self._progress_t0, self._last_progress = what, now, now
+            return
+        if now - self._last_progress < (0.2 if tty else 5.0):
             return
         self._last_progress = now
+        rate = f", {human_bytes(done / max(now - self._progress_t0, 1e-6))}/s"
         if tty:
             frac = min(1.0, done / total) if total else 0.0
             bar = "#" * int(30 * frac) + "-" * (30 - int(30 * frac))
             of = f" / {human_bytes(total)}" if total else ""
-            print(f"\r          {what} [{bar}] {human_bytes(done)}{of}", end="", file=self.stream, flush=True)
+            print(f"\r          {what} [{bar}] {human_bytes(done)}{of}{rate}", end="", file=self.stream, flush=True)
             self._bar_open = True
         else:
             of = f" of {human_bytes(total)}" if total else ""
-            print(f"          {what}: {human_bytes(done)}{of}", file=self.stream, flush=True)
+            print(f"          {what}: {human_bytes(done)}{of}{rate}", file=self.stream, flush=True)
 
     def progress_done(self) -> None:
+        self._progress_what = None
         if getattr(self, "_bar_open", False):
             print(file=self.stream, flush=True)
             self._bar_open = False
