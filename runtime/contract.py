@@ -15,6 +15,9 @@ from typing import Optional
 APP_ROOT = "/app"
 PROJECT_DIR = f"{APP_ROOT}/project"
 IMAGE_PYTHONPATH = f"{APP_ROOT}:{PROJECT_DIR}"  # the image's PYTHONPATH (a scheduler that drops it sets it again)
+# A layer tar this large is the venv (the build keeps it in its layer store: toolchain/layers.py): the
+# store keeps only a few, and an incremental .sqsh caches it below instead of appending it.
+BIG_LAYER_BYTES = 1 << 30
 
 # How every node starts: the image's interpreter runs the runtime package.
 RUNTIME_CMD = ("python", "-m", "runtime")

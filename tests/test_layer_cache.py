@@ -74,9 +74,14 @@ def test_the_assembled_layers_are_kept_in_the_layer_store(client, built, edited_
 
     from toolchain.images import LAYER_STORE
     s, _ = edited_project  # a fresh build dir: every stage is reused, the store starts empty
-    ref = pipeline.build(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]["local_ref"]
+    out = pipeline.build(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
     store = s.build_dir / LAYER_STORE
-    for diff_id in layers(client, ref)[-2:]:
+    for diff_id in layers(client, out["local_ref"])[-2:]:
         kept = store / f"{diff_id[7:]}.tar"
         assert "sha256:" + hashlib.sha256(kept.read_bytes()).hexdigest() == diff_id
-    assert len(list(store.iterdir())) == 2  # nothing else: no partial files, no deps layer
+    # and the configs of the two assembled images, the exact bytes whose sha256 is the image ID (the push sends them)
+    configs = [client.images.get(ref).id for ref in (out["app_ref"], out["local_ref"])]
+    for image_id in configs:
+        assert "sha256:" + hashlib.sha256((store / f"{image_id[7:]}.json").read_bytes()).hexdigest() == image_id
+    # nothing else: no partial files, no venv or deps layer (a reused stage's are in the engine)
+    assert len(list(store.iterdir())) == 4

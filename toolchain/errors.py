@@ -26,8 +26,8 @@ class BuildError(ToolchainError):
 
     def __init__(self, stage: str, tag: str, message: str, log_tail: list[str]):
         self.stage, self.tag, self.log_tail = stage, tag, log_tail
-        tail = "\n".join(f"    {line}" for line in log_tail[-15:])
-        super().__init__(f"building the {stage} layer ({tag}) failed: {message}\n  last build output:\n{tail}")
+        tail = "".join(f"\n    {line}" for line in log_tail[-15:])
+        super().__init__(f"building the {stage} layer ({tag}) failed: {message}" + (f"\n  last build output:{tail}" if tail else ""))
 
 
 class RegistryError(ToolchainError):

@@ -1,4 +1,4 @@
-"""Layered image builds: base -> deps -> app -> spec, each stage tagged by a content key.
+"""Layered image builds: base -> user -> deps -> app -> spec, each stage tagged by a content key.
 
 A stage is built only when its tag is missing, so a one-line code change rebuilds the app and
 spec stages, a spec change rebuilds the spec stage only, and a requirements change rebuilds
@@ -6,20 +6,21 @@ deps and everything above. Equal inputs give equal tags.
 """
 from __future__ import annotations
 
-import os
+import hashlib
 import re
 import shutil
 import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 import docker
 
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, load_spec, spec_hash
 from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, SPEC_PATH as SPEC_ENV
-from toolchain import __version__, layers
+from toolchain import __version__, bytecode, layers, venv_layer
 from toolchain.bootstrap import BaseImage, ensure_base
 from toolchain.config import Settings
 from toolchain.docker_client import image_exists
@@ -27,7 +28,8 @@ from toolchain.errors import BuildError, ConfigError
 from toolchain.hashing import key_of, tree_hash
 from toolchain.records import BuildRecord, write_builds
 from toolchain.progress import Reporter, human_bytes
-from toolchain.templates import dockerfile_str, render, template_hash
+from toolchain.templates import render, template_hash
+from toolchain.venv_layer import Python
 from toolchain.wheelhouse import ensure_wheelhouse, read_requirements
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
@@ -43,7 +45,6 @@ def profile_script() -> str:
     return ("# raytrain: keep the image's venv first on PATH in login shells\n"
             f'case ":${{PATH}}:" in\n  *:{VENV}/bin:*) ;;\n  *) PATH="{VENV}/bin:${{PATH}}"; export PATH ;;\nesac\n')
 LABEL_PREFIX = "io.raytrain"
-STAGE_LABEL = f"{LABEL_PREFIX}.stage"
 _SAFE_TOKEN = re.compile(r"[A-Za-z0-9_./-]+")
 
 
@@ -75,11 +76,12 @@ class Builder:
                 raise ConfigError(f"image settings: {token!r} must contain only letters, digits, '_', '.', '/', '-'")
 
     # -- helpers ------------------------------------------------------------------
-    def _python_version(self, base: BaseImage) -> str:
+    def python(self, base: BaseImage) -> Python:
+        """The base's interpreter: its version (the wheelhouse's tags, pyvenv.cfg) and path (bin/python3)."""
         out = self.client.containers.run(
-            base.ref, [self.settings.image.python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"], remove=True
-        )
-        return out.decode().strip()
+            base.ref, [self.settings.image.python, "-c", "import sys; print(sys.version.split()[0], sys.executable)"],
+            remove=True)
+        return Python.parse(out.decode(), base.ref)
 
     def _build(self, stage: str, tag: str, context: Path, dockerfile: str) -> str:
         (context / "Dockerfile").write_text(dockerfile)
@@ -106,39 +108,122 @@ class Builder:
         ctx_root.mkdir(parents=True, exist_ok=True)
         return Path(tempfile.mkdtemp(dir=ctx_root))
 
-    def _keep_top_layer(self, ref: str, make) -> None:
-        """A reused stage's layer goes into this build's layer store too (it is made again from the
-        same files: same bytes, same diff ID), so an incremental .sqsh finds it."""
-        top = self.client.images.get(ref).attrs["RootFS"]["Layers"][-1]
-        if not (self.layer_store / f"{top[7:]}.tar").exists():
-            layer = make()
-            if layer.diff_id == top:
-                layers.keep(layer, self.layer_store)
+    def _assemble(self, stage: str, ref: str, lower_ref: str, make, **config_kw) -> Optional[layers.Layer]:
+        """The stage REF as LOWER_REF plus the layer MAKE gives (toolchain/layers.py); None when REF is
+        already in the engine. Either way its layer and config end up in this build's layer store, where
+        an incremental .sqsh and the push read them: a reused stage's are made again from the same files
+        (same bytes, same diff ID, same config) and kept when they match."""
+        lower = self.client.images.get(lower_ref).attrs
+
+        def config_of(layer: layers.Layer) -> bytes:
+            return layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id], **config_kw)
+        if image_exists(self.client, ref):
+            self.rep.step(f"{stage}: reusing {ref}")
+            image = self.client.images.get(ref)
+            top = image.attrs["RootFS"]["Layers"][-1]
+            if not ((self.layer_store / f"{top[7:]}.tar").exists() and (self.layer_store / f"{image.id[7:]}.json").exists()):
+                layer = make()
+                config = config_of(layer)
+                if layer.diff_id == top:
+                    layers.keep(layer, self.layer_store)
+                if "sha256:" + hashlib.sha256(config).hexdigest() == image.id:
+                    layers.keep_config(config, self.layer_store)
+            return None
+        layer = make()
+        layers.load(self.client, lower, [layer], config_of(layer), ref, self.layer_store)
+        return layer
 
     # -- stages -------------------------------------------------------------------
-    def deps(self, base: BaseImage, variant: str, python_version: str, rebuilt: list):
-        wh = ensure_wheelhouse(self.settings, variant, python_version, self.rep)
+    def user(self, base: BaseImage, rebuilt: list) -> tuple[str, str]:
+        """The non-root user, its home, the app directory, PATH and the default command: a tiny Dockerfile
+        stage (dockerfiles/user.Dockerfile.j2), the only one that runs the base's own tools."""
         user = self.settings.image.user
-        key = key_of("deps", base.key, wh.key, template_hash("deps.Dockerfile.j2"), user.model_dump(), self.settings.image.python, APP_ROOT,
-                     profile_script(), IMAGE_PATH)
+        key = key_of("user", base.key, template_hash("user.Dockerfile.j2"), user.model_dump(), self.settings.image.python,
+                     APP_ROOT, VENV, profile_script(), IMAGE_PATH, IMAGE_PYTHONPATH)
+        ref = f"{self.stage_repo}:user-{key[:16]}"
+        if image_exists(self.client, ref):
+            self.rep.step(f"user: reusing {ref}")
+            return ref, key
+        ctx = self._context()
+        try:
+            (ctx / PROFILE_SCRIPT).write_text(profile_script())
+            (ctx / PROFILE_SCRIPT).chmod(0o644)
+            text = render("user.Dockerfile.j2", base_ref=base.ref, uid=user.uid, gid=user.gid, user=user.name,
+                          app_root=APP_ROOT, venv=VENV, profile_script=PROFILE_SCRIPT, path=IMAGE_PATH,
+                          pythonpath=IMAGE_PYTHONPATH)
+            self._build("user", ref, ctx, text)
+        finally:
+            shutil.rmtree(ctx, ignore_errors=True)
+        rebuilt.append("user")
+        return ref, key
+
+    def venv(self, variant: str, python: Python, rebuilt: list) -> tuple[str, str, dict, object]:
+        """The wheelhouse installed into the venv as one layer, assembled directly (toolchain/venv_layer.py)
+        and imported as a one-layer image: the venv is the bottom layer of every image, so its layer is
+        the same whatever the base, and the engine takes it without a temporary copy."""
+        wh = ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
+        key = key_of("venv", wh.key, venv_layer.FORMAT, python.version, python.executable, VENV, layers.LAYER_FORMAT)
+        ref = f"{self.stage_repo}:venv-{key[:16]}"
+        if image_exists(self.client, ref):
+            self.rep.step(f"venv: reusing {ref}")
+            return ref, key, self.client.images.get(ref).attrs, wh
+        wheels = venv_layer.wheels_of(wh.path)
+        total = venv_layer.unpacked_size(wheels)
+        self.rep.step(f"venv: installing {len(wheels)} wheels ({human_bytes(total)} unpacked) into {VENV} as one layer")
+        t0 = time.monotonic()
+        layer = venv_layer.write_venv_layer(wheels, python, VENV, self.layer_store,
+                                            progress=lambda n: self.rep.progress("venv: writing the layer", n, total))
+        self.rep.progress_done()
+        t1 = time.monotonic()
+        try:
+            attrs = layers.import_layer(self.client, layer, ref,
+                                        progress=lambda n: self.rep.progress("venv: importing into the engine", n, layer.size))
+        except BaseException:  # a layer the engine did not take is 7 GB of nothing
+            layer.path.unlink(missing_ok=True)
+            raise
+        finally:
+            self.rep.progress_done()
+        self.rep.step(f"venv: assembled {ref} ({human_bytes(layer.size)} layer {layer.diff_id[7:19]}: written in "
+                      f"{t1 - t0:.0f}s, imported in {time.monotonic() - t1:.0f}s)")
+        layers.prune_big(self.layer_store, keep={layer.path})
+        rebuilt.append("venv")
+        return ref, key, attrs, wh
+
+    def deps(self, user_ref: str, user_key: str, variant: str, python: Python, rebuilt: list):
+        """The venv, its bytecode, then the base and user stages: [venv, bytecode, base, user...]. The
+        base's and user's small layers are reloaded over the venv; the bytecode is compiled by the base's
+        interpreter in a container of the venv with them on top (toolchain/bytecode.py)."""
+        venv_ref, venv_key, venv_attrs, wh = self.venv(variant, python, rebuilt)
+        key = key_of("deps", user_key, venv_key, bytecode.COMPILE, layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"deps: reusing {ref}")
             return ref, key, wh
-        ctx = self._context()
+        t0 = time.monotonic()
+        user = self.client.images.get(user_ref).attrs
+        above_ids = user["RootFS"]["Layers"]
+        work = self._context()
+        source = f"{ref}-source"
         try:
-            shutil.copytree(wh.path, ctx / "wheelhouse", copy_function=os.link)
-            (ctx / PROFILE_SCRIPT).write_text(profile_script())
-            (ctx / PROFILE_SCRIPT).chmod(0o644)
-            text = render("deps.Dockerfile.j2", base_ref=base.ref, python=self.settings.image.python, uid=user.uid,
-                          gid=user.gid, user=user.name, app_root=APP_ROOT, stage_label=dockerfile_str(STAGE_LABEL),
-                          profile_script=PROFILE_SCRIPT, path=IMAGE_PATH,
-                          pythonpath=IMAGE_PYTHONPATH)
-            self._build("deps", ref, ctx, text)
-            # the install stage (wheels + venv) stays behind as an untagged cache image: drop it
-            self.client.images.prune(filters={"dangling": True, "label": f"{STAGE_LABEL}=deps-install"})
+            above = layers.saved_layers(self.client, user_ref, work / "saved")
+            if [layer.diff_id for layer in above] != above_ids:
+                raise BuildError("deps", ref, f"`docker save {user_ref}` gave other layers than the engine lists", [])
+            venv_ids = venv_attrs["RootFS"]["Layers"]
+            layers.load(self.client, venv_attrs, above, layers.image_config(user, [*venv_ids, *above_ids]), source)
+            self.rep.step(f"deps: compiling the venv's modules with the image's {python.executable}")
+            pyc, failed = bytecode.compiled_layer(self.client, source, VENV, work / "pyc")
+            if failed:
+                self.rep.detail(f"{failed} module(s) did not compile (they compile at import, if imported)")
+            config = layers.image_config(user, [*venv_ids, pyc.diff_id, *above_ids])
+            layers.load(self.client, venv_attrs, [pyc, *above], config, ref)
+            layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
+            layers.keep_config(config, self.layer_store)
         finally:
-            shutil.rmtree(ctx, ignore_errors=True)
+            shutil.rmtree(work, ignore_errors=True)
+            if image_exists(self.client, source):
+                self.client.api.remove_image(source, noprune=False)
+        self.rep.step(f"deps: assembled {ref} (the venv, {human_bytes(pyc.size)} of bytecode, then base and user: "
+                      f"{time.monotonic() - t0:.1f}s)")
         rebuilt.append("deps")
         return ref, key, wh
 
@@ -154,17 +239,11 @@ class Builder:
         def make() -> layers.Layer:
             return layers.make_layer(layers.files_under(runtime_dir, f"{APP_ROOT}/runtime")
                                      + layers.files_under(app_dir, f"{APP_ROOT}/project"))
-        if image_exists(self.client, ref):
-            self.rep.step(f"app: reusing {ref}")
-            self._keep_top_layer(ref, make)
-            return ref, key
         t0 = time.monotonic()
-        lower = self.client.images.get(deps_ref).attrs
-        layer = make()
-        config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
-        layers.load(self.client, lower, [layer], config, ref, self.layer_store)
-        self.rep.step(f"app: assembled {ref} ({human_bytes(len(layer.data))} layer, {time.monotonic() - t0:.2f}s)")
-        rebuilt.append("app")
+        layer = self._assemble("app", ref, deps_ref, make)
+        if layer is not None:
+            self.rep.step(f"app: assembled {ref} ({human_bytes(layer.size)} layer, {time.monotonic() - t0:.2f}s)")
+            rebuilt.append("app")
         return ref, key
 
     def spec_layer(self, app_ref: str, app_key: str, spec_file: Path, variant: str, torch_source: str, rebuilt: list):
@@ -186,15 +265,7 @@ class Builder:
         ref = f"{repo}:{variant}-{key[:16]}"
         def make() -> layers.Layer:
             return layers.make_layer([(SPEC_PATH_IN_IMAGE, spec_file.read_bytes(), False)])
-        if image_exists(self.client, ref):
-            self.rep.step(f"spec: reusing {ref}")
-            self._keep_top_layer(ref, make)
-        else:
-            lower = self.client.images.get(app_ref).attrs
-            layer = make()
-            config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id],
-                                         env={SPEC_ENV: SPEC_PATH_IN_IMAGE}, labels=labels)
-            layers.load(self.client, lower, [layer], config, ref, self.layer_store)
+        if self._assemble("spec", ref, app_ref, make, env={SPEC_ENV: SPEC_PATH_IN_IMAGE}, labels=labels) is not None:
             self.rep.step(f"spec: assembled {ref}")
             rebuilt.append("spec")
         return ref, f"{repo}:{human}", sha
@@ -205,14 +276,15 @@ class Builder:
         base = ensure_base(self.client, self.settings, self.rep)
         if base.built:
             rebuilt.append("base")
-        pyver = self._python_version(base)
-        deps_ref, deps_key, wh = self.deps(base, variant, pyver, rebuilt)
+        python = self.python(base)
+        user_ref, user_key = self.user(base, rebuilt)
+        deps_ref, deps_key, wh = self.deps(user_ref, user_key, variant, python, rebuilt)
         sources = source_keys(self.settings)  # the trees hashed once: the app layer's key and the record's
         app_ref, app_key = self.app(deps_ref, deps_key, sources, rebuilt)
         ref, human_ref, sha = self.spec_layer(app_ref, app_key, spec_file, variant, wh.torch_source, rebuilt)
         image = self.client.images.get(ref)
         return BuildRecord(variant=variant, local_ref=ref, human_ref=human_ref, image_id=image.id, spec_sha256=sha,
-                           base_ref=base.ref, deps_ref=deps_ref, app_ref=app_ref, torch_source=wh.torch_source,
+                           base_ref=base.ref, user_ref=user_ref, deps_ref=deps_ref, app_ref=app_ref, torch_source=wh.torch_source,
                            rebuilt=rebuilt, **sources)
 
 

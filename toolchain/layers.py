@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Iterator, Union
 
+from runtime.contract import BIG_LAYER_BYTES
 from toolchain.errors import BuildError
 from toolchain.hashing import iter_tree
 
@@ -144,6 +145,20 @@ def keep(layer: AnyLayer, store: Path) -> Path:
     return path
 
 
+KEEP_BIG = 2
+
+
+def prune_big(store: Path, keep: set[Path]) -> list[Path]:
+    """Delete all but the KEEP_BIG newest big layer tars (a requirements change writes a new 7 GB venv
+    layer; older ones are only a push's or a .sqsh's shortcut, which fall back to the engine)."""
+    big = sorted((p for p in store.glob("*.tar") if p.stat().st_size >= BIG_LAYER_BYTES and p not in keep),
+                 key=lambda p: p.stat().st_mtime, reverse=True)
+    gone = big[max(0, KEEP_BIG - len(keep)):]
+    for p in gone:
+        p.unlink(missing_ok=True)
+    return gone
+
+
 def keep_config(config: bytes, store: Path) -> Path:
     """Keep an assembled image's config as STORE/<image id hex>.json: the push sends these exact bytes."""
     path = store / f"{hashlib.sha256(config).hexdigest()}.json"
@@ -185,11 +200,65 @@ def load(client, lower: dict, new: list[AnyLayer], config: bytes, tag: str, stor
     try:
         client.images.load(counted())
     except Exception as e:  # the engine's message says which layer it missed
-        raise BuildError("layer", tag, f"the engine did not load the assembled image: {e}", []) from None
+        raise BuildError("assembled", tag, f"the engine did not load the assembled image: {e}", []) from None
     if client.images.get(tag).id != image_id:
-        raise BuildError("layer", tag, f"the engine gave the image another ID than {image_id}", [])
+        raise BuildError("assembled", tag, f"the engine gave the image another ID than {image_id}", [])
     if store is not None:
         for layer in new:
             keep(layer, store)
         keep_config(config, store)
     return image_id
+
+
+def import_layer(client, layer: FileLayer, tag: str, progress=None) -> dict:
+    """`docker import` the layer's tar as a one-layer image (the engine applies the stream as it comes:
+    no temporary copy, unlike a load) and returns its inspect attrs. A layer at the bottom of a chain is
+    the same layer in every image that starts with it, so this is how the venv reaches the engine."""
+    def counted() -> Iterator[bytes]:
+        sent = 0
+        for block in layer.chunks():
+            sent += len(block)
+            if progress is not None:
+                progress(sent)
+            yield block
+    repo, name = tag.rsplit(":", 1)
+    try:
+        client.api.import_image_from_data(counted(), repository=repo, tag=name)
+        attrs = client.images.get(tag).attrs
+    except Exception as e:
+        raise BuildError("assembled", tag, f"the engine did not import the layer: {e}", []) from None
+    if attrs["RootFS"]["Layers"] != [layer.diff_id]:
+        raise BuildError("assembled", tag, f"the engine made layers {attrs['RootFS']['Layers']} of the layer "
+                         f"{layer.diff_id}", [])
+    return attrs
+
+
+def saved_layers(client, ref: str, dest: Path) -> list[FileLayer]:
+    """The image's layers as tars in DEST, bottom first, from a streamed `docker save` (either format:
+    the legacy <id>/layer.tar of engines before 25, or the OCI layout's blobs/sha256/<hex>)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    by_name: dict[str, FileLayer] = {}
+    manifest = None
+    api = client.api
+    res = api._get(api._url("/images/{0}/get", ref), stream=True)
+    try:
+        api._raise_for_status(res)
+        with tarfile.open(fileobj=res.raw, mode="r|") as tf:
+            for m in tf:
+                if m.name == "manifest.json":
+                    manifest = json.loads(tf.extractfile(m).read())
+                elif m.isfile() and (m.name.endswith("/layer.tar") or m.name.startswith("blobs/sha256/")):
+                    src, h, path = tf.extractfile(m), hashlib.sha256(), dest / f"{len(by_name)}.tar"
+                    with open(path, "wb") as f:
+                        while block := src.read(CHUNK):
+                            h.update(block)
+                            f.write(block)
+                    by_name[m.name] = FileLayer(path, "sha256:" + h.hexdigest(), m.size)
+    finally:
+        res.close()
+    if not manifest:
+        raise BuildError("assembled", ref, "`docker save` gave no manifest.json", [])
+    try:
+        return [by_name[name] for name in manifest[0]["Layers"]]
+    except KeyError as e:
+        raise BuildError("assembled", ref, f"`docker save` lists the layer {e} but did not send it", []) from None

@@ -15,14 +15,6 @@ _env = jinja2.Environment(
 )
 
 
-def dockerfile_str(value: object) -> str:
-    """A Dockerfile double-quoted word that reads back as exactly `value` (no variable expansion)."""
-    text = str(value)
-    if any(ord(ch) < 32 for ch in text):
-        raise ValueError(f"value {text!r} contains a control character; it cannot go into a Dockerfile")
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("$", "\\$") + '"'
-
-
 def render(name: str, **values: object) -> str:
     return _env.get_template(name).render(**values)
 

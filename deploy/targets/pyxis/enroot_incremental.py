@@ -42,6 +42,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Optional, Sequence
 
 from deploy.targets.pyxis import diskspace, enroot
+from runtime.contract import BIG_LAYER_BYTES
 from deploy.job import DeployError
 
 FORMAT = 2            # bump when what the cache holds changes
@@ -86,11 +87,13 @@ def _tops_of(layer: Path) -> set[str]:
 
 
 def split(chain: Sequence[str], store: Path) -> Split:
-    """The image's layer chain as (lower, upper): upper is the run of top layers found in the store."""
+    """The image's layer chain as (lower, upper): upper is the run of thin top layers found in the store.
+    A big layer (the venv, also kept there: toolchain/venv_layer.py) ends the run: it belongs in the
+    cache, squashed once, not in every append."""
     upper: list[Path] = []
     for diff_id in reversed(chain):
         path = store / f"{diff_id.removeprefix('sha256:')}.tar"
-        if not path.is_file() or _sha256_file(path) != diff_id:
+        if not path.is_file() or path.stat().st_size >= BIG_LAYER_BYTES or _sha256_file(path) != diff_id:
             break
         upper.insert(0, path)
     if not upper:

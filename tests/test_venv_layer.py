@@ -1,0 +1,180 @@
+"""The dependency layer assembled directly from wheels (toolchain/venv_layer.py), engine-free: the same
+wheel set gives the same bytes from any checkout, and the tar holds a venv as an installer makes it.
+The full layer, from the real 3.9 GiB wheelhouse, is exercised by every image test (tests/test_images.py
+runs the selfcheck, which imports torch and ray from it)."""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from toolchain.errors import BuildError
+from toolchain.venv_layer import Python, wheels_of, write_venv_layer
+
+PY = Python("3.11.2", "/usr/bin/python3")
+SITE = "opt/venv/lib/python3.11/site-packages"
+
+
+def record_line(name: str, data: bytes) -> str:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
+    return f"{name},sha256={digest},{len(data)}"
+
+
+def make_wheel(where: Path, dist: str, version: str, files: dict[str, bytes], executable: frozenset = frozenset(),
+               entry_points: str = "") -> Path:
+    """A real wheel (zip, WHEEL, METADATA, RECORD), as a build backend writes one."""
+    info = f"{dist}-{version}.dist-info"
+    members = dict(files)
+    members[f"{info}/METADATA"] = f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n".encode()
+    members[f"{info}/WHEEL"] = b"Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    if entry_points:
+        members[f"{info}/entry_points.txt"] = entry_points.encode()
+    record = "\n".join(record_line(n, d) for n, d in members.items()) + f"\n{info}/RECORD,,\n"
+    members[f"{info}/RECORD"] = record.encode()
+    path = where / f"{dist}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, data in members.items():
+            zi = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            zi.external_attr = (0o100755 if name in executable else 0o100644) << 16
+            z.writestr(zi, data)
+    return path
+
+
+@pytest.fixture
+def wheelhouse(tmp_path) -> Path:
+    wh = tmp_path / "wheelhouse"
+    wh.mkdir()
+    make_wheel(wh, "alpha", "1.0", {"alpha/__init__.py": b"VALUE = 1\n", "alpha/native.so": os.urandom(3000),
+                                    "alpha-1.0.data/scripts/alpha-tool": b"#!python\nprint('tool')\n",
+                                    "alpha-1.0.data/data/share/alpha/notes.txt": b"notes\n"},
+               executable=frozenset({"alpha/native.so", "alpha-1.0.data/scripts/alpha-tool"}),
+               entry_points="[console_scripts]\nalpha = alpha.cli:main\n")
+    make_wheel(wh, "beta", "2.0", {"beta.py": b"import alpha\n", "nspkg/__init__.py": b""})
+    make_wheel(wh, "gamma", "0.1", {"nspkg/__init__.py": b"", "nspkg/gamma.py": b"G = 3\n"})
+    return wh
+
+
+def members(path: Path) -> list[tarfile.TarInfo]:
+    with tarfile.open(path) as tf:
+        return tf.getmembers()
+
+
+def test_the_same_wheel_set_gives_the_same_layer_from_any_checkout(wheelhouse, tmp_path):
+    first = write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "store-a")
+    # another checkout: the wheels copied elsewhere, with other mtimes, other directory order
+    other = tmp_path / "elsewhere" / "wheels"
+    other.mkdir(parents=True)
+    for i, w in enumerate(sorted(wheelhouse.iterdir())):  # newest first: mtime order is the reverse of name order
+        shutil.copy(w, other / w.name)
+        os.utime(other / w.name, (1_700_000_000 - i, 1_700_000_000 - i))
+    second = write_venv_layer(wheels_of(other), PY, "/opt/venv", tmp_path / "store-b")
+    assert first.diff_id == second.diff_id
+    assert first.path.read_bytes() == second.path.read_bytes()
+    assert first.diff_id == "sha256:" + hashlib.sha256(first.path.read_bytes()).hexdigest()
+    assert first.path.name == f"{first.diff_id[7:]}.tar" and first.size == first.path.stat().st_size
+    # and it depends on what is installed: another interpreter path gives another layer
+    third = write_venv_layer(wheels_of(wheelhouse), Python("3.11.2", "/usr/local/bin/python3"), "/opt/venv",
+                             tmp_path / "store-c")
+    assert third.diff_id != first.diff_id
+
+
+def test_the_tar_is_normalised_and_holds_no_bytecode(wheelhouse, tmp_path):
+    layer = write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "store")
+    seen_dirs: set[str] = set()
+    for m in members(layer.path):
+        assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "", "")
+        assert not m.name.endswith((".pyc", ".pyo")) and "__pycache__" not in m.name
+        parent = os.path.dirname(m.name)
+        assert parent in seen_dirs or parent == "", f"{m.name} comes before its directory"
+        if m.isdir():
+            seen_dirs.add(m.name)
+            assert m.mode == 0o755
+        elif m.isfile():
+            assert m.mode in (0o644, 0o755)
+
+
+def test_the_tar_is_a_venv_as_an_installer_makes_it(wheelhouse, tmp_path):
+    layer = write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "store")
+    root = tmp_path / "root"
+    with tarfile.open(layer.path) as tf:
+        by_name = {m.name: m for m in tf.getmembers()}
+        tf.extractall(root, filter="tar")
+    venv = root / "opt/venv"
+    assert os.readlink(venv / "bin/python3") == "/usr/bin/python3"
+    assert os.readlink(venv / "bin/python") == "python3" and os.readlink(venv / "bin/python3.11") == "python3"
+    assert os.readlink(venv / "lib64") == "lib"
+    cfg = dict(line.split(" = ", 1) for line in (venv / "pyvenv.cfg").read_text().splitlines())
+    assert cfg["home"] == "/usr/bin" and cfg["version"] == "3.11.2" and cfg["include-system-site-packages"] == "false"
+    # an entry point's console script, and a .data script with its shebang rewritten, both executable
+    assert (venv / "bin/alpha").read_text().startswith("#!/opt/venv/bin/python\n")
+    assert "from alpha.cli import main" in (venv / "bin/alpha").read_text()
+    assert (venv / "bin/alpha-tool").read_text() == "#!/opt/venv/bin/python\nprint('tool')\n"
+    assert by_name["opt/venv/bin/alpha"].mode == by_name["opt/venv/bin/alpha-tool"].mode == 0o755
+    assert by_name[f"{SITE}/alpha/native.so"].mode == 0o755
+    assert by_name[f"{SITE}/alpha/__init__.py"].mode == 0o644
+    assert (venv / "share/alpha/notes.txt").read_text() == "notes\n"   # the data scheme is the venv's root
+    # every installed file is in its RECORD with its real hash and size, and the INSTALLER is ours
+    site = root / SITE
+    for dist in ("alpha-1.0", "beta-2.0", "gamma-0.1"):
+        info = site / f"{dist}.dist-info"
+        assert (info / "INSTALLER").read_text() == "raytrain\n"
+        for line in (info / "RECORD").read_text().splitlines():
+            name, digest, size = line.rsplit(",", 2)
+            if not digest:
+                continue
+            data = (site / name).resolve().read_bytes()
+            assert record_line(name, data) == line, name
+    # importlib.metadata reads the installed distributions the way pip and users do
+    import importlib.metadata as md
+    dists = {d.metadata["Name"]: d for d in md.distributions(path=[str(site)])}
+    assert sorted(dists) == ["alpha", "beta", "gamma"]
+    assert [ep.value for ep in dists["alpha"].entry_points] == ["alpha.cli:main"]
+
+
+def test_a_file_two_wheels_ship_alike_is_in_the_layer_once(wheelhouse, tmp_path):
+    """beta and gamma both ship nspkg/__init__.py, empty, as nvidia-* wheels all ship nvidia/__init__.py:
+    the engine refuses a layer that names a path twice."""
+    names = [m.name for m in members(write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "s").path)]
+    assert len(names) == len(set(names))
+    assert f"{SITE}/nspkg/__init__.py" in names and f"{SITE}/nspkg/gamma.py" in names
+
+
+def test_a_file_two_wheels_ship_differently_is_refused_naming_both(wheelhouse, tmp_path):
+    make_wheel(wheelhouse, "epsilon", "1.0", {"nspkg/__init__.py": b"X = 1\n"})
+    store = tmp_path / "store"
+    with pytest.raises(BuildError, match=r"beta-2\.0-py3-none-any\.whl and epsilon-1\.0-py3-none-any\.whl both "
+                                         r"install /opt/venv/.*/nspkg/__init__\.py.*Remove one"):
+        write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
+    assert list(store.iterdir()) == []
+
+
+def test_two_versions_of_one_distribution_are_refused(wheelhouse):
+    make_wheel(wheelhouse, "alpha", "1.1", {"alpha/__init__.py": b"VALUE = 2\n"})
+    with pytest.raises(BuildError, match=r"two wheels of alpha: alpha-1\.0-.*alpha-1\.1-.*delete"):
+        wheels_of(wheelhouse)
+
+
+def test_a_broken_wheel_is_named_and_leaves_no_layer(wheelhouse, tmp_path):
+    bad = wheelhouse / "delta-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(bad, "w") as z:  # no WHEEL file: not a wheel an installer accepts
+        z.writestr("delta/__init__.py", b"")
+        z.writestr("delta-1.0.dist-info/METADATA", b"Name: delta\nVersion: 1.0\n")
+        z.writestr("delta-1.0.dist-info/RECORD", b"")
+    store = tmp_path / "store"
+    with pytest.raises(BuildError, match="delta-1.0-py3-none-any.whl"):
+        write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
+    assert list(store.iterdir()) == []
+
+
+def test_the_base_interpreter_line_is_parsed_strictly():
+    assert Python.parse("3.11.2 /usr/bin/python3\n", "base") == PY
+    assert PY.minor == "3.11"
+    for line in ("", "Python 3.11.2", "3.11.2 python3", "3.11.2 /usr/bin/python3 extra", "2.7.18 /usr/bin/python"):
+        with pytest.raises(BuildError, match="base image's Python"):
+            Python.parse(line, "base")

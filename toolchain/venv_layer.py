@@ -1,0 +1,304 @@
+"""The dependency layer assembled directly: the wheelhouse installed into /opt/venv as one layer tar.
+
+No builder container and no `pip install` inside one: PyPA's `installer` unpacks each wheel (the
+same library pip's own install is built on), and every file it would write goes straight into the
+layer's tar in the layer store, hashed as it is written, so the 7 GB venv is written once. The
+engine then loads that tar as the layer (toolchain/layers.py `load`).
+
+The tar is reproducible, so the same wheel set gives the same diff ID on any machine:
+  - wheels in name order, each wheel's files in its own archive order (deterministic; a sorted
+    tar would need the whole tree staged first, a second 7 GB write), parent directories listed
+    before their first file;
+  - mtime 0, uid/gid 0 with no names, modes 0755 (directories, executables) or 0644;
+  - no byte-compiled files (PYTHONDONTWRITEBYTECODE=1 in the image): Python compiles in memory
+    at import, whose cost the README states;
+  - the venv's own files as `python -m venv` makes them: bin/python3 -> the base's interpreter,
+    bin/python and bin/python3.X -> python3, lib64 -> lib, pyvenv.cfg; console scripts with
+    `#!/opt/venv/bin/python`. No pip and no activate scripts: PATH and VIRTUAL_ENV are set in
+    the image.
+The wheelhouse holds wheels only (toolchain/wheelhouse.py downloads `--only-binary=:all:` and builds
+the few pure-Python sdists on the host), so no compiler is ever needed here.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import queue
+import re
+import tarfile
+import threading
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import BinaryIO, Callable, Optional
+
+from installer import install
+from installer.destinations import SchemeDictionaryDestination
+from installer.records import Hash, RecordEntry
+from installer.scripts import Script
+from installer.sources import WheelFile
+
+from toolchain.errors import BuildError
+from toolchain.layers import CHUNK, MTIME, TAR_END, FileLayer, tar_header, tar_padding
+
+FORMAT = 1  # bump when the tar this module writes changes, so old dependency stages are not reused
+INSTALLER_NAME = b"raytrain\n"
+
+
+@dataclass(frozen=True)
+class Python:
+    """The base image's interpreter, as the venv refers to it."""
+    version: str      # full, e.g. 3.11.2 (pyvenv.cfg)
+    executable: str   # e.g. /usr/bin/python3 (what bin/python3 points at)
+
+    @property
+    def minor(self) -> str:
+        return ".".join(self.version.split(".")[:2])
+
+    @classmethod
+    def parse(cls, line: str, what: str) -> "Python":
+        """`<version> <executable>` as the base image printed them."""
+        m = re.fullmatch(r"(3\.\d+\.\d+)\S* (/[A-Za-z0-9_./+-]+)", line.strip())
+        if not m:
+            raise BuildError("deps", what, f"the base image's Python said {line.strip()!r}; "
+                             "expected '<version> <absolute path>' (is image.python a Python 3 interpreter?)", [])
+        return cls(m.group(1), m.group(2))
+
+
+class _Sink(threading.Thread):
+    """Writes blocks to the file and the diff ID's hash on a second core, while the installer inflates
+    and hashes the next files (zlib, hashlib and file writes release the GIL)."""
+
+    def __init__(self, f: BinaryIO):
+        super().__init__(name="venv-layer-writer", daemon=True)
+        self.f, self.hash, self.error = f, hashlib.sha256(), None
+        self.blocks: queue.Queue = queue.Queue(maxsize=16)
+
+    def run(self) -> None:
+        while (block := self.blocks.get()) is not None:
+            if self.error is None:
+                try:
+                    self.f.write(block)
+                    self.hash.update(block)
+                except OSError as e:  # a full disk: said once, by the producer
+                    self.error = e
+
+    def put(self, block: bytes) -> None:
+        if self.error is not None:
+            raise self.error
+        self.blocks.put(block)
+
+    def stop(self) -> None:
+        if self.is_alive():
+            self.blocks.put(None)
+            self.join()
+
+    def close(self) -> str:
+        self.stop()
+        if self.error is not None:
+            raise self.error
+        return "sha256:" + self.hash.hexdigest()
+
+
+class _TarOut:
+    """The layer tar being written: small writes gathered into blocks, each block to the _Sink."""
+
+    def __init__(self, sink: _Sink, progress: Callable[[int], None]):
+        self.sink, self.progress = sink, progress
+        self.pending = bytearray()
+        self.size = 0
+        self.dirs: set[str] = set()
+        self.files: dict[str, tuple[bytes, int, str]] = {}  # name -> (sha256, size, the wheel that wrote it)
+        self.wheel = ""
+
+    def write(self, data: bytes) -> None:
+        self.size += len(data)
+        if len(data) >= CHUNK:
+            self.flush()
+            self.sink.put(data)
+            self.progress(self.size)
+        else:
+            self.pending += data
+            if len(self.pending) >= CHUNK:
+                self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.sink.put(bytes(self.pending))
+            self.pending.clear()
+            self.progress(self.size)
+
+    def _info(self, name: str, mode: int) -> tarfile.TarInfo:
+        info = tarfile.TarInfo(name)
+        info.mtime, info.uid, info.gid, info.uname, info.gname, info.mode = MTIME, 0, 0, "", "", mode
+        return info
+
+    def parents(self, name: str) -> None:
+        for parent in reversed(PurePosixPath(name).parents):
+            d = str(parent)
+            if d != "." and d not in self.dirs:
+                self.dirs.add(d)
+                info = self._info(d, 0o755)
+                info.type = tarfile.DIRTYPE
+                self.write(tar_header(info))
+
+    def directory(self, name: str) -> None:
+        self.parents(f"{name}/x")
+
+    def symlink(self, name: str, target: str) -> None:
+        self.parents(name)
+        info = self._info(name, 0o777)
+        info.type, info.linkname = tarfile.SYMTYPE, target
+        self.write(tar_header(info))
+
+    def file(self, name: str, stream, size: int, executable: bool) -> tuple[bytes, int]:
+        """Copy `size` bytes of stream in; returns (sha256 digest of the content, size)."""
+        if name in self.files:  # namespace packages: nvidia-* wheels each ship nvidia/__init__.py
+            return self._again(name, stream, size)
+        self.parents(name)
+        info = self._info(name, 0o755 if executable else 0o644)
+        info.size = size
+        self.write(tar_header(info))
+        digest, left = hashlib.sha256(), size
+        while left:
+            block = stream.read(min(CHUNK, left))
+            if not block:
+                raise BuildError("deps", name, f"the wheel gave {size - left} of the {size} bytes its archive lists", [])
+            digest.update(block)
+            self.write(block)
+            left -= len(block)
+        if stream.read(1):
+            raise BuildError("deps", name, f"the wheel gave more than the {size} bytes its archive lists", [])
+        self.write(tar_padding(size))
+        self.files[name] = (digest.digest(), size, self.wheel)
+        return digest.digest(), size
+
+    def _again(self, name: str, stream, size: int) -> tuple[bytes, int]:
+        """A path a previous wheel installed: the same bytes are already in the layer (the engine refuses
+        a path twice in one layer); other bytes are a conflict pip would settle by install order."""
+        digest = hashlib.sha256(stream.read()).digest()
+        first_digest, first_size, first_wheel = self.files[name]
+        if (digest, size) != (first_digest, first_size):
+            raise BuildError("deps", name, f"{first_wheel} and {self.wheel} both install /{name}, with different "
+                             "contents; pip would keep whichever it installed last. Remove one of the two from the "
+                             "requirements, or pin versions that agree", [])
+        return digest, size
+
+
+class _Sized:
+    """A wheel member's stream that knows its size (the tar header comes before the bytes)."""
+
+    def __init__(self, stream: BinaryIO, size: int):
+        self._stream, self.size = stream, size
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+class _SizedWheel(WheelFile):
+    def get_contents(self):
+        for record, stream, executable in super().get_contents():
+            yield record, _Sized(stream, self._zipfile.getinfo(record[0]).file_size), executable
+
+
+class _TarDestination(SchemeDictionaryDestination):
+    """installer's destination for a venv at `root`, writing into the layer tar instead of a directory."""
+
+    def __init__(self, out: _TarOut, scheme_dict: dict, interpreter: str):
+        super().__init__(scheme_dict, interpreter, "posix", bytecode_optimization_levels=())
+        self.out = out
+
+    def write_to_fs(self, scheme, path, stream, is_executable: bool) -> RecordEntry:
+        name = os.path.join(self.scheme_dict[scheme], path).lstrip("/")
+        size = getattr(stream, "size", None)
+        if size is None or scheme == "scripts":  # generated or rewritten (RECORD, a shebang): small
+            data = stream.read()
+            stream, size = _Bytes(data), len(data)
+        digest, size = self.out.file(name, stream, size, is_executable)
+        return RecordEntry(path, Hash("sha256", base64.urlsafe_b64encode(digest).decode().rstrip("=")), size)
+
+    def write_script(self, name: str, module: str, attr: str, section) -> RecordEntry:
+        script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
+        return self.write_to_fs("scripts", script_name, _Bytes(data), is_executable=True)
+
+
+class _Bytes:
+    def __init__(self, data: bytes):
+        self.data, self.pos, self.size = data, 0, len(data)
+
+    def read(self, n: int = -1) -> bytes:
+        end = len(self.data) if n < 0 else self.pos + n
+        block, self.pos = self.data[self.pos:end], min(end, len(self.data))
+        return block
+
+
+def wheels_of(wheelhouse: Path) -> list[Path]:
+    """The wheelhouse's wheels in name order; two versions of one distribution is an error."""
+    wheels = sorted(wheelhouse.glob("*.whl"))
+    seen: dict[str, Path] = {}
+    for w in wheels:
+        dist = re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower()
+        if dist in seen:
+            raise BuildError("deps", str(wheelhouse), f"two wheels of {dist}: {seen[dist].name} and {w.name}; "
+                             f"delete {wheelhouse} and build again to download the wheel set afresh", [])
+        seen[dist] = w
+    return wheels
+
+
+def unpacked_size(wheels: list[Path]) -> int:
+    """What the wheels hold uncompressed (the progress total; the tar adds headers)."""
+    total = 0
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            total += sum(i.file_size for i in z.infolist())
+    return total
+
+
+def write_venv_layer(wheels: list[Path], python: Python, venv: str, store: Path,
+                     progress: Optional[Callable[[int], None]] = None) -> FileLayer:
+    """Install `wheels` into `venv` as one layer tar in `store` (STORE/<diff id hex>.tar, written whole
+    or not at all)."""
+    store.mkdir(parents=True, exist_ok=True)
+    tmp = store / f".venv-layer.{os.getpid()}.partial"
+    site = f"{venv}/lib/python{python.minor}/site-packages"
+    try:
+        with open(tmp, "wb") as f:
+            sink = _Sink(f)
+            sink.start()
+            try:
+                out = _TarOut(sink, progress or (lambda n: None))
+                for d in ("bin", "include", f"lib/python{python.minor}/site-packages"):
+                    out.directory(f"{venv}/{d}".lstrip("/"))
+                v = venv.lstrip("/")
+                out.symlink(f"{v}/bin/python3", python.executable)
+                out.symlink(f"{v}/bin/python", "python3")
+                out.symlink(f"{v}/bin/python{python.minor}", "python3")
+                out.symlink(f"{v}/lib64", "lib")
+                cfg = (f"home = {os.path.dirname(python.executable)}\ninclude-system-site-packages = false\n"
+                       f"version = {python.version}\nexecutable = {python.executable}\n"
+                       f"command = {python.executable} -m venv {venv}\n").encode()
+                out.file(f"{v}/pyvenv.cfg", _Bytes(cfg), len(cfg), False)
+                schemes = {"purelib": site, "platlib": site, "scripts": f"{venv}/bin", "data": venv,
+                           "headers": f"{venv}/include/site/python{python.minor}"}
+                for wheel in wheels:
+                    out.wheel = wheel.name
+                    with _SizedWheel.open(wheel) as source:
+                        headers = dict(schemes, headers=f"{schemes['headers']}/{source.distribution}")
+                        try:
+                            install(source, _TarDestination(out, headers, f"{venv}/bin/python"),
+                                    additional_metadata={"INSTALLER": INSTALLER_NAME})
+                        except BuildError:
+                            raise
+                        except Exception as e:  # installer's own validation (a broken RECORD, a bad .data dir)
+                            raise BuildError("deps", wheel.name, f"the wheel could not be installed: {e}", []) from None
+                out.write(TAR_END)
+                out.flush()
+                diff_id = sink.close()
+            finally:
+                sink.stop()  # a failed install leaves no writer behind
+        path = store / f"{diff_id[7:]}.tar"
+        os.replace(tmp, path)
+        return FileLayer(path, diff_id, out.size)
+    finally:
+        tmp.unlink(missing_ok=True)
