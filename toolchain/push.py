@@ -73,17 +73,28 @@ class _Sent:
     seconds: float = 0.0
 
 
-def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> None:
+def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> Optional[str]:
+    """Upload a cached blob; the sha256 of the bytes sent when the registry refused them because they
+    are not the blob's (a cache file damaged since it was made), else None."""
     t0 = time.monotonic()
     done = 0
+    bodies: list[FileBody] = []
 
     def progress(n: int) -> None:
         nonlocal done
         done += n
         rep.progress(f"uploading {blob.digest[7:19]}", done, blob.size)
+
+    def body() -> FileBody:
+        bodies.append(FileBody(blob.path, blob.size, progress))
+        return bodies[-1]
     try:
-        reg.upload(blob.digest, lambda: FileBody(blob.path, blob.size, progress), blob.size,
-                   f"layer {blob.digest[7:19]}")
+        reg.upload(blob.digest, body, blob.size, f"layer {blob.digest[7:19]}")
+    except RegistryError:
+        sent_digest = bodies[-1].digest if bodies else None
+        if sent_digest is not None and sent_digest != blob.digest:
+            return sent_digest  # the registry checked the digest: the file, not the registry, is wrong
+        raise
     finally:
         rep.progress_done()
         sent.seconds += time.monotonic() - t0
@@ -92,6 +103,7 @@ def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> N
     dt = time.monotonic() - t0
     rate = blob.size / max(dt, 1e-6) / 1e6
     rep.detail(f"{blob.digest[7:19]}: pushed ({human_bytes(blob.size)}, {dt:.1f}s, {rate:.0f} MB/s)")
+    return None
 
 
 def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], tags: list[str],
@@ -113,11 +125,16 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
     for d in need:
         blob = blobs[d]
         if not _there(reg, blob, sent, rep, mount_from):
-            if not source.cache.verify(blob):  # damaged since it was made: made again
-                rep.warn(f"the cached blob of layer {d[7:19]} ({blob.path}) is damaged; compressing the layer again")
+            # the bytes are checked as they go (hashed while sent; the registry checks them too), not read twice
+            damaged = _send_blob(reg, blob, sent, rep)
+            if damaged:
+                rep.warn(f"the cached blob of layer {d[7:19]} ({blob.path}) is damaged (its bytes hash to "
+                         f"{damaged[7:19]}, not {blob.digest[7:19]}); compressing the layer again")
                 source.cache.drop(d)
                 blob = source.blobs([d])[d]
-            _send_blob(reg, blob, sent, rep)
+                if _send_blob(reg, blob, sent, rep):
+                    raise RegistryError(f"the blob of layer {d[7:19]} was made again and is still not what its "
+                                        f"digest says ({blob.path}); check the disk")
         layers[d] = (blob.digest, blob.size)
     config = source.config()  # after the layers: a `docker save` of the image for them brings it too
     config_digest = "sha256:" + hashlib.sha256(config).hexdigest()

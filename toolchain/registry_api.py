@@ -132,19 +132,25 @@ def tls_settings(host: str) -> tuple[object, Optional[tuple[str, str]]]:
 
 
 class FileBody:
-    """A blob file sent as a request body in 1 MiB pieces (never read whole), its length known up front."""
+    """A blob file sent as a request body in 1 MiB pieces (never read whole), its length known up front;
+    `digest` is the sha256 of what was sent once all of it was (None before)."""
 
     def __init__(self, path: Path, size: int, sent: Callable[[int], None]):
         self.path, self.size, self.sent = path, size, sent
+        self.digest: Optional[str] = None
 
     def __len__(self) -> int:
         return self.size
 
     def __iter__(self) -> Iterable[bytes]:
+        h, n = hashlib.sha256(), 0
         with open(self.path, "rb") as f:
             while data := f.read(1 << 20):
+                h.update(data)
+                n += len(data)
                 yield data
                 self.sent(len(data))
+        self.digest = "sha256:" + h.hexdigest() if n == self.size else None
 
 
 class RegistryClient:
