@@ -28,7 +28,7 @@ def _gz(data: bytes, **kw) -> bytes:
 
 
 @pytest.mark.parametrize("size", [0, 1, SMALL_CHUNK - 1, SMALL_CHUNK, SMALL_CHUNK + 1, 5 * SMALL_CHUNK + 12345])
-@pytest.mark.parametrize("level", [1, 6])
+@pytest.mark.parametrize("level", [1, 3])
 def test_parallel_gzip_is_one_member_every_reader_takes_back_to_the_input(tmp_path, size, level):
     data = mixed_bytes(size, seed=size)
     blob = _gz(data, level=level, chunk=SMALL_CHUNK, workers=3)
@@ -55,7 +55,7 @@ def test_same_input_same_bytes_whatever_the_worker_count():
     data = mixed_bytes(9 * SMALL_CHUNK + 77, seed=7)
     one = _gz(data, chunk=SMALL_CHUNK, workers=1)
     assert _gz(data, chunk=SMALL_CHUNK, workers=4) == one == _gz(data, chunk=SMALL_CHUNK, workers=1)
-    assert _gz(data, chunk=SMALL_CHUNK, level=6) != one  # the level is part of what the bytes depend on
+    assert _gz(data, chunk=SMALL_CHUNK, level=3) != one  # the level is part of what the bytes depend on
 
 
 def test_cache_entry_damage_is_detected(tmp_path):
