@@ -123,9 +123,12 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
             spec_sha256=sha, spec_file=_shown(settings, spec_file), registry=address, registry_scheme=scheme(address),
             tags=[content_tag, human_tag], user=(image.attrs.get("Config") or {}).get("User") or "")
         path = write_push(settings.build_dir, v, record)
+        mounted = f", {res.layers_mounted} mounted from another repository" if res.layers_mounted else ""
+        compressed = (f"; compressed {human_bytes(res.bytes_compressed)} in {res.compress_seconds:.1f}s"
+                      if res.bytes_compressed else "")
         rep.step(f"pushed {v}: {res.repo_digest} ({res.layers_pushed} layers uploaded, "
-                 f"{res.layers_existing} already there, {human_bytes(res.bytes_uploaded)}, {res.seconds:.1f}s; "
-                 f"compressed {human_bytes(res.bytes_compressed)} in {res.compress_seconds:.1f}s)")
+                 f"{res.layers_existing} already there{mounted}, {human_bytes(res.bytes_uploaded)}, "
+                 f"{res.seconds:.1f}s{compressed})")
         results[v] = {**record.model_dump(), "push": res.as_dict()}
     return {"images_json": str(path), "images": results}
 
