@@ -1,5 +1,6 @@
 """Built images: imports work, spec baked at CLUSTER_SPEC_PATH, non-root, labelled, layers shared."""
 import json
+import re
 
 from conftest import SPEC, run_in
 from runtime.spec import spec_hash
@@ -84,3 +85,14 @@ def test_hostile_label_values_round_trip(client, built):
     finally:
         client.images.remove(image_id, force=True)
 
+
+
+def test_the_venv_is_byte_compiled_for_the_image_interpreter(client, built):
+    """The bytecode layer (toolchain/bytecode.py): ray's and torch's modules load from their .pyc, which
+    the image's own Python accepts (a stale or foreign .pyc would be compiled again: 'code object from'
+    the source instead)."""
+    out = run_in(client, built["cpu"]["local_ref"], ["sh", "-c", "python -v -c 'import ray, torch' 2>&1"])
+    for module in ("ray/__init__.py", "torch/__init__.py", "torch/nn/modules/module.py"):
+        assert re.search(rf"/__pycache__/{re.escape(module.rsplit('/', 1)[1][:-3])}\.cpython-3\d+\.pyc matches "
+                         rf"\S*site-packages/{re.escape(module)}", out), module
+    assert not re.search(r"code object from '/opt/venv/\S+\.py'", out)  # nothing compiled from source

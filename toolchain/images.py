@@ -2,7 +2,8 @@
 
 A stage is built only when its tag is missing, so a one-line code change rebuilds the app and
 spec stages, a spec change rebuilds the spec stage only, and a requirements change rebuilds
-deps and everything above. Equal inputs give equal tags.
+the venv and everything above. Equal inputs give equal tags. The image's layers, bottom first:
+[venv, bytecode, base, user (2), app, spec].
 """
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from toolchain.records import BuildRecord, write_builds
 from toolchain.progress import Reporter, human_bytes
 from toolchain.templates import render, template_hash
 from toolchain.venv_layer import Python
-from toolchain.wheelhouse import ensure_wheelhouse, read_requirements
+from toolchain.wheelhouse import Wheelhouse, ensure_wheelhouse, read_requirements
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
 VENV = "/opt/venv"
@@ -157,7 +158,7 @@ class Builder:
         rebuilt.append("user")
         return ref, key
 
-    def venv(self, variant: str, python: Python, rebuilt: list) -> tuple[str, str, dict, object]:
+    def venv(self, variant: str, python: Python, rebuilt: list) -> tuple[str, str, dict, Wheelhouse]:
         """The wheelhouse installed into the venv as one layer, assembled directly (toolchain/venv_layer.py)
         and imported as a one-layer image: the venv is the bottom layer of every image, so its layer is
         the same whatever the base, and the engine takes it without a temporary copy."""

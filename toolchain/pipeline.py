@@ -111,7 +111,7 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         _, human_tag = entry.human_ref.rsplit(":", 1)
         target = f"{address}/{repo}"
         # the layers not in the layer store come from `docker save` of the smallest stage that has them
-        below = [ref for ref in (entry.base_ref, getattr(entry, "user_ref", ""), entry.deps_ref) if ref and ref != "-"]
+        below = [ref for ref in (entry.base_ref, entry.user_ref, entry.deps_ref) if ref and ref != "-"]
         res = push_image(client, v, image.id, target, [content_tag, human_tag],
                          settings.registry.retries, settings.registry.retry_backoff_s, rep,
                          settings.registry.stall_timeout_s, layer_store=settings.build_dir / LAYER_STORE,

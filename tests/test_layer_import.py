@@ -1,0 +1,69 @@
+"""The engine side of the directly assembled layers (toolchain/layers.py), on small images: a layer
+imported as the bottom of a chain keeps its diff ID, layers read back from `docker save` are the
+engine's own, and a stack made of them runs."""
+from __future__ import annotations
+
+import hashlib
+import uuid
+
+import docker
+import pytest
+from helpers.small_image import runnable_base
+
+from toolchain import layers
+
+
+@pytest.fixture
+def base(client):
+    ref = f"raytrain-importtest-base:{uuid.uuid4().hex[:8]}"
+    image_id = runnable_base(client, ref)
+    yield ref
+    client.images.remove(image_id, force=True)
+
+
+def file_layer(tmp_path, files) -> layers.FileLayer:
+    layer = layers.make_layer(files)
+    path = tmp_path / f"{layer.diff_id[7:]}.tar"
+    path.write_bytes(layer.data)
+    return layers.FileLayer(path, layer.diff_id, layer.size)
+
+
+def test_a_layer_imported_and_the_base_reloaded_above_it_runs(client, base, tmp_path):
+    bottom = file_layer(tmp_path, [("opt/venv/marker.txt", b"from the bottom layer\n", False)])
+    tag = f"raytrain-importtest-bottom:{uuid.uuid4().hex[:8]}"
+    seen: list[int] = []
+    attrs = layers.import_layer(client, bottom, tag, progress=seen.append)
+    stacked = f"raytrain-importtest-stack:{uuid.uuid4().hex[:8]}"
+    try:
+        assert attrs["RootFS"]["Layers"] == [bottom.diff_id] and seen[-1] == bottom.size
+        above = layers.saved_layers(client, base, tmp_path / "saved")
+        base_attrs = client.images.get(base).attrs
+        assert [a.diff_id for a in above] == base_attrs["RootFS"]["Layers"]
+        for a in above:  # each file is the layer's tar, hashed to the diff ID the engine lists
+            assert "sha256:" + hashlib.sha256(a.path.read_bytes()).hexdigest() == a.diff_id
+        config = layers.image_config(base_attrs, [bottom.diff_id, *base_attrs["RootFS"]["Layers"]])
+        image_id = layers.load(client, attrs, above, config, stacked)
+        assert client.images.get(stacked).attrs["RootFS"]["Layers"] == [bottom.diff_id, *base_attrs["RootFS"]["Layers"]]
+        assert image_id == "sha256:" + hashlib.sha256(config).hexdigest()
+        out = client.containers.run(stacked, ["/bin/cat", "/opt/venv/marker.txt"], remove=True)
+        assert out == b"from the bottom layer\n"  # the base's /opt above did not hide the bottom layer's files
+    finally:
+        for ref in (stacked, tag):
+            try:
+                client.images.remove(ref, force=True)
+            except docker.errors.ImageNotFound:
+                pass
+
+
+def test_a_tar_that_is_not_the_layer_it_claims_is_refused(client, tmp_path):
+    layer = file_layer(tmp_path, [("opt/x", b"x", False)])
+    lying = layers.FileLayer(layer.path, "sha256:" + "0" * 64, layer.size)
+    tag = f"raytrain-importtest-lie:{uuid.uuid4().hex[:8]}"
+    try:
+        with pytest.raises(layers.BuildError, match="made layers"):
+            layers.import_layer(client, lying, tag)
+    finally:
+        try:
+            client.images.remove(tag, force=True)
+        except docker.errors.ImageNotFound:
+            pass
