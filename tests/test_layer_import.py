@@ -28,11 +28,22 @@ def file_layer(tmp_path, files) -> layers.FileLayer:
     return layers.FileLayer(path, layer.diff_id, layer.size)
 
 
+def imported(client, layer: layers.FileLayer, tag: str, **kw) -> dict:
+    """The layer fed to the engine block by block, as the venv layer is while it is written."""
+    importing = layers.StreamedImport(client, tag, **kw)
+    try:
+        for block in layer.chunks():
+            importing.feed(block)
+        return importing.finish(layer)
+    finally:
+        importing.abort()
+
+
 def test_a_layer_imported_and_the_base_reloaded_above_it_runs(client, base, tmp_path):
     bottom = file_layer(tmp_path, [("opt/venv/marker.txt", b"from the bottom layer\n", False)])
     tag = f"raytrain-importtest-bottom:{uuid.uuid4().hex[:8]}"
     seen: list[int] = []
-    attrs = layers.import_layer(client, bottom, tag, progress=seen.append)
+    attrs = imported(client, bottom, tag, progress=seen.append)
     stacked = f"raytrain-importtest-stack:{uuid.uuid4().hex[:8]}"
     try:
         assert attrs["RootFS"]["Layers"] == [bottom.diff_id] and seen[-1] == bottom.size
@@ -61,9 +72,22 @@ def test_a_tar_that_is_not_the_layer_it_claims_is_refused(client, tmp_path):
     tag = f"raytrain-importtest-lie:{uuid.uuid4().hex[:8]}"
     try:
         with pytest.raises(layers.BuildError, match="made layers"):
-            layers.import_layer(client, lying, tag)
+            imported(client, lying, tag)
     finally:
         try:
             client.images.remove(tag, force=True)
         except docker.errors.ImageNotFound:
             pass
+
+
+def test_an_abandoned_import_leaves_no_image(client, tmp_path):
+    """The venv's writer failed half way (a broken wheel, a full disk): the engine gets a cut stream and
+    makes nothing of it."""
+    layer = file_layer(tmp_path, [("opt/big", bytes(range(256)) * 8192, False)])
+    tag = f"raytrain-importtest-cut:{uuid.uuid4().hex[:8]}"
+    importing = layers.StreamedImport(client, tag)
+    importing.feed(layer.path.read_bytes()[: layer.size // 2])
+    importing.abort()
+    assert not importing.thread.is_alive() and importing.error is not None
+    with pytest.raises(docker.errors.ImageNotFound):
+        client.images.get(tag)

@@ -172,20 +172,24 @@ class Builder:
         total = venv_layer.unpacked_size(wheels)
         self.rep.step(f"venv: installing {len(wheels)} wheels ({human_bytes(total)} unpacked) into {VENV} as one layer")
         t0 = time.monotonic()
-        layer = venv_layer.write_venv_layer(wheels, python, VENV, self.layer_store,
-                                            progress=lambda n: self.rep.progress("venv: writing the layer", n, total))
-        self.rep.progress_done()
-        t1 = time.monotonic()
+        # the engine imports the tar as it is written: the writer and the engine each take a core
+        importing = layers.StreamedImport(self.client, ref)
         try:
-            attrs = layers.import_layer(self.client, layer, ref,
-                                        progress=lambda n: self.rep.progress("venv: importing into the engine", n, layer.size))
-        except BaseException:  # a layer the engine did not take is 7 GB of nothing
-            layer.path.unlink(missing_ok=True)
-            raise
-        finally:
+            layer = venv_layer.write_venv_layer(
+                wheels, python, VENV, self.layer_store, tee=importing.feed,
+                progress=lambda n: self.rep.progress("venv: writing the layer and importing it", n, total))
             self.rep.progress_done()
-        self.rep.step(f"venv: assembled {ref} ({human_bytes(layer.size)} layer {layer.diff_id[7:19]}: written in "
-                      f"{t1 - t0:.0f}s, imported in {time.monotonic() - t1:.0f}s)")
+            t1 = time.monotonic()
+            try:
+                attrs = importing.finish(layer)
+            except BaseException:  # a layer the engine did not take is 7 GB of nothing
+                layer.path.unlink(missing_ok=True)
+                raise
+        finally:
+            importing.abort()
+            self.rep.progress_done()
+        self.rep.step(f"venv: assembled {ref} ({human_bytes(layer.size)} layer {layer.diff_id[7:19]}: written and "
+                      f"imported in {t1 - t0:.0f}s, the engine done {time.monotonic() - t1:.0f}s later)")
         layers.prune_big(self.layer_store, keep={layer.path})
         rebuilt.append("venv")
         return ref, key, attrs, wh

@@ -17,10 +17,12 @@ import hashlib
 import io
 import json
 import os
+import queue
 import tarfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Union
+from typing import Iterable, Iterator, Optional, Union
 
 from runtime.contract import BIG_LAYER_BYTES
 from toolchain.errors import BuildError
@@ -210,27 +212,66 @@ def load(client, lower: dict, new: list[AnyLayer], config: bytes, tag: str, stor
     return image_id
 
 
-def import_layer(client, layer: FileLayer, tag: str, progress=None) -> dict:
-    """`docker import` the layer's tar as a one-layer image (the engine applies the stream as it comes:
-    no temporary copy, unlike a load) and returns its inspect attrs. A layer at the bottom of a chain is
-    the same layer in every image that starts with it, so this is how the venv reaches the engine."""
-    def counted() -> Iterator[bytes]:
+class StreamedImport:
+    """`docker import` of a layer fed block by block while the layer is being written, so the engine
+    applies it at the same time (the writer and the engine each take a core): `feed` each block,
+    then `finish` with the written layer, or `abort`. A bounded queue holds what the engine has not
+    read yet."""
+    _ABORT = object()
+
+    def __init__(self, client, tag: str, progress=None):
+        self.client, self.tag, self.progress = client, tag, progress
+        self.blocks: queue.Queue = queue.Queue(maxsize=32)
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._run, name="layer-import", daemon=True)
+        self.thread.start()
+
+    def _chunks(self) -> Iterator[bytes]:
         sent = 0
-        for block in layer.chunks():
+        while (block := self.blocks.get()) is not None:
+            if block is self._ABORT:
+                raise BuildError("assembled", self.tag, "the layer was not finished; import abandoned", [])
             sent += len(block)
-            if progress is not None:
-                progress(sent)
+            if self.progress is not None:
+                self.progress(sent)
             yield block
-    repo, name = tag.rsplit(":", 1)
-    try:
-        client.api.import_image_from_data(counted(), repository=repo, tag=name)
-        attrs = client.images.get(tag).attrs
-    except Exception as e:
-        raise BuildError("assembled", tag, f"the engine did not import the layer: {e}", []) from None
-    if attrs["RootFS"]["Layers"] != [layer.diff_id]:
-        raise BuildError("assembled", tag, f"the engine made layers {attrs['RootFS']['Layers']} of the layer "
-                         f"{layer.diff_id}", [])
-    return attrs
+
+    def _run(self) -> None:
+        repo, name = self.tag.rsplit(":", 1)
+        try:
+            self.client.api.import_image_from_data(self._chunks(), repository=repo, tag=name)
+        except BaseException as e:  # noqa: BLE001 - handed to the writer's thread by feed/finish
+            self.error = e
+
+    def feed(self, block: bytes) -> None:
+        while True:
+            try:
+                self.blocks.put(block, timeout=1)
+                return
+            except queue.Full:
+                if not self.thread.is_alive():
+                    raise BuildError("assembled", self.tag, f"the engine stopped reading the layer: {self.error}",
+                                     []) from None
+
+    def finish(self, layer: FileLayer) -> dict:
+        """The imported image's attrs, once the engine has it all; its one layer must be LAYER."""
+        self.blocks.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise BuildError("assembled", self.tag, f"the engine did not import the layer: {self.error}", [])
+        attrs = self.client.images.get(self.tag).attrs
+        if attrs["RootFS"]["Layers"] != [layer.diff_id]:
+            raise BuildError("assembled", self.tag, f"the engine made layers {attrs['RootFS']['Layers']} of the "
+                             f"layer {layer.diff_id}", [])
+        return attrs
+
+    def abort(self) -> None:
+        if self.thread.is_alive():
+            try:
+                self.blocks.put(self._ABORT, timeout=5)
+            except queue.Full:
+                pass
+            self.thread.join(timeout=60)
 
 
 def saved_layers(client, ref: str, dest: Path) -> list[FileLayer]:

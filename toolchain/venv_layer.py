@@ -70,9 +70,9 @@ class _Sink(threading.Thread):
     """Writes blocks to the file and the diff ID's hash on a second core, while the installer inflates
     and hashes the next files (zlib, hashlib and file writes release the GIL)."""
 
-    def __init__(self, f: BinaryIO):
+    def __init__(self, f: BinaryIO, tee: Optional[Callable[[bytes], None]] = None):
         super().__init__(name="venv-layer-writer", daemon=True)
-        self.f, self.hash, self.error = f, hashlib.sha256(), None
+        self.f, self.tee, self.hash, self.error = f, tee, hashlib.sha256(), None
         self.blocks: queue.Queue = queue.Queue(maxsize=16)
 
     def run(self) -> None:
@@ -81,7 +81,9 @@ class _Sink(threading.Thread):
                 try:
                     self.f.write(block)
                     self.hash.update(block)
-                except OSError as e:  # a full disk: said once, by the producer
+                    if self.tee is not None:
+                        self.tee(block)
+                except Exception as e:  # a full disk, an engine that stopped reading: said once, by the producer
                     self.error = e
 
     def put(self, block: bytes) -> None:
@@ -256,15 +258,17 @@ def unpacked_size(wheels: list[Path]) -> int:
 
 
 def write_venv_layer(wheels: list[Path], python: Python, venv: str, store: Path,
-                     progress: Optional[Callable[[int], None]] = None) -> FileLayer:
+                     progress: Optional[Callable[[int], None]] = None,
+                     tee: Optional[Callable[[bytes], None]] = None) -> FileLayer:
     """Install `wheels` into `venv` as one layer tar in `store` (STORE/<diff id hex>.tar, written whole
-    or not at all)."""
+    or not at all). `tee` gets every block of the tar as it is written (the engine's import, streamed
+    while the tar is made: toolchain/layers.py StreamedImport)."""
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".venv-layer.{os.getpid()}.partial"
     site = f"{venv}/lib/python{python.minor}/site-packages"
     try:
         with open(tmp, "wb") as f:
-            sink = _Sink(f)
+            sink = _Sink(f, tee)
             sink.start()
             try:
                 out = _TarOut(sink, progress or (lambda n: None))

@@ -1,0 +1,182 @@
+"""The cold path: the dependency layer and the first push of the ~7 GB image, the old way and the new, in one run.
+
+  old dependency layer  the builder path this project used before issue 32 (OLD_DEPS below, as it was in
+                        dockerfiles/deps.Dockerfile.j2): `pip install --no-index` from the wheelhouse in a builder
+                        container, then `COPY --from` the venv into the final stage, built without cache;
+  new build             `pipeline.build` of a scratch copy of the project from the same base and wheelhouse:
+                        user stage, venv layer written from the wheels and imported, base and user reloaded above
+                        it, app and spec (toolchain/images.py, toolchain/venv_layer.py);
+  old push              the engine's `docker push` of that image to an empty registry (gzip on one core);
+  new push              `pipeline.push` of the same image to another empty registry, from an empty blob cache, so
+                        its compression is counted (toolchain/push.py, toolchain/blobs.py).
+
+Both registries are the bench's own (127.0.0.1:5058 and :5059, data under the bench's scratch directory) and are
+stopped and deleted at the end, with the bench's images and files. Preconditions: the wheelhouse is downloaded and
+the base image exists (the README's main command made both). Needs about 24 GB free on the build directory's disk (each step's files go before the next).
+Run: .venv/bin/python bench/cold_path.py    (20-40 minutes on 2 cores; prints its own conditions: load, cores)
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.scratch import SPEC, make_settings  # noqa: E402
+from toolchain import pipeline  # noqa: E402
+from toolchain.bootstrap import ensure_base  # noqa: E402
+from toolchain.docker_client import engine  # noqa: E402
+from toolchain.images import IMAGE_PATH, PROFILE_SCRIPT, Builder, profile_script  # noqa: E402
+from toolchain.progress import Reporter, human_bytes  # noqa: E402
+from toolchain.registry import start_local, stop_local  # noqa: E402
+from toolchain.wheelhouse import ensure_wheelhouse  # noqa: E402
+from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH  # noqa: E402
+
+OLD_REGISTRY, NEW_REGISTRY = "127.0.0.1:5058", "127.0.0.1:5059"
+NEED_FREE = 24 << 30  # the old builder stage and its copy (14 GB), or the venv tar and its import
+REPO = "bench-cold"
+
+OLD_DEPS = """FROM {base} AS install
+COPY wheelhouse /tmp/wheelhouse
+RUN {python} -m venv /opt/venv \\
+ && /opt/venv/bin/pip install --no-index --no-cache-dir --disable-pip-version-check \\
+      --find-links /tmp/wheelhouse -r /tmp/wheelhouse/requirements.lock
+
+FROM {base}
+RUN groupadd --gid {gid} {user} \\
+ && useradd --create-home --uid {uid} --gid {gid} --shell /bin/bash {user} \\
+ && mkdir -p {app_root}/project
+COPY --from=install /opt/venv /opt/venv
+COPY {profile} /etc/profile.d/{profile}
+ENV PATH={path} VIRTUAL_ENV=/opt/venv PYTHONPATH={pythonpath} PYTHONDONTWRITEBYTECODE=1
+WORKDIR {app_root}/project
+USER {uid}:{gid}
+"""
+
+
+def bench_spec(work: Path) -> Path:
+    """The local spec with the bench's own image names, so the project's tags are left alone."""
+    spec = json.loads(SPEC.read_text())
+    spec.update(cpu_image=f"{REPO}-cpu", gpu_image=f"{REPO}-gpu")
+    path = work / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def settings_for(work: Path, app: Path, address: str, base_ref: str, data: str):
+    s = make_settings(work / "w", app, registry_address=address, runtime_dir=ROOT / "runtime")
+    image = s.image.model_copy(update={"repository": REPO, "base_image": base_ref})
+    registry = s.registry.model_copy(update={"data_dir": str(work / data)})
+    return s.model_copy(update={"image": image, "registry": registry})
+
+
+def old_deps(client, s, base_ref: str, ctx: Path, tag: str) -> float:
+    python = Builder(client, s, Reporter(quiet=True)).python(ensure_base(client, s, Reporter(quiet=True)))
+    wh = ensure_wheelhouse(s, "cpu", python.minor, Reporter(quiet=True))
+    shutil.copytree(wh.path, ctx / "wheelhouse", copy_function=os.link)
+    (ctx / PROFILE_SCRIPT).write_text(profile_script())
+    u = s.image.user
+    (ctx / "Dockerfile").write_text(OLD_DEPS.format(
+        base=base_ref, python=s.image.python, uid=u.uid, gid=u.gid, user=u.name, app_root=APP_ROOT,
+        profile=PROFILE_SCRIPT, path=IMAGE_PATH, pythonpath=IMAGE_PYTHONPATH))
+    t0 = time.monotonic()
+    for ev in client.api.build(path=str(ctx), tag=tag, rm=True, forcerm=True, nocache=True, decode=True):
+        if "error" in ev:
+            raise RuntimeError(ev["error"])
+    return time.monotonic() - t0
+
+
+def engine_push(client, image_id: str, target: str, tag: str) -> float:
+    client.api.tag(image_id, target, tag)
+    t0 = time.monotonic()
+    for ev in client.api.push(target, tag=tag, stream=True, decode=True):
+        if "error" in ev:
+            raise RuntimeError(ev["error"])
+    return time.monotonic() - t0
+
+
+def conditions() -> str:
+    load = os.getloadavg()
+    return f"{os.cpu_count()} cores, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+
+
+def main() -> None:
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    client = engine()
+    build_root = ROOT / "build"
+    build_root.mkdir(exist_ok=True)
+    free = shutil.disk_usage(build_root).free
+    if free < NEED_FREE:
+        sys.exit(f"cold_path: {human_bytes(free)} free on {build_root}'s disk, the bench needs {human_bytes(NEED_FREE)}; "
+                 "free some space (docker image prune, old build directories) and run it again")
+    work = Path(tempfile.mkdtemp(prefix="bench-cold-", dir=build_root))
+    app = work / "app"
+    shutil.copytree(ROOT / "examples" / "train", app)
+    rep = Reporter()
+    base = ensure_base(client, make_settings(work / "base", app), rep)  # the project's base, as the main command made it
+    spec = bench_spec(work)
+    old_s = settings_for(work, app, OLD_REGISTRY, base.ref, "registry-old")
+    new_s = settings_for(work, app, NEW_REGISTRY, base.ref, "registry-new")
+    made: list[str] = []
+    try:
+        print(f"before: {conditions()}", flush=True)
+        old_ref = f"{REPO}-old-deps:1"
+        made.append(old_ref)
+        t_old = old_deps(client, old_s, base.ref, work / "old-ctx", old_ref)
+        print(f"old dependency layer: {t_old:.0f}s ({conditions()})", flush=True)
+        client.images.remove(old_ref, force=True)  # 14 GB with its builder stage: gone before the next step
+        client.images.prune(filters={"dangling": True})
+        shutil.rmtree(work / "old-ctx", ignore_errors=True)
+
+        t0 = time.monotonic()
+        built = pipeline.build(new_s, str(spec), "cpu", rep)["images"]["cpu"]
+        t_new = time.monotonic() - t0
+        made += [built["local_ref"], built["human_ref"], built["deps_ref"], built["app_ref"], built["user_ref"]]
+        print(f"new build (user, venv, deps, app, spec): {t_new:.0f}s ({conditions()})", flush=True)
+
+        start_local(old_s, rep)
+        target = f"{OLD_REGISTRY}/{REPO}-cpu"
+        made.append(f"{target}:old")
+        t_epush = engine_push(client, built["image_id"], target, "old")
+        print(f"engine push: {t_epush:.0f}s ({conditions()})", flush=True)
+        stop_local(old_s)
+        shutil.rmtree(old_s.registry.data_dir, ignore_errors=True)  # 4 GB of blobs, not needed any more
+
+        t0 = time.monotonic()
+        pushed = pipeline.push(new_s, str(spec), "cpu", rep)["images"]["cpu"]["push"]
+        t_npush = time.monotonic() - t0
+        print(f"new push: {t_npush:.0f}s ({conditions()})", flush=True)
+
+        size = client.images.get(built["image_id"]).attrs["Size"]
+        print(f"\nimage {built['local_ref']}: {human_bytes(size)} uncompressed; {human_bytes(pushed['bytes_uploaded'])} "
+              "uploaded by the new push")
+        print("                         old        new    old/new")
+        print(f"  dependency layer  {t_old:8.0f}s {t_new:9.0f}s {t_old / t_new:9.1f}x   (new: the whole build from the base)")
+        print(f"  push              {t_epush:8.0f}s {t_npush:9.0f}s {t_epush / t_npush:9.1f}x")
+        print(f"  both              {t_old + t_epush:8.0f}s {t_new + t_npush:9.0f}s "
+              f"{(t_old + t_epush) / (t_new + t_npush):9.1f}x")
+        print(f"after: {conditions()}")
+    finally:  # the bench's registries, images and files go with it
+        for s in (old_s, new_s):
+            stop_local(s)
+        for ref in reversed(made):
+            try:
+                client.images.remove(ref, force=True)
+            except Exception:  # noqa: BLE001 - not made (the bench stopped before), or gone with another tag
+                pass
+        for repo in (f"{REPO}-stages", f"{REPO}-cpu"):
+            for ref in [t for img in client.images.list(name=repo) for t in img.tags]:
+                client.images.remove(ref, force=True)
+        client.images.prune(filters={"dangling": True})
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
