@@ -166,6 +166,17 @@ def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_fr
     return False
 
 
+def _tell_the_engine(client: docker.DockerClient, target: str, digest: str, rep: Reporter) -> None:
+    """Make `target@digest` resolve in this engine, as its own push would have: a pull by digest that
+    finds the image's config already here fetches the manifest and config and nothing else, and records
+    the reference. The local target, `--sqsh` and anything else that names the pushed digest here need it."""
+    try:
+        client.images.pull(f"{target}@{digest}")
+    except docker.errors.APIError as e:
+        rep.warn(f"the engine could not resolve {target}@{digest} after the push ({e}); a deploy here by that "
+                 "digest will pull it (`docker pull` it to see why)")
+
+
 def push_image(client: docker.DockerClient, variant: str, image_id: str, target: str, tags: list[str],
                retries: int, backoff: float, rep: Reporter, stall_s: float = 300, *,
                layer_store: Optional[Path] = None, blob_cache: Optional[Path] = None,
@@ -200,6 +211,7 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
             time.sleep(wait)
         finally:
             reg.close()
+    _tell_the_engine(client, target, digest, rep)
     for gone in cache.prune_big(set(diff_ids)):
         rep.detail(f"removed the cached blob {gone.name} (a big layer of an older build)")
     st = source.stats
