@@ -178,3 +178,11 @@ def test_the_base_interpreter_line_is_parsed_strictly():
     for line in ("", "Python 3.11.2", "3.11.2 python3", "3.11.2 /usr/bin/python3 extra", "2.7.18 /usr/bin/python"):
         with pytest.raises(BuildError, match="base image's Python"):
             Python.parse(line, "base")
+
+
+def test_a_wheel_that_writes_outside_the_venv_is_refused(wheelhouse, tmp_path):
+    make_wheel(wheelhouse, "zeta", "1.0", {"zeta/__init__.py": b"", "../../../../../etc/zeta.conf": b"x\n"})
+    store = tmp_path / "store"
+    with pytest.raises(BuildError, match=r"zeta-1\.0-py3-none-any\.whl.*outside opt/venv"):
+        write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
+    assert list(store.iterdir()) == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import posixpath
 import queue
 import re
 import tarfile
@@ -113,6 +114,7 @@ class _TarOut:
         self.dirs: set[str] = set()
         self.files: dict[str, tuple[bytes, int, str]] = {}  # name -> (sha256, size, the wheel that wrote it)
         self.wheel = ""
+        self.root = ""  # the venv, as tar names start (opt/venv): nothing is written outside it
 
     def write(self, data: bytes) -> None:
         self.size += len(data)
@@ -213,6 +215,9 @@ class _TarDestination(SchemeDictionaryDestination):
 
     def write_to_fs(self, scheme, path, stream, is_executable: bool) -> RecordEntry:
         name = os.path.join(self.scheme_dict[scheme], path).lstrip("/")
+        if not posixpath.normpath(name).startswith(self.out.root + "/"):  # a member named ../../etc/x
+            raise BuildError("deps", self.out.wheel, f"the wheel installs {path!r} outside {self.out.root}; "
+                             "it is not a wheel to trust: remove it from the requirements", [])
         size = getattr(stream, "size", None)
         if size is None or scheme == "scripts":  # generated or rewritten (RECORD, a shebang): small
             data = stream.read()
@@ -272,6 +277,7 @@ def write_venv_layer(wheels: list[Path], python: Python, venv: str, store: Path,
             sink.start()
             try:
                 out = _TarOut(sink, progress or (lambda n: None))
+                out.root = venv.strip("/")
                 for d in ("bin", "include", f"lib/python{python.minor}/site-packages"):
                     out.directory(f"{venv}/{d}".lstrip("/"))
                 v = venv.lstrip("/")
