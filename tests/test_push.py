@@ -1,6 +1,7 @@
 """Push to a real docker-registry over its HTTP API: digests recorded, pull back by digest, failures
 leave nothing. The full images go through once (the session's `pushed`); the failure cases push a
 small image of their own (tests/helpers/small_image.py): the path through the code is the same."""
+import hashlib
 import io
 import json
 import threading
@@ -296,3 +297,50 @@ def test_a_layer_another_repository_has_is_mounted_not_sent(client, small, tmp_p
     finally:
         reg.stop()
         cleanup_pulled(client, reg.address)
+
+
+@pytest.fixture
+def push_big(client, big_image, tmp_path):
+    """push_big(): the big image pushed to a registry of its own from an empty blob cache, with the
+    layer store; (result, what it said, the registry's address)."""
+    from helpers.small_image import PlainRegistry
+    from toolchain.push import push_image
+    reg = PlainRegistry(tmp_path / "reg")
+
+    def push():
+        said = io.StringIO()
+        res = push_image(client, "cpu", big_image.image_id, f"{reg.address}/raytrain-stream", ["a"], 0, 0.1,
+                         Reporter(stream=said), 60, layer_store=big_image.store, blob_cache=tmp_path / "blobs",
+                         candidates=[big_image.base_ref])
+        return res, said.getvalue(), reg.address
+    yield push
+    reg.stop()
+    cleanup_pulled(client, reg.address)
+
+
+def test_a_stored_layer_is_uploaded_while_it_is_compressed(client, big_image, push_big, tmp_path):
+    """From an empty blob cache, a layer in the layer store goes up as it is compressed (one PATCH stream,
+    then the digest): the registry keeps exactly the cached blob's bytes, and the image pulls back whole."""
+    res, said, address = push_big()
+    assert said.count("pushed while compressed") == 1, said  # the store holds the one big layer
+    assert res.layers_pushed == 2 and res.layers_compressed == 2
+    blob = next(p for p in (tmp_path / "blobs").glob("*.gz") if p.stat().st_size > 64 << 20)
+    digest = json.loads(blob.with_suffix(".json").read_text())["digest"]
+    got = requests.get(f"http://{address}/v2/raytrain-stream/blobs/{digest}").content
+    assert got == blob.read_bytes() and "sha256:" + hashlib.sha256(got).hexdigest() == digest
+    client.images.remove(big_image.image_id, force=True)
+    assert client.images.pull(res.repo_digest).id == big_image.image_id
+
+
+def test_a_stored_tar_that_is_not_the_layer_is_not_pushed(client, big_image, push_big):
+    """The layer store's tar changed since the build (same size, other bytes): the streamed upload is
+    cancelled before its digest is given, the layer is read from the engine instead, and what the
+    registry serves is the real layer."""
+    tar = next(p for p in big_image.store.glob("*.tar") if p.stat().st_size > 64 << 20)
+    with open(tar, "r+b") as f:
+        f.seek(40 << 20)
+        f.write(b"\xff" * 4096)
+    res, said, _ = push_big()
+    assert "reading the layer from the engine instead" in said and "pushed while compressed" not in said
+    client.images.remove(big_image.image_id, force=True)
+    assert client.images.pull(res.repo_digest).id == big_image.image_id

@@ -213,14 +213,17 @@ class BlobCache:
         return gone
 
     def put(self, src: BinaryIO, expect: Optional[str] = None,
-            progress: Optional[Callable[[int], None]] = None) -> Blob:
+            progress: Optional[Callable[[int], None]] = None,
+            tee: Optional[Callable[[bytes], None]] = None) -> Blob:
         """Compress a layer tar read from src into the cache; with `expect`, refuse (LayerMismatch) bytes
-        whose sha256 is another diff ID. Only a complete, checked blob is renamed into place."""
+        whose sha256 is another diff ID. Only a complete, checked blob is renamed into place. `tee` gets
+        every block of the blob as it is written (an upload that runs while the layer is compressed)."""
         self.root.mkdir(parents=True, exist_ok=True)
         tmp = self.root / f".{os.getpid()}.{id(src):x}.partial"
         try:
             try:
-                with open(tmp, "wb") as out:
+                with open(tmp, "wb") as f:
+                    out = f if tee is None else _Tee(f, tee)
                     z = gzip_stream(src, out, self.level, self.workers, self.chunk, progress)
             except OSError as e:
                 if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES):
@@ -239,6 +242,15 @@ class BlobCache:
             return blob
         finally:
             tmp.unlink(missing_ok=True)
+
+
+class _Tee:
+    def __init__(self, f: BinaryIO, tee: Callable[[bytes], None]):
+        self.f, self.tee = f, tee
+
+    def write(self, block: bytes) -> None:
+        self.f.write(block)
+        self.tee(block)
 
 
 def _read_sidecar(side: Path, diff_id: str, gz: Path) -> Optional[Blob]:

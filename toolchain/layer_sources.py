@@ -18,7 +18,7 @@ import tarfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Optional, Sequence
+from typing import BinaryIO, Callable, Optional, Sequence
 
 import docker
 
@@ -80,12 +80,31 @@ class LayerSource:
             out.update(self._from_saves(missing, want_config=False))
         return out
 
+    def stored_tar(self, diff_id: str) -> Optional[Path]:
+        """The layer's tar in the layer store when its blob is not cached yet (the push compresses it while
+        uploading it: toolchain/push.py), else None."""
+        if self.store is None or self.cache.get(diff_id) is not None:
+            return None
+        tar = self.store / f"{diff_id[7:]}.tar"
+        return tar if tar.is_file() else None
+
+    def compress_stored(self, tar: Path, diff_id: str, tee: Callable[[bytes], None], doing: str) -> Blob:
+        """Compress a stored layer tar into the cache, each block of the blob also given to `tee`;
+        LayerMismatch when the file is not that layer any more."""
+        with open(tar, "rb") as f:
+            return self._compress(f, diff_id, tar.stat().st_size, "from the layer store", tee, doing)
+
+    def from_engine(self, diff_ids: Sequence[str]) -> dict[str, Blob]:
+        """The layers' blobs compressed from `docker save` (the layer store's copy was not the layer)."""
+        return self._from_saves(list(diff_ids), want_config=False)
+
     # -- compressing ---------------------------------------------------------------------------------
-    def _compress(self, src: BinaryIO, expect: Optional[str], size: int, where: str) -> Blob:
+    def _compress(self, src: BinaryIO, expect: Optional[str], size: int, where: str,
+                  tee: Optional[Callable[[bytes], None]] = None, doing: str = "compressing") -> Blob:
         name = expect[7:19] if expect else "a layer"
         t0 = time.monotonic()
         try:
-            blob = self.cache.put(src, expect, lambda done: self.rep.progress(f"compressing {name}", done, size))
+            blob = self.cache.put(src, expect, lambda done: self.rep.progress(f"{doing} {name}", done, size), tee)
         finally:
             self.rep.progress_done()
         dt = time.monotonic() - t0

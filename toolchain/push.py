@@ -2,9 +2,12 @@
 
 The project pushes, not the engine (whose push gzips every layer on one core: 7.1 GiB took
 370-643 s): each layer is compressed once, on all cores, into the blob cache (toolchain/blobs.py,
-from the layer store or `docker save`: toolchain/layer_sources.py), then sent by
+from the layer store or `docker save`: toolchain/layer_sources.py), and sent by
 toolchain/registry_api.py: a HEAD per blob (present: not sent; in another repository of the
 registry: mounted), an upload of each missing one, the config, and a schema2 manifest per tag. A
+layer compressed from the layer store is uploaded while it is compressed (a chunked PATCH fed as the
+blob is written, then the PUT with its digest, as the engine's own push does), so the upload does not
+wait for the whole blob; a stored tar that turns out not to be the layer cancels its upload. A
 layer whose blob digest is already known (this build directory's cache, or the digest index every
 build directory shares) and that the registry has is not even compressed. Only changed layers
 upload, so a retry resumes: what was uploaded is found by its HEAD and not sent again. Measured
@@ -20,14 +23,16 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import docker
 
-from toolchain.blobs import Blob, BlobCache
+from toolchain.blobs import Blob, BlobCache, LayerMismatch
 from toolchain.errors import RegistryError, TransientRegistryError
 from toolchain.layer_sources import LayerSource
 from toolchain.progress import Reporter, human_bytes
@@ -125,8 +130,16 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
             layers[d] = (known.digest, known.size)
         else:
             need.append(d)
-    blobs = source.blobs(need) if need else {}
+    streamed = {d: tar for d in need if (tar := source.stored_tar(d)) is not None}
+    blobs = source.blobs([d for d in need if d not in streamed]) if len(need) > len(streamed) else {}
     for d in need:
+        if d in streamed:  # compressed and uploaded at once
+            blob = _compress_and_send(reg, source, d, streamed[d], sent, rep)
+            if blob is None:  # the stored tar was not the layer: from the engine, as any other
+                blobs.update(source.from_engine([d]))
+            else:
+                layers[d] = (blob.digest, blob.size)
+                continue
         blob = blobs[d]
         if not _there(reg, blob, sent, rep, mount_from):
             # the bytes are checked as they go (hashed while sent; the registry checks them too), not read twice
@@ -149,6 +162,84 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
     for tag in tags:
         digest = reg.put_manifest(tag, body)
     return digest
+
+
+class _Pipe:
+    """The blob's blocks from the compressing thread to the upload; once the upload is gone the blocks are
+    dropped (the compression still finishes into the blob cache, from which a retry sends the blob)."""
+    _END = object()
+
+    def __init__(self):
+        self.q: queue.Queue = queue.Queue(maxsize=8)
+        self.open = True
+
+    def put(self, block) -> None:
+        while self.open:
+            try:
+                self.q.put(block, timeout=1)
+                return
+            except queue.Full:
+                continue
+
+    def end(self) -> None:
+        self.put(self._END)
+
+    def blocks(self) -> Iterator[bytes]:
+        while (block := self.q.get()) is not self._END:
+            yield block
+
+    def close(self) -> None:
+        self.open = False
+        while True:  # unblock a put in progress
+            try:
+                self.q.get_nowait()
+            except queue.Empty:
+                return
+
+
+def _compress_and_send(reg: RegistryClient, source: LayerSource, diff_id: str, tar: Path, sent: _Sent,
+                       rep: Reporter) -> Optional[Blob]:
+    """Compress a stored layer into the blob cache and upload the blob as it is made (compression on
+    all cores, the upload and the registry's writes beside it: neither waits for the other to end).
+    None when the stored tar turned out not to be the layer (the session is cancelled)."""
+    pipe, done = _Pipe(), {}
+    name = diff_id[7:19]
+
+    def compress() -> None:
+        try:
+            done["blob"] = source.compress_stored(tar, diff_id, pipe.put, "compressing and uploading")
+        except BaseException as e:  # noqa: BLE001 - handed to the uploading thread below
+            done["error"] = e
+        finally:
+            pipe.end()
+    t0 = time.monotonic()
+    worker = threading.Thread(target=compress, name="push-compress", daemon=True)
+    worker.start()
+    try:
+        location = reg.upload_stream(pipe.blocks(), f"layer {name}")
+    except BaseException:
+        pipe.close()
+        worker.join()  # the blob is in the cache for the retry
+        raise
+    finally:
+        sent.seconds += time.monotonic() - t0
+    worker.join()
+    error = done.get("error")
+    if isinstance(error, LayerMismatch):
+        reg.cancel_upload(location)
+        rep.warn(f"{tar}: {error}; reading the layer from the engine instead")
+        return None
+    if error is not None:
+        reg.cancel_upload(location)
+        raise error
+    blob = done["blob"]
+    reg.finish_upload(location, blob.digest, f"layer {name}")
+    sent.pushed.add(blob.digest)
+    sent.bytes += blob.size
+    dt = time.monotonic() - t0
+    rep.detail(f"{blob.digest[7:19]}: pushed while compressed ({human_bytes(blob.size)}, {dt:.1f}s, "
+               f"{blob.size / max(dt, 1e-6) / 1e6:.0f} MB/s)")
+    return blob
 
 
 def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> bool:

@@ -288,7 +288,7 @@ class RegistryClient:
         if r.status_code == 201:
             return True
         if r.status_code == 202 and r.headers.get("Location"):  # not mounted: drop the upload session it opened
-            self._request("DELETE", urljoin(self.base + "/", r.headers["Location"]), "cancelling an upload")
+            self.cancel_upload(urljoin(self.base + "/", r.headers["Location"]))
             return False
         raise self._fail(r, f"mounting blob {digest[7:19]} from {other}")
 
@@ -302,6 +302,33 @@ class RegistryClient:
                           headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
         if r.status_code != 201:
             raise self._fail(r, f"uploading {what}")
+
+    def upload_stream(self, chunks: Iterable[bytes], what: str) -> str:
+        """POST an upload session and PATCH it the blob as it is made (chunked: its size and digest are
+        not known yet); the session's Location for `finish_upload`. The engine's own push uploads so."""
+        r = self._request("POST", f"/v2/{self.repo}/blobs/uploads/", f"starting the upload of {what}")
+        if r.status_code != 202 or not r.headers.get("Location"):
+            raise self._fail(r, f"starting the upload of {what}")
+        location = urljoin(self.base + "/", r.headers["Location"])
+        r = self._request("PATCH", location, f"uploading {what}", body=lambda: chunks,
+                          headers={"Content-Type": "application/octet-stream"})
+        if r.status_code != 202 or not r.headers.get("Location"):
+            raise self._fail(r, f"uploading {what}")
+        return urljoin(self.base + "/", r.headers["Location"])
+
+    def finish_upload(self, location: str, digest: str, what: str) -> None:
+        """Close a streamed upload: the registry checks the bytes it got against DIGEST."""
+        r = self._request("PUT", location, f"finishing the upload of {what}", params={"digest": digest},
+                          headers={"Content-Length": "0"})
+        if r.status_code != 201:
+            raise self._fail(r, f"finishing the upload of {what}")
+
+    def cancel_upload(self, location: str) -> None:
+        """Drop an upload session whose bytes are not to be kept (best effort: the registry expires it anyway)."""
+        try:
+            self._request("DELETE", location, "cancelling an upload")
+        except RegistryError:
+            pass
 
     def put_manifest(self, tag: str, manifest: bytes) -> str:
         """PUT the manifest under tag; its digest (sha256 of these bytes), checked against the registry's."""
