@@ -6,14 +6,20 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
+import io
+import marshal
 import os
 import shutil
+import sys
 import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
+from toolchain import bytecode
+from toolchain.bytecode import host_can_compile
 from toolchain.errors import BuildError
 from toolchain.venv_layer import Python, wheels_of, write_venv_layer
 
@@ -173,9 +179,12 @@ def test_a_broken_wheel_is_named_and_leaves_no_layer(wheelhouse, tmp_path):
 
 
 def test_the_base_interpreter_line_is_parsed_strictly():
-    assert Python.parse("3.11.2 /usr/bin/python3\n", "base") == PY
-    assert PY.minor == "3.11"
-    for line in ("", "Python 3.11.2", "3.11.2 python3", "3.11.2 /usr/bin/python3 extra", "2.7.18 /usr/bin/python"):
+    got = Python.parse("3.11.2 /usr/bin/python3 a70d0d0a cpython-311\n", "base")
+    assert got == Python("3.11.2", "/usr/bin/python3", "a70d0d0a", "cpython-311")
+    assert got.minor == "3.11"
+    for line in ("", "Python 3.11.2", "3.11.2 python3", "3.11.2 /usr/bin/python3", "3.11.2 /usr/bin/python3 extra",
+                 "3.11.2 /usr/bin/python3 a70d0d0a cpython-311 extra", "3.11.2 /usr/bin/python3 a70d0d0 cpython-311",
+                 "2.7.18 /usr/bin/python 03f30d0a cpython-27"):
         with pytest.raises(BuildError, match="base image's Python"):
             Python.parse(line, "base")
 
@@ -186,3 +195,37 @@ def test_a_wheel_that_writes_outside_the_venv_is_refused(wheelhouse, tmp_path):
     with pytest.raises(BuildError, match=r"zeta-1\.0-py3-none-any\.whl.*outside opt/venv"):
         write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
     assert list(store.iterdir()) == []
+
+
+def test_the_host_compiles_every_module_under_lib_as_compileall_would(wheelhouse, tmp_path):
+    """Modules handed over while the layer is written come back as unchecked-hash .pyc files in their
+    __pycache__, named by the path in the image; scripts are not compiled; a broken module is counted."""
+    make_wheel(wheelhouse, "broken", "1.0", {"broken/__init__.py": b"print 'python 2'\n"})
+    compiler = bytecode.HostCompiler(sys.implementation.cache_tag, workers=2)
+    layer = write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "store", compiler=compiler)
+    pyc_layer, failed = compiler.layer()
+    assert failed == 1
+    with tarfile.open(layer.path) as tf:
+        sources = {m.name: tf.extractfile(m).read() for m in tf.getmembers()
+                   if m.isfile() and m.name.endswith(".py") and m.name != f"{SITE}/broken/__init__.py"}
+    assert f"{SITE}/alpha/__init__.py" in sources and not any(n.startswith("opt/venv/bin/") for n in sources)
+    tag = sys.implementation.cache_tag
+    with tarfile.open(fileobj=io.BytesIO(pyc_layer.data)) as tf:
+        pycs = {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
+    assert sorted(pycs) == sorted(bytecode.pyc_name(n, tag) for n in sources)
+    assert f"{SITE}/alpha/__pycache__/__init__.{tag}.pyc" in pycs
+    for name, source in sources.items():
+        data = pycs[bytecode.pyc_name(name, tag)]
+        assert data[:4] == importlib.util.MAGIC_NUMBER
+        assert int.from_bytes(data[4:8], "little") == 0b01  # hash-based, not checked against the source
+        assert data[8:16] == importlib.util.source_hash(source)
+        code = marshal.loads(data[16:])
+        assert code.co_filename == "/" + name
+        assert code.co_code == compile(source, "/" + name, "exec", dont_inherit=True).co_code
+
+
+def test_the_host_compiles_only_for_the_image_s_bytecode():
+    magic, tag = importlib.util.MAGIC_NUMBER.hex(), sys.implementation.cache_tag
+    assert host_can_compile(magic, tag)
+    assert not host_can_compile("cb0d0d0a", tag)  # 3.12's magic
+    assert not host_can_compile(magic, "cpython-312")

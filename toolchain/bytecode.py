@@ -8,11 +8,24 @@ interpreter's whatever the host's Python is; PYTHONPYCACHEPREFIX sends the files
 (a bind mount, not the container's overlay), from which they are assembled into a layer that puts each
 one in its source's __pycache__. Hash-based and unchecked (`--invalidation-mode unchecked-hash`): the
 venv never changes under them, and no source mtime is read.
+
+When the host's interpreter writes the image's bytecode (the same magic number and cache tag: the same
+minor version of CPython, whose .pyc format a bugfix release never changes), the modules are compiled on
+the host instead, by `HostCompiler`, while the venv layer is written: each .py the installer writes goes
+to worker processes at a lower priority, which compile it as `compileall` would (the path in the image as
+the code's file name, unchecked-hash .pyc); that takes the cores the venv's import into the engine leaves
+idle, and no container starts. Either way the layer is the same: every .py under the venv's lib/.
 """
 from __future__ import annotations
 
+import importlib.util
+import multiprocessing
 import os
-from pathlib import Path
+import sys
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from pathlib import PurePosixPath, Path
+from typing import Optional
 
 import docker
 
@@ -45,3 +58,93 @@ def compiled_layer(client: docker.DockerClient, image: str, venv: str, out: Path
     if not files:
         raise BuildError("bytecode", image, f"compileall wrote no .pyc files under {venv}/lib", [])
     return layers.make_layer(files), failed
+
+
+BATCH_BYTES = 4 << 20  # sources sent to a worker at once
+NICE = 5               # below the writer and the engine's import, which the build waits for first
+
+
+def host_can_compile(magic: str, cache_tag: str) -> bool:
+    """The host's interpreter writes .pyc files the image's (magic number MAGIC, cache tag CACHE_TAG) loads."""
+    return magic == importlib.util.MAGIC_NUMBER.hex() and cache_tag == sys.implementation.cache_tag
+
+
+def pyc_name(source: str, cache_tag: str) -> str:
+    """Where the image's interpreter looks for the .pyc of SOURCE: its __pycache__/<stem>.<tag>.pyc."""
+    p = PurePosixPath(source)
+    return str(p.parent / "__pycache__" / f"{p.stem}.{cache_tag}.pyc")
+
+
+def _worker_start() -> None:
+    import warnings
+    os.nice(NICE)
+    warnings.simplefilter("ignore")  # a package's invalid escape sequences: compileall -q says nothing either
+
+
+def _compile_batch(batch: list[tuple[str, bytes]], cache_tag: str) -> list[tuple[str, Optional[bytes]]]:
+    """(.pyc path, .pyc bytes) for each (tar name, source); None for a source that does not compile."""
+    from importlib._bootstrap_external import _code_to_hash_pyc
+    out = []
+    for name, source in batch:
+        try:
+            code = compile(source, "/" + name, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):  # Python 2 fixtures, null bytes: compiled at import, if ever imported
+            out.append((name, None))
+            continue
+        out.append((pyc_name(name, cache_tag),
+                    bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))))
+    return out
+
+
+class HostCompiler:
+    """Compiles sources handed to `add` on the host's cores, in worker processes; `layer` waits for them
+    and gives the .pyc files as one layer. Only where `host_can_compile` says the image loads the result."""
+
+    def __init__(self, cache_tag: str, workers: Optional[int] = None):
+        self.cache_tag = cache_tag
+        self.pool = ProcessPoolExecutor(workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_worker_start)
+        self.batch: list[tuple[str, bytes]] = []
+        self.batch_bytes = 0
+        self.futures: list[Future] = []
+        self.broken: Optional[BaseException] = None
+
+    def add(self, name: str, source: bytes) -> None:
+        self.batch.append((name, source))
+        self.batch_bytes += len(source)
+        if self.batch_bytes >= BATCH_BYTES:
+            self._send()
+
+    def _send(self) -> None:
+        if self.batch and self.broken is None:
+            try:
+                self.futures.append(self.pool.submit(_compile_batch, self.batch, self.cache_tag))
+            except BrokenProcessPool as e:  # said by `layer`, not as a failure of the wheel being written
+                self.broken = e
+        self.batch, self.batch_bytes = [], 0
+
+    def layer(self) -> tuple[layers.Layer, int]:
+        """(the layer of every .pyc, how many sources did not compile), once all are compiled."""
+        self._send()
+        files, failed = [], 0
+        try:
+            if self.broken is not None:
+                raise self.broken
+            for f in self.futures:
+                for name, pyc in f.result():
+                    if pyc is None:
+                        failed += 1
+                    else:
+                        files.append((name, pyc, False))
+        except Exception as e:  # a worker killed (out of memory, say): the build says so
+            raise BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}. A script "
+                             "that runs the build must start it under `if __name__ == '__main__':` (the workers "
+                             "import it)", []) from None
+        finally:
+            self.close()
+        if not files:
+            raise BuildError("bytecode", "the host's compiler", "no module of the venv compiled", [])
+        return layers.make_layer(files), failed
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)

@@ -79,9 +79,7 @@ class Builder:
     # -- helpers ------------------------------------------------------------------
     def python(self, base: BaseImage) -> Python:
         """The base's interpreter: its version (the wheelhouse's tags, pyvenv.cfg) and path (bin/python3)."""
-        out = self.client.containers.run(
-            base.ref, [self.settings.image.python, "-c", "import sys; print(sys.version.split()[0], sys.executable)"],
-            remove=True)
+        out = self.client.containers.run(base.ref, [self.settings.image.python, "-c", Python.PROBE], remove=True)
         return Python.parse(out.decode(), base.ref)
 
     def _build(self, stage: str, tag: str, context: Path, dockerfile: str) -> str:
@@ -160,23 +158,29 @@ class Builder:
 
     def venv(self, variant: str, python: Python, rebuilt: list) -> tuple[str, str, dict, Wheelhouse]:
         """The wheelhouse installed into the venv as one layer, assembled directly (toolchain/venv_layer.py)
-        and imported as a one-layer image: the venv is the bottom layer of every image, so its layer is
-        the same whatever the base, and the engine takes it without a temporary copy."""
+        and imported: the venv is the bottom layer of every image, so its layer is the same whatever the
+        base, and the engine takes it without a temporary copy. When the host's Python writes the image's
+        bytecode, the modules are compiled while the layer is written, and the stage is [venv, bytecode]."""
         wh = ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
-        key = key_of("venv", wh.key, venv_layer.FORMAT, python.version, python.executable, VENV, layers.LAYER_FORMAT)
+        on_host = bytecode.host_can_compile(python.magic, python.cache_tag)
+        key = key_of("venv", wh.key, venv_layer.FORMAT, python.version, python.executable, VENV, layers.LAYER_FORMAT,
+                     [*bytecode.COMPILE, python.magic, python.cache_tag] if on_host else None)
         ref = f"{self.stage_repo}:venv-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"venv: reusing {ref}")
             return ref, key, self.client.images.get(ref).attrs, wh
         wheels = venv_layer.wheels_of(wh.path)
         total = venv_layer.unpacked_size(wheels)
-        self.rep.step(f"venv: installing {len(wheels)} wheels ({human_bytes(total)} unpacked) into {VENV} as one layer")
+        self.rep.step(f"venv: installing {len(wheels)} wheels ({human_bytes(total)} unpacked) into {VENV} as one layer"
+                      + (", compiling its modules beside" if on_host else ""))
         t0 = time.monotonic()
         # the engine imports the tar as it is written: the writer and the engine each take a core
-        importing = layers.StreamedImport(self.client, ref)
+        layer_ref = f"{ref}-layer" if on_host else ref
+        importing = layers.StreamedImport(self.client, layer_ref)
+        compiler = bytecode.HostCompiler(python.cache_tag) if on_host else None
         try:
             layer = venv_layer.write_venv_layer(
-                wheels, python, VENV, self.layer_store, tee=importing.feed,
+                wheels, python, VENV, self.layer_store, tee=importing.feed, compiler=compiler,
                 progress=lambda n: self.rep.progress("venv: writing the layer and importing it", n, total))
             self.rep.progress_done()
             t1 = time.monotonic()
@@ -185,19 +189,33 @@ class Builder:
             except BaseException:  # a layer the engine did not take is 7 GB of nothing
                 layer.path.unlink(missing_ok=True)
                 raise
+            t2 = time.monotonic()
+            if compiler is not None:
+                pyc, failed = compiler.layer()
+                config = layers.image_config(attrs, [layer.diff_id, pyc.diff_id])
+                layers.load(self.client, attrs, [pyc], config, ref, self.layer_store)
+                self.client.api.remove_image(layer_ref, noprune=True)  # the layer stays: the stage holds it
+                attrs = self.client.images.get(ref).attrs
+                self.rep.step(f"venv: {human_bytes(pyc.size)} of bytecode compiled on the host, "
+                              f"{time.monotonic() - t2:.0f}s after the import"
+                              + (f"; {failed} module(s) did not compile (they compile at import, if imported)"
+                                 if failed else ""))
         finally:
             importing.abort()
+            if compiler is not None:
+                compiler.close()
             self.rep.progress_done()
         self.rep.step(f"venv: assembled {ref} ({human_bytes(layer.size)} layer {layer.diff_id[7:19]}: written and "
-                      f"imported in {t1 - t0:.0f}s, the engine done {time.monotonic() - t1:.0f}s later)")
+                      f"imported in {t1 - t0:.0f}s, the engine done {t2 - t1:.0f}s later)")
         layers.prune_big(self.layer_store, keep={layer.path})
         rebuilt.append("venv")
         return ref, key, attrs, wh
 
     def deps(self, user_ref: str, user_key: str, variant: str, python: Python, rebuilt: list):
         """The venv, its bytecode, then the base and user stages: [venv, bytecode, base, user...]. The
-        base's and user's small layers are reloaded over the venv; the bytecode is compiled by the base's
-        interpreter in a container of the venv with them on top (toolchain/bytecode.py)."""
+        base's and user's small layers are reloaded over the venv. The bytecode came with the venv stage
+        when the host compiled it; otherwise the base's interpreter compiles it here, in a container of
+        the venv with base and user on top (toolchain/bytecode.py)."""
         venv_ref, venv_key, venv_attrs, wh = self.venv(variant, python, rebuilt)
         key = key_of("deps", user_key, venv_key, bytecode.COMPILE, layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
@@ -214,21 +232,26 @@ class Builder:
             if [layer.diff_id for layer in above] != above_ids:
                 raise BuildError("deps", ref, f"`docker save {user_ref}` gave other layers than the engine lists", [])
             venv_ids = venv_attrs["RootFS"]["Layers"]
-            layers.load(self.client, venv_attrs, above, layers.image_config(user, [*venv_ids, *above_ids]), source)
-            self.rep.step(f"deps: compiling the venv's modules with the image's {python.executable}")
-            pyc, failed = bytecode.compiled_layer(self.client, source, VENV, work / "pyc")
-            if failed:
-                self.rep.detail(f"{failed} module(s) did not compile (they compile at import, if imported)")
-            config = layers.image_config(user, [*venv_ids, pyc.diff_id, *above_ids])
-            layers.load(self.client, venv_attrs, [pyc, *above], config, ref)
-            layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
+            if len(venv_ids) == 2:  # [venv, bytecode]: compiled on the host with the venv (Builder.venv)
+                pyc = None
+                config = layers.image_config(user, [*venv_ids, *above_ids])
+                layers.load(self.client, venv_attrs, above, config, ref)
+            else:
+                layers.load(self.client, venv_attrs, above, layers.image_config(user, [*venv_ids, *above_ids]), source)
+                self.rep.step(f"deps: compiling the venv's modules with the image's {python.executable}")
+                pyc, failed = bytecode.compiled_layer(self.client, source, VENV, work / "pyc")
+                if failed:
+                    self.rep.detail(f"{failed} module(s) did not compile (they compile at import, if imported)")
+                config = layers.image_config(user, [*venv_ids, pyc.diff_id, *above_ids])
+                layers.load(self.client, venv_attrs, [pyc, *above], config, ref)
+                layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
             layers.keep_config(config, self.layer_store)
         finally:
             shutil.rmtree(work, ignore_errors=True)
             if image_exists(self.client, source):
                 self.client.api.remove_image(source, noprune=False)
-        self.rep.step(f"deps: assembled {ref} (the venv, {human_bytes(pyc.size)} of bytecode, then base and user: "
-                      f"{time.monotonic() - t0:.1f}s)")
+        compiled = f"{human_bytes(pyc.size)} of bytecode" if pyc is not None else "its bytecode"
+        self.rep.step(f"deps: assembled {ref} (the venv, {compiled}, then base and user: {time.monotonic() - t0:.1f}s)")
         rebuilt.append("deps")
         return ref, key, wh
 

@@ -50,8 +50,13 @@ INSTALLER_NAME = b"raytrain\n"
 @dataclass(frozen=True)
 class Python:
     """The base image's interpreter, as the venv refers to it."""
-    version: str      # full, e.g. 3.11.2 (pyvenv.cfg)
-    executable: str   # e.g. /usr/bin/python3 (what bin/python3 points at)
+    version: str         # full, e.g. 3.11.2 (pyvenv.cfg)
+    executable: str      # e.g. /usr/bin/python3 (what bin/python3 points at)
+    magic: str = ""      # its .pyc magic number, hex (importlib.util.MAGIC_NUMBER)
+    cache_tag: str = ""  # e.g. cpython-311 (the .pyc file names)
+
+    PROBE = ("import sys, importlib.util; "
+             "print(sys.version.split()[0], sys.executable, importlib.util.MAGIC_NUMBER.hex(), sys.implementation.cache_tag)")
 
     @property
     def minor(self) -> str:
@@ -59,12 +64,12 @@ class Python:
 
     @classmethod
     def parse(cls, line: str, what: str) -> "Python":
-        """`<version> <executable>` as the base image printed them."""
-        m = re.fullmatch(r"(3\.\d+\.\d+)\S* (/[A-Za-z0-9_./+-]+)", line.strip())
+        """`<version> <executable> <magic> <cache tag>` as the base image printed them (PROBE)."""
+        m = re.fullmatch(r"(3\.\d+\.\d+)\S* (/[A-Za-z0-9_./+-]+) ([0-9a-f]{8}) ([a-z]+-\d+)", line.strip())
         if not m:
-            raise BuildError("deps", what, f"the base image's Python said {line.strip()!r}; "
-                             "expected '<version> <absolute path>' (is image.python a Python 3 interpreter?)", [])
-        return cls(m.group(1), m.group(2))
+            raise BuildError("deps", what, f"the base image's Python said {line.strip()!r}; expected "
+                             "'<version> <absolute path> <magic> <cache tag>' (is image.python a Python 3 interpreter?)", [])
+        return cls(*m.groups())
 
 
 class _Sink(threading.Thread):
@@ -115,6 +120,8 @@ class _TarOut:
         self.files: dict[str, tuple[bytes, int, str]] = {}  # name -> (sha256, size, the wheel that wrote it)
         self.wheel = ""
         self.root = ""  # the venv, as tar names start (opt/venv): nothing is written outside it
+        self.compiler = None  # toolchain/bytecode.py HostCompiler: gets each module under LIB as it is written
+        self.lib = ""
 
     def write(self, data: bytes) -> None:
         self.size += len(data)
@@ -165,16 +172,21 @@ class _TarOut:
         info.size = size
         self.write(tar_header(info))
         digest, left = hashlib.sha256(), size
+        source = [] if self.compiler is not None and name.endswith(".py") and name.startswith(self.lib) else None
         while left:
             block = stream.read(min(CHUNK, left))
             if not block:
                 raise BuildError("deps", name, f"the wheel gave {size - left} of the {size} bytes its archive lists", [])
             digest.update(block)
             self.write(block)
+            if source is not None:
+                source.append(block)
             left -= len(block)
         if stream.read(1):
             raise BuildError("deps", name, f"the wheel gave more than the {size} bytes its archive lists", [])
         self.write(tar_padding(size))
+        if source is not None:
+            self.compiler.add(name, b"".join(source))
         self.files[name] = (digest.digest(), size, self.wheel)
         return digest.digest(), size
 
@@ -264,10 +276,11 @@ def unpacked_size(wheels: list[Path]) -> int:
 
 def write_venv_layer(wheels: list[Path], python: Python, venv: str, store: Path,
                      progress: Optional[Callable[[int], None]] = None,
-                     tee: Optional[Callable[[bytes], None]] = None) -> FileLayer:
+                     tee: Optional[Callable[[bytes], None]] = None, compiler=None) -> FileLayer:
     """Install `wheels` into `venv` as one layer tar in `store` (STORE/<diff id hex>.tar, written whole
     or not at all). `tee` gets every block of the tar as it is written (the engine's import, streamed
-    while the tar is made: toolchain/layers.py StreamedImport)."""
+    while the tar is made: toolchain/layers.py StreamedImport); `compiler` (toolchain/bytecode.py
+    HostCompiler) each module under the venv's lib/ (what `compileall <venv>/lib` would compile)."""
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".venv-layer.{os.getpid()}.partial"
     site = f"{venv}/lib/python{python.minor}/site-packages"
@@ -278,6 +291,7 @@ def write_venv_layer(wheels: list[Path], python: Python, venv: str, store: Path,
             try:
                 out = _TarOut(sink, progress or (lambda n: None))
                 out.root = venv.strip("/")
+                out.compiler, out.lib = compiler, f"{out.root}/lib/"
                 for d in ("bin", "include", f"lib/python{python.minor}/site-packages"):
                     out.directory(f"{venv}/{d}".lstrip("/"))
                 v = venv.lstrip("/")
