@@ -1,10 +1,18 @@
 """Built images: imports work, spec baked at CLUSTER_SPEC_PATH, non-root, labelled, layers shared."""
+import io
 import json
+import marshal
 import re
+import sys
+import tarfile
+import uuid
 
 from conftest import SPEC, run_in
+from test_venv_layer import make_wheel
 from runtime.spec import spec_hash
+from toolchain import bytecode, layers
 from toolchain.images import SPEC_PATH_IN_IMAGE
+from toolchain.venv_layer import Python, wheels_of, write_venv_layer
 
 
 def test_cpu_image_selfcheck(client, built):
@@ -96,3 +104,37 @@ def test_the_venv_is_byte_compiled_for_the_image_interpreter(client, built):
         assert re.search(rf"/__pycache__/{re.escape(module.rsplit('/', 1)[1][:-3])}\.cpython-3\d+\.pyc matches "
                          rf"\S*site-packages/{re.escape(module)}", out), module
     assert not re.search(r"code object from '/opt/venv/\S+\.py'", out)  # nothing compiled from source
+
+
+def test_the_container_compile_agrees_with_the_host_compile(client, built, tmp_path):
+    """The two ways to the bytecode layer (toolchain/bytecode.py) give the same files: the host's workers
+    while the venv is written, and `compileall` in a container of the image (the way for a base whose
+    Python is not the host's). Same names, same headers (magic, unchecked-hash flag, source hash), and the
+    same code once loaded; the image's interpreter accepts the host's files (the test above)."""
+    wh = tmp_path / "wh"
+    wh.mkdir()
+    make_wheel(wh, "alpha", "1.0", {"alpha/__init__.py": b'"""doc"""\nfrom .b import f\n',
+                                    "alpha/b.py": b"def f(x, *, y=2):\n    return f'{x!r:>{y}}'\n",
+                                    "alpha/old.py": b"print 'python 2'\n", "alpha/data.txt": b"x\n"})
+    user = client.images.get(built["cpu"]["user_ref"]).attrs
+    tag = sys.implementation.cache_tag
+    compiler = bytecode.HostCompiler(tag, workers=1)
+    venv = write_venv_layer(wheels_of(wh), Python("3.11.2", "/usr/bin/python3"), "/opt/venv", tmp_path / "store",
+                            compiler=compiler)
+    host, host_failed = compiler.layer()
+    ref = f"raytrain-pyctest:{uuid.uuid4().hex[:8]}"
+    layers.load(client, user, [venv], layers.image_config(user, [*user["RootFS"]["Layers"], venv.diff_id]), ref)
+    try:
+        container, container_failed = bytecode.compiled_layer(client, ref, "/opt/venv", tmp_path / "pyc")
+    finally:
+        client.images.remove(ref, force=True)
+    assert host_failed == 1 and container_failed >= 1  # alpha/old.py (compileall's count is of its *** lines)
+
+    def pycs(layer):
+        with tarfile.open(fileobj=io.BytesIO(layer.data)) as tf:
+            return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
+    a, b = pycs(host), pycs(container)
+    assert sorted(a) == sorted(b) and len(a) == 2, (sorted(a), sorted(b))
+    for name in a:
+        assert a[name][:16] == b[name][:16], name
+        assert marshal.loads(a[name][16:]).co_code == marshal.loads(b[name][16:]).co_code, name
