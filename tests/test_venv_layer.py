@@ -229,3 +229,21 @@ def test_the_host_compiles_only_for_the_image_s_bytecode():
     assert host_can_compile(magic, tag)
     assert not host_can_compile("cb0d0d0a", tag)  # 3.12's magic
     assert not host_can_compile(magic, "cpython-312")
+
+
+def test_a_damaged_wheel_member_is_named_and_leaves_no_layer(wheelhouse, tmp_path):
+    """Members are inflated by toolchain/wheel_members.py, not zipfile: its CRC-32 check is theirs too."""
+    wheel = make_wheel(wheelhouse, "omega", "1.0", {"omega/__init__.py": b"VALUE = 'intact'\n"})
+    data = wheel.read_bytes()
+    with zipfile.ZipFile(wheel) as z:  # a stored copy, then one byte of the member changed, sizes kept
+        members = {i.filename: z.read(i) for i in z.infolist()}
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
+        for name, content in members.items():
+            z.writestr(name, content)
+    data = wheel.read_bytes()
+    at = data.index(b"VALUE = 'intact'")
+    wheel.write_bytes(data[:at] + b"VALUE = 'broken'" + data[at + 16:])
+    store = tmp_path / "store"
+    with pytest.raises(BuildError, match=r"omega/__init__\.py does not match its CRC-32.*delete it"):
+        write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
+    assert list(store.iterdir()) == []

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import io
 import os
 import posixpath
 import queue
 import re
+import stat
 import tarfile
 import threading
 import zipfile
@@ -36,12 +38,13 @@ from typing import BinaryIO, Callable, Optional
 
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
-from installer.records import Hash, RecordEntry
+from installer.records import Hash, RecordEntry, parse_record_file
 from installer.scripts import Script
 from installer.sources import WheelFile
 
 from toolchain.errors import BuildError
 from toolchain.layers import CHUNK, MTIME, TAR_END, FileLayer, tar_header, tar_padding
+from toolchain.wheel_members import Member
 
 FORMAT = 1  # bump when the tar this module writes changes, so old dependency stages are not reused
 INSTALLER_NAME = b"raytrain\n"
@@ -202,20 +205,22 @@ class _TarOut:
         return digest, size
 
 
-class _Sized:
-    """A wheel member's stream that knows its size (the tar header comes before the bytes)."""
-
-    def __init__(self, stream: BinaryIO, size: int):
-        self._stream, self.size = stream, size
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
 class _SizedWheel(WheelFile):
+    """installer's wheel, its members read by toolchain/wheel_members.py (ISA-L's inflate, the size known
+    before the bytes): WheelFile.get_contents but for the stream."""
+
     def get_contents(self):
-        for record, stream, executable in super().get_contents():
-            yield record, _Sized(stream, self._zipfile.getinfo(record[0]).file_size), executable
+        records = {r[0]: r for r in parse_record_file(self.read_dist_info("RECORD").splitlines())}
+        with open(self._zipfile.filename, "rb") as f:
+            for item in self._zipfile.infolist():
+                if item.filename.endswith("/"):
+                    continue
+                mode = item.external_attr >> 16
+                executable = bool(mode and stat.S_ISREG(mode) and mode & 0o111)
+                stream = Member(f, item, os.path.basename(self._zipfile.filename))
+                if ".data/scripts/" in item.filename:  # installer seeks in a script to rewrite its #!python
+                    stream = io.BytesIO(stream.read())
+                yield records.get(item.filename, (item.filename, "", "")), stream, executable
 
 
 class _TarDestination(SchemeDictionaryDestination):
