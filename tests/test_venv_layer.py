@@ -21,7 +21,7 @@ import pytest
 from toolchain import bytecode
 from toolchain.bytecode import host_can_compile
 from toolchain.errors import BuildError
-from toolchain.venv_layer import Python, wheels_of, write_venv_layer
+from toolchain.venv_layer import Python, planned_modules, wheels_of, write_venv_layer
 
 PY = Python("3.11.2", "/usr/bin/python3")
 SITE = "opt/venv/lib/python3.11/site-packages"
@@ -247,3 +247,34 @@ def test_a_damaged_wheel_member_is_named_and_leaves_no_layer(wheelhouse, tmp_pat
     with pytest.raises(BuildError, match=r"omega/__init__\.py does not match its CRC-32.*delete it"):
         write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
     assert list(store.iterdir()) == []
+
+
+def _pycs(layer) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(layer.data)) as tf:
+        return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
+
+
+def test_the_planned_modules_are_those_written_and_compile_alike(wheelhouse, tmp_path):
+    """The modules read from the zips' directories before the write (compiled from the start) are the ones
+    the installer writes under lib/: a .data/purelib member in site-packages, no script. A plan that
+    misses a module (its source is handed over as written) or names one never written gives the same layer."""
+    make_wheel(wheelhouse, "delta", "1.0", {"delta/__init__.py": b"", "delta-1.0.data/purelib/delta_extra.py": b"E = 1\n",
+                                            "delta-1.0.data/scripts/delta.py": b"print(1)\n"})
+    wheels = wheels_of(wheelhouse)
+    plan = planned_modules(wheels, PY, "/opt/venv")
+    planned = {name for _, members in plan for _, name in members}
+    layer = write_venv_layer(wheels, PY, "/opt/venv", tmp_path / "s0")
+    written = {m.name for m in members(layer.path) if m.isfile() and m.name.endswith(".py") and m.name.startswith("opt/venv/lib/")}
+    assert planned == written and f"{SITE}/delta_extra.py" in planned
+    tag = sys.implementation.cache_tag
+    lacking = [(w, ms[1:]) for w, ms in plan]                          # each wheel's first module left out
+    extra = [(w, ms + [(ms[0][0], f"{SITE}/never/written.py")]) for w, ms in plan if ms]
+    out = []
+    for i, p in enumerate((plan, lacking, extra, ())):
+        compiler = bytecode.HostCompiler(tag, workers=2, planned=p)
+        write_venv_layer(wheels, PY, "/opt/venv", tmp_path / f"s{i + 1}", compiler=compiler)
+        out.append(_pycs(compiler.layer()[0]))
+    assert sorted(out[0]) == sorted(bytecode.pyc_name(n, tag) for n in written)
+    for other in out[1:]:
+        assert sorted(other) == sorted(out[0])
+        assert all(marshal.loads(other[n][16:]).co_code == marshal.loads(out[0][n][16:]).co_code for n in other)

@@ -22,10 +22,11 @@ import importlib.util
 import multiprocessing
 import os
 import sys
+import zipfile
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import PurePosixPath, Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import docker
 
@@ -61,6 +62,7 @@ def compiled_layer(client: docker.DockerClient, image: str, venv: str, out: Path
 
 
 BATCH_BYTES = 4 << 20  # sources sent to a worker at once
+PLAN_MEMBERS = 400     # a wheel's planned modules compiled by one worker at once
 NICE = 5               # below the writer and the engine's import, which the build waits for first
 
 
@@ -82,7 +84,7 @@ def _worker_start() -> None:
 
 
 def _compile_batch(batch: list[tuple[str, bytes]], cache_tag: str) -> list[tuple[str, Optional[bytes]]]:
-    """(.pyc path, .pyc bytes) for each (tar name, source); None for a source that does not compile."""
+    """(tar name, .pyc bytes) for each (tar name, source); None for a source that does not compile."""
     from importlib._bootstrap_external import _code_to_hash_pyc
     out = []
     for name, source in batch:
@@ -91,16 +93,28 @@ def _compile_batch(batch: list[tuple[str, bytes]], cache_tag: str) -> list[tuple
         except (SyntaxError, ValueError):  # Python 2 fixtures, null bytes: compiled at import, if ever imported
             out.append((name, None))
             continue
-        out.append((pyc_name(name, cache_tag),
-                    bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))))
+        out.append((name, bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))))
     return out
 
 
-class HostCompiler:
-    """Compiles sources handed to `add` on the host's cores, in worker processes; `layer` waits for them
-    and gives the .pyc files as one layer. Only where `host_can_compile` says the image loads the result."""
+def _compile_members(wheel: str, members: list[tuple[str, str]], cache_tag: str) -> list[tuple[str, Optional[bytes]]]:
+    """_compile_batch of the wheel's members (member, tar name), read from the wheel itself."""
+    with zipfile.ZipFile(wheel) as z:
+        return _compile_batch([(name, z.read(member)) for member, name in members], cache_tag)
 
-    def __init__(self, cache_tag: str, workers: Optional[int] = None):
+
+class HostCompiler:
+    """Compiles the venv's modules on the host's cores, in worker processes, while the layer is written.
+
+    The modules the wheels will put under the venv's lib/ (`planned`: read from the zips' directories,
+    toolchain/venv_layer.py `planned_modules`) are compiled from the wheels from the start, so the
+    compiling spreads over the whole write instead of trailing it (torch, with half of the modules,
+    comes last in name order). The writer says which names it wrote (`wrote`), and hands over the
+    source of any module the plan did not foresee (`add`); `layer` keeps what was written and gives
+    the .pyc files as one layer. Only where `host_can_compile` says the image loads the result."""
+
+    def __init__(self, cache_tag: str, workers: Optional[int] = None,
+                 planned: Sequence[tuple[Path, list[tuple[str, str]]]] = ()):
         self.cache_tag = cache_tag
         self.pool = ProcessPoolExecutor(workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_worker_start)
@@ -108,6 +122,25 @@ class HostCompiler:
         self.batch_bytes = 0
         self.futures: list[Future] = []
         self.broken: Optional[BaseException] = None
+        self.planned: set[str] = set()
+        self.written: set[str] = set()
+        for wheel, members in planned:
+            for i in range(0, len(members), PLAN_MEMBERS):
+                self._submit(_compile_members, str(wheel), members[i:i + PLAN_MEMBERS], cache_tag)
+            self.planned.update(name for _, name in members)
+
+    def _submit(self, fn, *args) -> None:
+        if self.broken is None:
+            try:
+                self.futures.append(self.pool.submit(fn, *args))
+            except BrokenProcessPool as e:  # said by `layer`, not as a failure of the wheel being written
+                self.broken = e
+
+    def wants(self, name: str) -> bool:
+        """The writer wrote module NAME: True when its source is to be handed over (`add`), the plan
+        not having it."""
+        self.written.add(name)
+        return name not in self.planned
 
     def add(self, name: str, source: bytes) -> None:
         self.batch.append((name, source))
@@ -116,35 +149,29 @@ class HostCompiler:
             self._send()
 
     def _send(self) -> None:
-        if self.batch and self.broken is None:
-            try:
-                self.futures.append(self.pool.submit(_compile_batch, self.batch, self.cache_tag))
-            except BrokenProcessPool as e:  # said by `layer`, not as a failure of the wheel being written
-                self.broken = e
+        if self.batch:
+            self._submit(_compile_batch, self.batch, self.cache_tag)
         self.batch, self.batch_bytes = [], 0
 
     def layer(self) -> tuple[layers.Layer, int]:
-        """(the layer of every .pyc, how many sources did not compile), once all are compiled."""
+        """(the layer of the .pyc of every module written, how many did not compile), once all are compiled."""
         self._send()
-        files, failed = [], 0
+        compiled: dict[str, Optional[bytes]] = {}
         try:
             if self.broken is not None:
                 raise self.broken
             for f in self.futures:
-                for name, pyc in f.result():
-                    if pyc is None:
-                        failed += 1
-                    else:
-                        files.append((name, pyc, False))
+                compiled.update((name, pyc) for name, pyc in f.result() if name in self.written)
         except Exception as e:  # a worker killed (out of memory, say): the build says so
             raise BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}. A script "
                              "that runs the build must start it under `if __name__ == '__main__':` (the workers "
                              "import it)", []) from None
         finally:
             self.close()
+        files = [(pyc_name(name, self.cache_tag), pyc, False) for name, pyc in compiled.items() if pyc is not None]
         if not files:
             raise BuildError("bytecode", "the host's compiler", "no module of the venv compiled", [])
-        return layers.make_layer(files), failed
+        return layers.make_layer(files), len(compiled) - len(files)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -13,8 +13,9 @@ import shutil
 import subprocess
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import docker
 
@@ -82,9 +83,10 @@ class Builder:
         out = self.client.containers.run(base.ref, [self.settings.image.python, "-c", Python.PROBE], remove=True)
         return Python.parse(out.decode(), base.ref)
 
-    def _build(self, stage: str, tag: str, context: Path, dockerfile: str) -> str:
+    def _build(self, stage: str, tag: str, context: Path, dockerfile: str, quiet: bool = False) -> str:
         (context / "Dockerfile").write_text(dockerfile)
-        self.rep.step(f"{stage}: building {tag}")
+        if not quiet:
+            self.rep.step(f"{stage}: building {tag}")
         tail: list[str] = []
         image_id = None
         for chunk in self.client.api.build(path=str(context), tag=tag, rm=True, forcerm=True, pull=False, decode=True):
@@ -92,7 +94,7 @@ class Builder:
                 for line in chunk["stream"].splitlines():
                     if line.strip():
                         tail = (tail + [line])[-40:]
-                        if line.startswith(("Step ", "Installing collected", "Successfully installed")):
+                        if not quiet and line.startswith(("Step ", "Installing collected", "Successfully installed")):
                             self.rep.detail(line.strip()[:160])
             if "error" in chunk:
                 raise BuildError(stage, tag, chunk["error"].strip(), tail)
@@ -133,15 +135,22 @@ class Builder:
         return layer
 
     # -- stages -------------------------------------------------------------------
-    def user(self, base: BaseImage, rebuilt: list) -> tuple[str, str]:
-        """The non-root user, its home, the app directory, PATH and the default command: a tiny Dockerfile
-        stage (dockerfiles/user.Dockerfile.j2), the only one that runs the base's own tools."""
+    def user_stage(self, base: BaseImage) -> tuple[str, str]:
+        """The user stage's tag and key (what `user` builds)."""
         user = self.settings.image.user
         key = key_of("user", base.key, template_hash("user.Dockerfile.j2"), user.model_dump(), self.settings.image.python,
                      APP_ROOT, VENV, profile_script(), IMAGE_PATH, IMAGE_PYTHONPATH)
-        ref = f"{self.stage_repo}:user-{key[:16]}"
+        return f"{self.stage_repo}:user-{key[:16]}", key
+
+    def user(self, base: BaseImage, rebuilt: list, quiet: bool = False) -> tuple[str, str]:
+        """The non-root user, its home, the app directory, PATH and the default command: a tiny Dockerfile
+        stage (dockerfiles/user.Dockerfile.j2), the only one that runs the base's own tools. QUIET: built
+        beside the venv (`build`), whose progress has the terminal."""
+        user = self.settings.image.user
+        ref, key = self.user_stage(base)
         if image_exists(self.client, ref):
-            self.rep.step(f"user: reusing {ref}")
+            if not quiet:
+                self.rep.step(f"user: reusing {ref}")
             return ref, key
         ctx = self._context()
         try:
@@ -150,7 +159,7 @@ class Builder:
             text = render("user.Dockerfile.j2", base_ref=base.ref, uid=user.uid, gid=user.gid, user=user.name,
                           app_root=APP_ROOT, venv=VENV, profile_script=PROFILE_SCRIPT, path=IMAGE_PATH,
                           pythonpath=IMAGE_PYTHONPATH)
-            self._build("user", ref, ctx, text)
+            self._build("user", ref, ctx, text, quiet)
         finally:
             shutil.rmtree(ctx, ignore_errors=True)
         rebuilt.append("user")
@@ -177,7 +186,8 @@ class Builder:
         # the engine imports the tar as it is written: the writer and the engine each take a core
         layer_ref = f"{ref}-layer" if on_host else ref
         importing = layers.StreamedImport(self.client, layer_ref)
-        compiler = bytecode.HostCompiler(python.cache_tag) if on_host else None
+        compiler = (bytecode.HostCompiler(python.cache_tag, planned=venv_layer.planned_modules(wheels, python, VENV))
+                    if on_host else None)
         try:
             layer = venv_layer.write_venv_layer(
                 wheels, python, VENV, self.layer_store, tee=importing.feed, compiler=compiler,
@@ -192,12 +202,13 @@ class Builder:
             t2 = time.monotonic()
             if compiler is not None:
                 pyc, failed = compiler.layer()
+                t3 = time.monotonic()
                 config = layers.image_config(attrs, [layer.diff_id, pyc.diff_id])
                 layers.load(self.client, attrs, [pyc], config, ref, self.layer_store)
                 self.client.api.remove_image(layer_ref, noprune=True)  # the layer stays: the stage holds it
                 attrs = self.client.images.get(ref).attrs
-                self.rep.step(f"venv: {human_bytes(pyc.size)} of bytecode compiled on the host, "
-                              f"{time.monotonic() - t2:.0f}s after the import"
+                self.rep.step(f"venv: {human_bytes(pyc.size)} of bytecode compiled on the host (done {t3 - t2:.0f}s "
+                              f"after the import), loaded in {time.monotonic() - t3:.0f}s"
                               + (f"; {failed} module(s) did not compile (they compile at import, if imported)"
                                  if failed else ""))
         finally:
@@ -211,17 +222,20 @@ class Builder:
         rebuilt.append("venv")
         return ref, key, attrs, wh
 
-    def deps(self, user_ref: str, user_key: str, variant: str, python: Python, rebuilt: list):
+    def deps(self, user_ref: str, user_key: str, variant: str, python: Python, rebuilt: list,
+             user_ready: Callable[[], object] = lambda: None):
         """The venv, its bytecode, then the base and user stages: [venv, bytecode, base, user...]. The
         base's and user's small layers are reloaded over the venv. The bytecode came with the venv stage
         when the host compiled it; otherwise the base's interpreter compiles it here, in a container of
-        the venv with base and user on top (toolchain/bytecode.py)."""
+        the venv with base and user on top (toolchain/bytecode.py). `user_ready` waits for the user
+        stage (built beside the venv)."""
         venv_ref, venv_key, venv_attrs, wh = self.venv(variant, python, rebuilt)
         key = key_of("deps", user_key, venv_key, bytecode.COMPILE, layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"deps: reusing {ref}")
             return ref, key, wh
+        user_ready()
         t0 = time.monotonic()
         user = self.client.images.get(user_ref).attrs
         above_ids = user["RootFS"]["Layers"]
@@ -305,8 +319,18 @@ class Builder:
         if base.built:
             rebuilt.append("base")
         python = self.python(base)
-        user_ref, user_key = self.user(base, rebuilt)
-        deps_ref, deps_key, wh = self.deps(user_ref, user_key, variant, python, rebuilt)
+        user_ref, user_key = self.user_stage(base)
+        # the user stage (a Dockerfile build: about 15 s of naive diffs here) is built beside the venv
+        user_built: list = []
+        if not image_exists(self.client, user_ref):
+            self.rep.step(f"user: building {user_ref} beside the venv")
+        with ThreadPoolExecutor(1, thread_name_prefix="user-stage") as beside:
+            user_job = beside.submit(self.user, base, user_built, True)
+            deps_ref, deps_key, wh = self.deps(user_ref, user_key, variant, python, rebuilt, user_job.result)
+            user_job.result()
+        if user_built:
+            self.rep.step(f"user: built {user_ref}")
+            rebuilt.insert(int(base.built), "user")
         sources = source_keys(self.settings)  # the trees hashed once: the app layer's key and the record's
         app_ref, app_key = self.app(deps_ref, deps_key, sources, rebuilt)
         ref, human_ref, sha = self.spec_layer(app_ref, app_key, spec_file, variant, wh.torch_source, rebuilt)

@@ -175,7 +175,8 @@ class _TarOut:
         info.size = size
         self.write(tar_header(info))
         digest, left = hashlib.sha256(), size
-        source = [] if self.compiler is not None and name.endswith(".py") and name.startswith(self.lib) else None
+        source = ([] if self.compiler is not None and name.endswith(".py") and name.startswith(self.lib)
+                  and self.compiler.wants(name) else None)
         while left:
             block = stream.read(min(CHUNK, left))
             if not block:
@@ -268,6 +269,30 @@ def wheels_of(wheelhouse: Path) -> list[Path]:
                              f"delete {wheelhouse} and build again to download the wheel set afresh", [])
         seen[dist] = w
     return wheels
+
+
+def planned_modules(wheels: list[Path], python: Python, venv: str) -> list[tuple[Path, list[tuple[str, str]]]]:
+    """For each wheel, (member, tar name) of the modules it will put under the venv's lib/ (what
+    `compileall <venv>/lib` compiles), from the zip's directory alone, as installer places members: in
+    site-packages, or by the scheme of their <dist>-<version>.data directory."""
+    root = venv.strip("/")
+    site, lib = f"{root}/lib/python{python.minor}/site-packages", f"{root}/lib/"
+    to = {"purelib": site, "platlib": site, "data": root}
+    plan = []
+    for w in wheels:
+        dist, version = w.name.split("-")[:2]
+        data_dir = f"{dist}-{version}.data/"
+        members = []
+        with zipfile.ZipFile(w) as z:
+            for m in z.namelist():
+                if not m.endswith(".py"):
+                    continue
+                scheme, _, rest = m[len(data_dir):].partition("/") if m.startswith(data_dir) else ("purelib", "", m)
+                name = posixpath.normpath(f"{to.get(scheme, '-')}/{rest}")
+                if name.startswith(lib):
+                    members.append((m, name))
+        plan.append((w, members))
+    return plan
 
 
 def unpacked_size(wheels: list[Path]) -> int:
