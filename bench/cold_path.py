@@ -4,11 +4,13 @@
                         dockerfiles/deps.Dockerfile.j2): `pip install --no-index` from the wheelhouse in a builder
                         container, then `COPY --from` the venv into the final stage, built without cache;
   new build             `pipeline.build` of a scratch copy of the project from the same base and wheelhouse:
-                        user stage, venv layer written from the wheels and imported, base and user reloaded above
-                        it, app and spec (toolchain/images.py, toolchain/venv_layer.py);
+                        the venv layer written from the wheels and imported, its bytecode compiled meanwhile, the
+                        user stage built beside them, base and user reloaded above, app and spec
+                        (toolchain/images.py, toolchain/venv_layer.py, toolchain/bytecode.py);
   old push              the engine's `docker push` of that image to an empty registry (gzip on one core);
   new push              `pipeline.push` of the same image to another empty registry, from an empty blob cache, so
-                        its compression is counted (toolchain/push.py, toolchain/blobs.py).
+                        its compression is counted; stored layers upload while compressed (toolchain/push.py,
+                        toolchain/blobs.py).
 
 Both registries are the bench's own (127.0.0.1:5058 and :5059, data under the bench's scratch directory) and are
 stopped and deleted at the end, with the bench's images and files. Preconditions: the wheelhouse is downloaded and
