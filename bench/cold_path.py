@@ -104,9 +104,23 @@ def engine_push(client, image_id: str, target: str, tag: str) -> float:
     return time.monotonic() - t0
 
 
-def conditions() -> str:
+def cpu_times() -> list[int]:
+    """The machine's CPU time so far, by kind (/proc/stat: user nice system idle iowait irq softirq steal)."""
+    with open("/proc/stat") as f:
+        return [int(v) for v in f.readline().split()[1:9]]
+
+
+def conditions(since: list[int] | None = None) -> str:
+    """Cores and load; with SINCE (cpu_times at a phase's start), how the CPUs spent the phase: busy, waiting
+    for the disk, and stolen by the hypervisor (time this VM's cores were not given to it)."""
     load = os.getloadavg()
-    return f"{os.cpu_count()} cores, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    out = f"{os.cpu_count()} cores, load {load[0]:.1f} {load[1]:.1f} {load[2]:.1f}"
+    if since is not None:
+        d = [b - a for a, b in zip(since, cpu_times())]
+        total = max(sum(d), 1)
+        out += (f"; CPU busy {100 * (d[0] + d[1] + d[2] + d[5] + d[6]) / total:.0f}%, iowait {100 * d[4] / total:.0f}%, "
+                f"steal {100 * d[7] / total:.0f}%")
+    return out
 
 
 def main() -> None:
@@ -131,30 +145,32 @@ def main() -> None:
         print(f"before: {conditions()}", flush=True)
         old_ref = f"{REPO}-old-deps:1"
         made.append(old_ref)
+        c0 = cpu_times()
         t_old = old_deps(client, old_s, base.ref, work / "old-ctx", old_ref)
-        print(f"old dependency layer: {t_old:.0f}s ({conditions()})", flush=True)
+        print(f"old dependency layer: {t_old:.0f}s ({conditions(c0)})", flush=True)
         client.images.remove(old_ref, force=True)  # 14 GB with its builder stage: gone before the next step
         client.images.prune(filters={"dangling": True})
         shutil.rmtree(work / "old-ctx", ignore_errors=True)
 
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), cpu_times()
         built = pipeline.build(new_s, str(spec), "cpu", rep)["images"]["cpu"]
         t_new = time.monotonic() - t0
         made += [built["local_ref"], built["human_ref"], built["deps_ref"], built["app_ref"], built["user_ref"]]
-        print(f"new build (user, venv, deps, app, spec): {t_new:.0f}s ({conditions()})", flush=True)
+        print(f"new build (user, venv, deps, app, spec): {t_new:.0f}s ({conditions(c0)})", flush=True)
 
         start_local(old_s, rep)
         target = f"{OLD_REGISTRY}/{REPO}-cpu"
         made.append(f"{target}:old")
+        c0 = cpu_times()
         t_epush = engine_push(client, built["image_id"], target, "old")
-        print(f"engine push: {t_epush:.0f}s ({conditions()})", flush=True)
+        print(f"engine push: {t_epush:.0f}s ({conditions(c0)})", flush=True)
         stop_local(old_s)
         shutil.rmtree(old_s.registry.data_dir, ignore_errors=True)  # 4 GB of blobs, not needed any more
 
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), cpu_times()
         pushed = pipeline.push(new_s, str(spec), "cpu", rep)["images"]["cpu"]["push"]
         t_npush = time.monotonic() - t0
-        print(f"new push: {t_npush:.0f}s ({conditions()})", flush=True)
+        print(f"new push: {t_npush:.0f}s ({conditions(c0)})", flush=True)
 
         size = client.images.get(built["image_id"]).attrs["Size"]
         print(f"\nimage {built['local_ref']}: {human_bytes(size)} uncompressed; {human_bytes(pushed['bytes_uploaded'])} "

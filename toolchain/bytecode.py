@@ -9,12 +9,12 @@ interpreter's whatever the host's Python is; PYTHONPYCACHEPREFIX sends the files
 one in its source's __pycache__. Hash-based and unchecked (`--invalidation-mode unchecked-hash`): the
 venv never changes under them, and no source mtime is read.
 
-When the host's interpreter writes the image's bytecode (the same magic number and cache tag: the same
-minor version of CPython, whose .pyc format a bugfix release never changes), the modules are compiled on
-the host instead, by `HostCompiler`, while the venv layer is written: each .py the installer writes goes
-to worker processes at a lower priority, which compile it as `compileall` would (the path in the image as
-the code's file name, unchecked-hash .pyc); that takes the cores the venv's import into the engine leaves
-idle, and no container starts. Either way the layer is the same: every .py under the venv's lib/.
+When the host's interpreter writes the image's bytecode (the same magic number, which CPython changes
+whenever the .pyc format changes, and the same cache tag), the modules are compiled on the host instead,
+by `HostCompiler`, while the venv layer is written: worker processes at a lower priority read the modules
+from the wheels from the start and compile them as `compileall` would (the path in the image as the
+code's file name, unchecked-hash .pyc), on the core the venv's import into the engine leaves idle, and no
+container starts. Either way the layer holds the same files: every .py under the venv's lib/.
 """
 from __future__ import annotations
 

@@ -215,6 +215,8 @@ class Builder:
             importing.abort()
             if compiler is not None:
                 compiler.close()
+                if image_exists(self.client, layer_ref):  # the stage was not made: no half of it stays tagged
+                    self.client.api.remove_image(layer_ref, noprune=False)
             self.rep.progress_done()
         self.rep.step(f"venv: assembled {ref} ({human_bytes(layer.size)} layer {layer.diff_id[7:19]}: written and "
                       f"imported in {t1 - t0:.0f}s, the engine done {t2 - t1:.0f}s later)")

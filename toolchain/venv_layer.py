@@ -123,7 +123,7 @@ class _TarOut:
         self.files: dict[str, tuple[bytes, int, str]] = {}  # name -> (sha256, size, the wheel that wrote it)
         self.wheel = ""
         self.root = ""  # the venv, as tar names start (opt/venv): nothing is written outside it
-        self.compiler = None  # toolchain/bytecode.py HostCompiler: gets each module under LIB as it is written
+        self.compiler = None  # toolchain/bytecode.py HostCompiler: told of each module written under LIB
         self.lib = ""
 
     def write(self, data: bytes) -> None:
