@@ -8,13 +8,16 @@ import os
 import re
 import subprocess
 import zlib
+from pathlib import Path
 
 import pytest
 
 from helpers.small_image import PlainRegistry, SmallImage, cleanup_pulled, mixed_bytes, small_image
 from toolchain.blobs import BlobCache, LayerMismatch, gzip_stream
+from toolchain.errors import TransientRegistryError
+from toolchain.layer_sources import LayerSource
 from toolchain.progress import Reporter
-from toolchain.push import push_image
+from toolchain.push import _compress_and_send, _Sent, push_image
 
 SMALL_CHUNK = 64 << 10  # many chunks from small inputs: every boundary case in milliseconds
 
@@ -87,6 +90,49 @@ def test_cache_refuses_bytes_of_another_layer(tmp_path):
     with pytest.raises(LayerMismatch, match="have sha256"):
         cache.put(io.BytesIO(b"not the layer"), "sha256:" + "0" * 64)
     assert list((tmp_path / "blobs").iterdir()) == []  # nothing half-written left behind
+
+
+class _Registry:
+    """The registry side of a streamed upload that takes two blocks of the blob, then ends as told."""
+
+    def __init__(self, error: BaseException):
+        self.error, self.took = error, 0
+
+    def upload_stream(self, chunks, what):
+        for _ in chunks:
+            self.took += 1
+            if self.took == 2:
+                raise self.error
+
+
+def _stored_layer(tmp_path) -> tuple[Path, str]:
+    store = tmp_path / "layers"
+    store.mkdir()
+    data = mixed_bytes(4 << 20, 7)  # 64 pieces of SMALL_CHUNK: more than the pipe between the threads holds
+    diff_id = "sha256:" + hashlib.sha256(data).hexdigest()
+    (store / f"{diff_id[7:]}.tar").write_bytes(data)
+    return store, diff_id
+
+
+@pytest.mark.parametrize("interrupted", [False, True], ids=["upload-failed", "interrupted"])
+def test_a_streamed_upload_that_ends_early_leaves_a_whole_blob_or_nothing(tmp_path, interrupted):
+    """The push uploads a stored layer while compressing it (toolchain/push.py). An upload that fails
+    (a registry gone mid-way) lets the compression finish into the cache, whence the retry sends it; an
+    interrupted push (Ctrl-C, SIGTERM) stops the compression too, and no partial file stays."""
+    store, diff_id = _stored_layer(tmp_path)
+    cache = BlobCache(tmp_path / "blobs", chunk=SMALL_CHUNK)
+    source = LayerSource(None, cache, "sha256:" + "1" * 64, store, [], Reporter(quiet=True))
+    error = KeyboardInterrupt() if interrupted else TransientRegistryError("connection reset")
+    reg = _Registry(error)
+    with pytest.raises(type(error)):
+        _compress_and_send(reg, source, diff_id, store / f"{diff_id[7:]}.tar", _Sent(), Reporter(quiet=True))
+    assert reg.took == 2
+    if interrupted:
+        assert list((tmp_path / "blobs").iterdir()) == []
+    else:
+        blob = cache.get(diff_id)
+        assert blob is not None and cache.verify(blob)
+        assert gzip.decompress(blob.path.read_bytes()) == (store / f"{diff_id[7:]}.tar").read_bytes()
 
 
 # -- through a real registry and the engine ----------------------------------------------------------

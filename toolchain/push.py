@@ -164,16 +164,24 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
     return digest
 
 
+class _Stopped(Exception):
+    """The push was interrupted (Ctrl-C, SIGTERM): the compression stops too, leaving no partial blob."""
+
+
 class _Pipe:
     """The blob's blocks from the compressing thread to the upload; once the upload is gone the blocks are
-    dropped (the compression still finishes into the blob cache, from which a retry sends the blob)."""
+    dropped (the compression still finishes into the blob cache, from which a retry sends the blob),
+    unless the push itself was interrupted (`stop`)."""
     _END = object()
 
     def __init__(self):
         self.q: queue.Queue = queue.Queue(maxsize=8)
         self.open = True
+        self.stopped = False
 
     def put(self, block) -> None:
+        if self.stopped:
+            raise _Stopped()
         while self.open:
             try:
                 self.q.put(block, timeout=1)
@@ -182,7 +190,8 @@ class _Pipe:
                 continue
 
     def end(self) -> None:
-        self.put(self._END)
+        if not self.stopped:
+            self.put(self._END)
 
     def blocks(self) -> Iterator[bytes]:
         while (block := self.q.get()) is not self._END:
@@ -217,9 +226,14 @@ def _compress_and_send(reg: RegistryClient, source: LayerSource, diff_id: str, t
     worker.start()
     try:
         location = reg.upload_stream(pipe.blocks(), f"layer {name}")
-    except BaseException:
+    except Exception:
         pipe.close()
         worker.join()  # the blob is in the cache for the retry
+        raise
+    except BaseException:  # interrupted: the compression stops at its next block, its partial file removed
+        pipe.stopped = True
+        pipe.close()
+        worker.join()
         raise
     finally:
         sent.seconds += time.monotonic() - t0
