@@ -83,7 +83,7 @@ def _worker_start() -> None:
     warnings.simplefilter("ignore")  # a package's invalid escape sequences: compileall -q says nothing either
 
 
-def _compile_batch(batch: list[tuple[str, bytes]], cache_tag: str) -> list[tuple[str, Optional[bytes]]]:
+def _compile_batch(batch: list[tuple[str, bytes]]) -> list[tuple[str, Optional[bytes]]]:
     """(tar name, .pyc bytes) for each (tar name, source); None for a source that does not compile."""
     from importlib._bootstrap_external import _code_to_hash_pyc
     out = []
@@ -97,10 +97,10 @@ def _compile_batch(batch: list[tuple[str, bytes]], cache_tag: str) -> list[tuple
     return out
 
 
-def _compile_members(wheel: str, members: list[tuple[str, str]], cache_tag: str) -> list[tuple[str, Optional[bytes]]]:
+def _compile_members(wheel: str, members: list[tuple[str, str]]) -> list[tuple[str, Optional[bytes]]]:
     """_compile_batch of the wheel's members (member, tar name), read from the wheel itself."""
     with zipfile.ZipFile(wheel) as z:
-        return _compile_batch([(name, z.read(member)) for member, name in members], cache_tag)
+        return _compile_batch([(name, z.read(member)) for member, name in members])
 
 
 class HostCompiler:
@@ -109,7 +109,7 @@ class HostCompiler:
     The modules the wheels will put under the venv's lib/ (`planned`: read from the zips' directories,
     toolchain/venv_layer.py `planned_modules`) are compiled from the wheels from the start, so the
     compiling spreads over the whole write instead of trailing it (torch, with half of the modules,
-    comes last in name order). The writer says which names it wrote (`wrote`), and hands over the
+    comes last in name order). The writer tells it each module it wrote (`wants`), and hands over the
     source of any module the plan did not foresee (`add`); `layer` keeps what was written and gives
     the .pyc files as one layer. Only where `host_can_compile` says the image loads the result."""
 
@@ -126,7 +126,7 @@ class HostCompiler:
         self.written: set[str] = set()
         for wheel, members in planned:
             for i in range(0, len(members), PLAN_MEMBERS):
-                self._submit(_compile_members, str(wheel), members[i:i + PLAN_MEMBERS], cache_tag)
+                self._submit(_compile_members, str(wheel), members[i:i + PLAN_MEMBERS])
             self.planned.update(name for _, name in members)
 
     def _submit(self, fn, *args) -> None:
@@ -150,7 +150,7 @@ class HostCompiler:
 
     def _send(self) -> None:
         if self.batch:
-            self._submit(_compile_batch, self.batch, self.cache_tag)
+            self._submit(_compile_batch, self.batch)
         self.batch, self.batch_bytes = [], 0
 
     def layer(self) -> tuple[layers.Layer, int]:
