@@ -131,7 +131,7 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
         else:
             need.append(d)
     streamed = {d: tar for d in need if (tar := source.stored_tar(d)) is not None}
-    blobs = source.blobs([d for d in need if d not in streamed]) if len(need) > len(streamed) else {}
+    blobs = source.blobs([d for d in need if d not in streamed])
     for d in need:
         if d in streamed:  # compressed and uploaded at once
             blob = _compress_and_send(reg, source, d, streamed[d], sent, rep)

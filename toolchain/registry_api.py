@@ -292,25 +292,24 @@ class RegistryClient:
             return False
         raise self._fail(r, f"mounting blob {digest[7:19]} from {other}")
 
-    def upload(self, digest: str, body: Callable[[], object], size: int, what: str) -> None:
-        """POST an upload session, then one PUT of the whole blob at its Location with ?digest=."""
+    def _start_upload(self, what: str) -> str:
+        """POST an upload session; its Location (relative or absolute, its query kept)."""
         r = self._request("POST", f"/v2/{self.repo}/blobs/uploads/", f"starting the upload of {what}")
         if r.status_code != 202 or not r.headers.get("Location"):
             raise self._fail(r, f"starting the upload of {what}")
-        location = urljoin(self.base + "/", r.headers["Location"])  # relative or absolute, its query kept
-        r = self._request("PUT", location, f"uploading {what}", body=body, params={"digest": digest},
+        return urljoin(self.base + "/", r.headers["Location"])
+
+    def upload(self, digest: str, body: Callable[[], object], size: int, what: str) -> None:
+        """An upload session, then one PUT of the whole blob at its Location with ?digest=."""
+        r = self._request("PUT", self._start_upload(what), f"uploading {what}", body=body, params={"digest": digest},
                           headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)})
         if r.status_code != 201:
             raise self._fail(r, f"uploading {what}")
 
     def upload_stream(self, chunks: Iterable[bytes], what: str) -> str:
-        """POST an upload session and PATCH it the blob as it is made (chunked: its size and digest are
-        not known yet); the session's Location for `finish_upload`. The engine's own push uploads so."""
-        r = self._request("POST", f"/v2/{self.repo}/blobs/uploads/", f"starting the upload of {what}")
-        if r.status_code != 202 or not r.headers.get("Location"):
-            raise self._fail(r, f"starting the upload of {what}")
-        location = urljoin(self.base + "/", r.headers["Location"])
-        r = self._request("PATCH", location, f"uploading {what}", body=lambda: chunks,
+        """An upload session PATCHed the blob as it is made (chunked: its size and digest are not known
+        yet); the session's Location for `finish_upload`. The engine's own push uploads so."""
+        r = self._request("PATCH", self._start_upload(what), f"uploading {what}", body=lambda: chunks,
                           headers={"Content-Type": "application/octet-stream"})
         if r.status_code != 202 or not r.headers.get("Location"):
             raise self._fail(r, f"uploading {what}")

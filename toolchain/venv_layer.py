@@ -271,13 +271,19 @@ def wheels_of(wheelhouse: Path) -> list[Path]:
     return wheels
 
 
+def _schemes(python: Python, venv: str) -> dict[str, str]:
+    """Where installer puts each scheme of a wheel in the venv (headers: one more level, the distribution)."""
+    site = f"{venv}/lib/python{python.minor}/site-packages"
+    return {"purelib": site, "platlib": site, "scripts": f"{venv}/bin", "data": venv,
+            "headers": f"{venv}/include/site/python{python.minor}"}
+
+
 def planned_modules(wheels: list[Path], python: Python, venv: str) -> list[tuple[Path, list[tuple[str, str]]]]:
     """For each wheel, (member, tar name) of the modules it will put under the venv's lib/ (what
     `compileall <venv>/lib` compiles), from the zip's directory alone, as installer places members: in
     site-packages, or by the scheme of their <dist>-<version>.data directory."""
-    root = venv.strip("/")
-    site, lib = f"{root}/lib/python{python.minor}/site-packages", f"{root}/lib/"
-    to = {"purelib": site, "platlib": site, "data": root}
+    lib = f"{venv.strip('/')}/lib/"
+    to = {scheme: path.lstrip("/") for scheme, path in _schemes(python, venv).items()}
     plan = []
     for w in wheels:
         dist, version = w.name.split("-")[:2]
@@ -313,7 +319,7 @@ def write_venv_layer(wheels: list[Path], python: Python, venv: str, store: Path,
     HostCompiler) each module under the venv's lib/ (what `compileall <venv>/lib` would compile)."""
     store.mkdir(parents=True, exist_ok=True)
     tmp = store / f".venv-layer.{os.getpid()}.partial"
-    site = f"{venv}/lib/python{python.minor}/site-packages"
+    schemes = _schemes(python, venv)
     try:
         with open(tmp, "wb") as f:
             sink = _Sink(f, tee)
@@ -333,8 +339,6 @@ def write_venv_layer(wheels: list[Path], python: Python, venv: str, store: Path,
                        f"version = {python.version}\nexecutable = {python.executable}\n"
                        f"command = {python.executable} -m venv {venv}\n").encode()
                 out.file(f"{v}/pyvenv.cfg", _Bytes(cfg), len(cfg), False)
-                schemes = {"purelib": site, "platlib": site, "scripts": f"{venv}/bin", "data": venv,
-                           "headers": f"{venv}/include/site/python{python.minor}"}
                 for wheel in wheels:
                     out.wheel = wheel.name
                     with _SizedWheel.open(wheel) as source:
