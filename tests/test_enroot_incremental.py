@@ -40,7 +40,7 @@ def stack(client, lower_tag: str, layer: layers.Layer, tag: str, store: Path, wo
         doc = json.loads(config)
         doc["config"]["WorkingDir"] = workdir
         config = json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
-    layers.load(client, lower, [layer], config, tag, store)
+    layers.load(client, [layer], config, tag, store)
     return tag
 
 

@@ -87,7 +87,7 @@ def test_hostile_label_values_round_trip(client, built):
     lower = client.images.get(built["cpu"]["base_ref"]).attrs
     layer = layers.make_layer([("etc/raytrain-test", b"x", False)])
     config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id], labels=hostile)
-    image_id = layers.load(client, lower, [layer], config, "raytrain-test-labels:1")
+    image_id = layers.load(client, [layer], config, "raytrain-test-labels:1")
     try:
         assert {k: client.images.get(image_id).labels[k] for k in hostile} == hostile
     finally:
@@ -123,7 +123,7 @@ def test_the_container_compile_agrees_with_the_host_compile(client, built, tmp_p
                             compiler=compiler)
     host, host_failed = compiler.layer()
     ref = f"raytrain-pyctest:{uuid.uuid4().hex[:8]}"
-    layers.load(client, user, [venv], layers.image_config(user, [*user["RootFS"]["Layers"], venv.diff_id]), ref)
+    layers.load(client, [venv], layers.image_config(user, [*user["RootFS"]["Layers"], venv.diff_id]), ref)
     try:
         container, container_failed = bytecode.compiled_layer(client, ref, "/opt/venv", tmp_path / "pyc")
     finally:

@@ -53,7 +53,7 @@ def test_a_layer_imported_and_the_base_reloaded_above_it_runs(client, base, tmp_
         for a in above:  # each file is the layer's tar, hashed to the diff ID the engine lists
             assert "sha256:" + hashlib.sha256(a.path.read_bytes()).hexdigest() == a.diff_id
         config = layers.image_config(base_attrs, [bottom.diff_id, *base_attrs["RootFS"]["Layers"]])
-        image_id = layers.load(client, attrs, above, config, stacked)
+        image_id = layers.load(client, above, config, stacked)
         assert client.images.get(stacked).attrs["RootFS"]["Layers"] == [bottom.diff_id, *base_attrs["RootFS"]["Layers"]]
         assert image_id == "sha256:" + hashlib.sha256(config).hexdigest()
         out = client.containers.run(stacked, ["/bin/cat", "/opt/venv/marker.txt"], remove=True)
@@ -91,3 +91,36 @@ def test_an_abandoned_import_leaves_no_image(client, tmp_path):
     assert not importing.thread.is_alive() and importing.error is not None
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(tag)
+
+
+def test_a_stage_and_the_stage_above_it_load_from_one_archive(client, base, tmp_path):
+    """The venv's bytecode and the base above it, as the build loads them (toolchain/images.py `_deps`):
+    one archive, two tags; the second image takes the layer the first one brought."""
+    bottom = file_layer(tmp_path, [("opt/venv/mod.py", b"X = 1\n", False)])
+    mid = file_layer(tmp_path, [("opt/venv/__pycache__/mod.pyc", b"compiled\n", False)])
+    suffix = uuid.uuid4().hex[:8]
+    tag, stage, top = (f"raytrain-importtest-{n}:{suffix}" for n in ("bottom", "stage", "top"))
+    try:
+        attrs = imported(client, bottom, tag)
+        above = layers.saved_layers(client, base, tmp_path / "saved")
+        base_attrs = client.images.get(base).attrs
+        stage_config = layers.image_config(attrs, [bottom.diff_id, mid.diff_id])
+        top_config = layers.image_config(base_attrs, [bottom.diff_id, mid.diff_id, *base_attrs["RootFS"]["Layers"]])
+        ids = layers.load_images(client, [mid, *above], [(stage_config, stage), (top_config, top)])
+        assert ids == ["sha256:" + hashlib.sha256(c).hexdigest() for c in (stage_config, top_config)]
+        assert client.images.get(stage).attrs["RootFS"]["Layers"] == [bottom.diff_id, mid.diff_id]
+        assert client.images.get(top).attrs["RootFS"]["Layers"] == [bottom.diff_id, mid.diff_id,
+                                                                    *base_attrs["RootFS"]["Layers"]]
+        out = client.containers.run(top, ["/bin/cat", "/opt/venv/mod.py", "/opt/venv/__pycache__/mod.pyc"], remove=True)
+        assert out == b"X = 1\ncompiled\n"
+        # an image whose layer neither the archive nor the engine has: refused, both tags named
+        missing = file_layer(tmp_path, [("opt/missing", b"m", False)])
+        lost = layers.image_config(attrs, [bottom.diff_id, missing.diff_id])
+        with pytest.raises(layers.BuildError, match=f"{stage}.*lost.*did not load"):
+            layers.load_images(client, [], [(stage_config, stage), (lost, f"raytrain-importtest-lost:{suffix}")])
+    finally:
+        for ref in (top, stage, tag, f"raytrain-importtest-lost:{suffix}"):
+            try:
+                client.images.remove(ref, force=True)
+            except docker.errors.ImageNotFound:
+                pass

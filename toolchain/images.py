@@ -13,7 +13,8 @@ import shutil
 import subprocess
 import tempfile
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -66,6 +67,50 @@ def git_revision(root: Path) -> str:
                               check=True).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
+
+
+@dataclass
+class VenvStage:
+    """The venv stage REF, bottom layers first (DIFF_IDS). With `pending`, its top layer (the bytecode
+    compiled on the host) and its config are still to be loaded, with the deps stage above it in one
+    archive (Builder.deps); until then the engine holds its bottom layer alone, tagged BOTTOM_REF."""
+    ref: str
+    key: str
+    diff_ids: list[str]
+    wh: Wheelhouse
+    pending: Optional[tuple[layers.Layer, bytes]] = None
+    bottom_ref: Optional[str] = None
+
+
+class UserBeside:
+    """The user stage, built in a thread beside the venv (a Dockerfile build: about 15 s of naive diffs
+    here), and its layers saved from the engine in that thread too once the deps stage above the venv
+    is known to be new (`prefetch`): what deps loads over the venv (`layers`). `close` waits for the
+    thread and deletes the saved tars."""
+
+    def __init__(self, builder: Builder, base: BaseImage):
+        self.client, self.ref = builder.client, builder.user_stage(base)[0]
+        self.built: list = []  # ["user"] when it was built here
+        self.work = builder._context()
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="user-stage")
+        self.job: Future = self.pool.submit(builder.user, base, self.built, True)
+        self.saved: Optional[Future] = None
+
+    def prefetch(self) -> None:
+        if self.saved is None:
+            self.saved = self.pool.submit(self._save)
+
+    def _save(self) -> list[layers.FileLayer]:
+        self.job.result()  # the pool's one thread ran the build first; its error is the save's
+        return layers.saved_layers(self.client, self.ref, self.work / "saved")
+
+    def layers(self) -> list[layers.FileLayer]:
+        self.prefetch()
+        return self.saved.result()
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True, cancel_futures=True)  # a build under way is waited for; a save not begun is not
+        shutil.rmtree(self.work, ignore_errors=True)
 
 
 class Builder:
@@ -131,7 +176,7 @@ class Builder:
                     layers.keep_config(config, self.layer_store)
             return None
         layer = make()
-        layers.load(self.client, lower, [layer], config_of(layer), ref, self.layer_store)
+        layers.load(self.client, [layer], config_of(layer), ref, self.layer_store)
         return layer
 
     # -- stages -------------------------------------------------------------------
@@ -165,11 +210,13 @@ class Builder:
         rebuilt.append("user")
         return ref, key
 
-    def venv(self, variant: str, python: Python, rebuilt: list) -> tuple[str, str, dict, Wheelhouse]:
+    def venv(self, variant: str, python: Python, rebuilt: list, on_build: Callable[[], object] = lambda: None) -> VenvStage:
         """The wheelhouse installed into the venv as one layer, assembled directly (toolchain/venv_layer.py)
         and imported: the venv is the bottom layer of every image, so its layer is the same whatever the
         base, and the engine takes it without a temporary copy. When the host's Python writes the image's
-        bytecode, the modules are compiled while the layer is written, and the stage is [venv, bytecode]."""
+        bytecode, the modules are compiled while the layer is written, and the stage is [venv, bytecode],
+        its bytecode loaded with the deps stage above it (`deps`). ON_BUILD is called when the layer is
+        to be written (the deps stage above will be new too)."""
         wh = ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
         on_host = bytecode.host_can_compile(python.magic, python.cache_tag)
         key = key_of("venv", wh.key, venv_layer.FORMAT, python.version, python.executable, VENV, layers.LAYER_FORMAT,
@@ -177,7 +224,8 @@ class Builder:
         ref = f"{self.stage_repo}:venv-{key[:16]}"
         if image_exists(self.client, ref):
             self.rep.step(f"venv: reusing {ref}")
-            return ref, key, self.client.images.get(ref).attrs, wh
+            return VenvStage(ref, key, self.client.images.get(ref).attrs["RootFS"]["Layers"], wh)
+        on_build()
         wheels = venv_layer.wheels_of(wh.path)
         total = venv_layer.unpacked_size(wheels)
         self.rep.step(f"venv: installing {len(wheels)} wheels ({human_bytes(total)} unpacked) into {VENV} as one layer"
@@ -188,6 +236,7 @@ class Builder:
         importing = layers.StreamedImport(self.client, layer_ref)
         compiler = (bytecode.HostCompiler(python.cache_tag, planned=venv_layer.planned_modules(wheels, python, VENV))
                     if on_host else None)
+        stage = None
         try:
             layer = venv_layer.write_venv_layer(
                 wheels, python, VENV, self.layer_store, tee=importing.feed, compiler=compiler,
@@ -200,76 +249,103 @@ class Builder:
                 layer.path.unlink(missing_ok=True)
                 raise
             t2 = time.monotonic()
-            if compiler is not None:
+            if compiler is None:
+                stage = VenvStage(ref, key, [layer.diff_id], wh)
+            else:
                 pyc, failed = compiler.layer()
-                t3 = time.monotonic()
-                config = layers.image_config(attrs, [layer.diff_id, pyc.diff_id])
-                layers.load(self.client, attrs, [pyc], config, ref, self.layer_store)
-                self.client.api.remove_image(layer_ref, noprune=True)  # the layer stays: the stage holds it
-                attrs = self.client.images.get(ref).attrs
-                self.rep.step(f"venv: {human_bytes(pyc.size)} of bytecode compiled on the host (done {t3 - t2:.0f}s "
-                              f"after the import), loaded in {time.monotonic() - t3:.0f}s"
+                diff_ids = [layer.diff_id, pyc.diff_id]
+                stage = VenvStage(ref, key, diff_ids, wh, pending=(pyc, layers.image_config(attrs, diff_ids)),
+                                  bottom_ref=layer_ref)
+                self.rep.step(f"venv: {human_bytes(pyc.size)} of bytecode compiled on the host (done "
+                              f"{time.monotonic() - t2:.0f}s after the import)"
                               + (f"; {failed} module(s) did not compile (they compile at import, if imported)"
                                  if failed else ""))
         finally:
             importing.abort()
             if compiler is not None:
                 compiler.close()
-                if image_exists(self.client, layer_ref):  # the stage was not made: no half of it stays tagged
-                    self.client.api.remove_image(layer_ref, noprune=False)
+                if stage is None and image_exists(self.client, layer_ref):  # no half of a stage stays tagged
+                    self.client.api.remove_image(layer_ref)
             self.rep.progress_done()
         self.rep.step(f"venv: assembled {ref} ({human_bytes(layer.size)} layer {layer.diff_id[7:19]}: written and "
                       f"imported in {t1 - t0:.0f}s, the engine done {t2 - t1:.0f}s later)")
         layers.prune_big(self.layer_store, keep={layer.path})
         rebuilt.append("venv")
-        return ref, key, attrs, wh
+        return stage
+
+    def _finish_venv(self, venv: VenvStage) -> None:
+        """Load the venv stage's bytecode on its layer alone (not with the deps stage above it)."""
+        if venv.pending is not None:
+            pyc, config = venv.pending
+            layers.load(self.client, [pyc], config, venv.ref, self.layer_store)
+            venv.pending = None
 
     def deps(self, user_ref: str, user_key: str, variant: str, python: Python, rebuilt: list,
-             user_ready: Callable[[], object] = lambda: None):
+             beside: UserBeside) -> tuple[str, str, Wheelhouse]:
         """The venv, its bytecode, then the base and user stages: [venv, bytecode, base, user...]. The
-        base's and user's small layers are reloaded over the venv. The bytecode came with the venv stage
-        when the host compiled it; otherwise the base's interpreter compiles it here, in a container of
-        the venv with base and user on top (toolchain/bytecode.py). `user_ready` waits for the user
-        stage (built beside the venv)."""
-        venv_ref, venv_key, venv_attrs, wh = self.venv(variant, python, rebuilt)
-        key = key_of("deps", user_key, venv_key, bytecode.COMPILE, layers.LAYER_FORMAT)
+        base's and user's small layers (`beside`: saved from the engine beside the venv) are reloaded
+        over the venv. The bytecode came with the venv stage when the host compiled it, and is loaded
+        with them in one archive; otherwise the base's interpreter compiles it here, in a container of
+        the venv with base and user on top (toolchain/bytecode.py)."""
+        venv = self.venv(variant, python, rebuilt, on_build=beside.prefetch)
+        try:
+            return self._deps(venv, user_ref, user_key, python, rebuilt, beside)
+        finally:
+            if venv.bottom_ref is not None and image_exists(self.client, venv.bottom_ref):
+                # the venv stage, once loaded, holds the layer; if it was not, the 7 GB go with the tag
+                self.client.api.remove_image(venv.bottom_ref)
+
+    def _deps(self, venv: VenvStage, user_ref: str, user_key: str, python: Python, rebuilt: list,
+              beside: UserBeside) -> tuple[str, str, Wheelhouse]:
+        key = key_of("deps", user_key, venv.key, bytecode.COMPILE, layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
         if image_exists(self.client, ref):
+            self._finish_venv(venv)
             self.rep.step(f"deps: reusing {ref}")
-            return ref, key, wh
-        user_ready()
+            return ref, key, venv.wh
         t0 = time.monotonic()
+        try:
+            above = beside.layers()
+        except Exception:
+            self._finish_venv(venv)  # kept: the next build, its user stage mended, does not write the venv again
+            raise
         user = self.client.images.get(user_ref).attrs
         above_ids = user["RootFS"]["Layers"]
-        work = self._context()
-        source = f"{ref}-source"
-        try:
-            above = layers.saved_layers(self.client, user_ref, work / "saved")
-            if [layer.diff_id for layer in above] != above_ids:
-                raise BuildError("deps", ref, f"`docker save {user_ref}` gave other layers than the engine lists", [])
-            venv_ids = venv_attrs["RootFS"]["Layers"]
-            if len(venv_ids) == 2:  # [venv, bytecode]: compiled on the host with the venv (Builder.venv)
-                pyc = None
-                config = layers.image_config(user, [*venv_ids, *above_ids])
-                layers.load(self.client, venv_attrs, above, config, ref)
+        if [layer.diff_id for layer in above] != above_ids:
+            raise BuildError("deps", ref, f"`docker save {user_ref}` gave other layers than the engine lists", [])
+        if len(venv.diff_ids) == 2:  # [venv, bytecode]: compiled on the host with the venv (Builder.venv)
+            config = layers.image_config(user, [*venv.diff_ids, *above_ids])
+            if venv.pending is not None:  # one archive for both stages: one unpacking by the engine
+                pyc, venv_config = venv.pending
+                layers.load_images(self.client, [pyc, *above], [(venv_config, venv.ref), (config, ref)])
+                layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
+                layers.keep_config(venv_config, self.layer_store)
+                venv.pending = None
+                done = f"the venv, {human_bytes(pyc.size)} of bytecode, base and user, loaded together"
             else:
-                layers.load(self.client, venv_attrs, above, layers.image_config(user, [*venv_ids, *above_ids]), source)
+                layers.load(self.client, above, config, ref)
+                done = "the venv, its bytecode, then base and user"
+        else:
+            source = f"{ref}-source"
+            work = self._context()
+            try:
+                layers.load(self.client, above, layers.image_config(user, [*venv.diff_ids, *above_ids]), source)
                 self.rep.step(f"deps: compiling the venv's modules with the image's {python.executable}")
                 pyc, failed = bytecode.compiled_layer(self.client, source, VENV, work / "pyc")
-                if failed:
-                    self.rep.detail(f"{failed} module(s) did not compile (they compile at import, if imported)")
-                config = layers.image_config(user, [*venv_ids, pyc.diff_id, *above_ids])
-                layers.load(self.client, venv_attrs, [pyc, *above], config, ref)
-                layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
-            layers.keep_config(config, self.layer_store)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-            if image_exists(self.client, source):
-                self.client.api.remove_image(source, noprune=False)
-        compiled = f"{human_bytes(pyc.size)} of bytecode" if pyc is not None else "its bytecode"
-        self.rep.step(f"deps: assembled {ref} (the venv, {compiled}, then base and user: {time.monotonic() - t0:.1f}s)")
+            finally:
+                shutil.rmtree(work, ignore_errors=True)
+                if image_exists(self.client, source):
+                    self.client.api.remove_image(source, noprune=False)
+            if failed:
+                self.rep.detail(f"{failed} module(s) did not compile (they compile at import, if imported)")
+            config = layers.image_config(user, [*venv.diff_ids, pyc.diff_id, *above_ids])
+            layers.load(self.client, [pyc, *above], config, ref)
+            layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
+            done = f"the venv, {human_bytes(pyc.size)} of bytecode, then base and user"
+        layers.keep_config(config, self.layer_store)
+        self.rep.step(f"deps: assembled {ref} ({done}: {time.monotonic() - t0:.1f}s)")
         rebuilt.append("deps")
-        return ref, key, wh
+        return ref, key, venv.wh
 
     def app(self, deps_ref: str, deps_key: str, sources: dict, rebuilt: list) -> tuple[str, str]:
         """The runtime package and the user's code as one layer, assembled directly (toolchain/layers.py)."""
@@ -322,15 +398,15 @@ class Builder:
             rebuilt.append("base")
         python = self.python(base)
         user_ref, user_key = self.user_stage(base)
-        # the user stage (a Dockerfile build: about 15 s of naive diffs here) is built beside the venv
-        user_built: list = []
         if not image_exists(self.client, user_ref):
             self.rep.step(f"user: building {user_ref} beside the venv")
-        with ThreadPoolExecutor(1, thread_name_prefix="user-stage") as beside:
-            user_job = beside.submit(self.user, base, user_built, True)
-            deps_ref, deps_key, wh = self.deps(user_ref, user_key, variant, python, rebuilt, user_job.result)
-            user_job.result()
-        if user_built:
+        beside = UserBeside(self, base)
+        try:
+            deps_ref, deps_key, wh = self.deps(user_ref, user_key, variant, python, rebuilt, beside)
+            beside.job.result()
+        finally:
+            beside.close()
+        if beside.built:
             self.rep.step(f"user: built {user_ref}")
             rebuilt.insert(int(base.built), "user")
         sources = source_keys(self.settings)  # the trees hashed once: the app layer's key and the record's

@@ -168,13 +168,14 @@ def keep_config(config: bytes, store: Path) -> Path:
     return path
 
 
-def _archive(config_name: str, config: bytes, new: list[AnyLayer], manifest: bytes) -> Iterator[bytes]:
-    """A docker-archive, streamed: the config, the new layers' tars (read in chunks) and the manifest."""
+def _archive(configs: list[tuple[str, bytes]], new: list[AnyLayer], manifest: bytes) -> Iterator[bytes]:
+    """A docker-archive, streamed: the configs (name, bytes), the new layers' tars (read in chunks) and the manifest."""
     def entry(name: str, size: int) -> bytes:
         info = tarfile.TarInfo(name)
         info.size, info.mtime = size, MTIME
         return tar_header(info)
-    yield entry(config_name, len(config)) + config + tar_padding(len(config))
+    for name, config in configs:
+        yield entry(name, len(config)) + config + tar_padding(len(config))
     for layer in new:
         yield entry(f"{layer.diff_id[7:]}/layer.tar", layer.size)
         yield from layer.chunks()
@@ -182,34 +183,46 @@ def _archive(config_name: str, config: bytes, new: list[AnyLayer], manifest: byt
     yield entry("manifest.json", len(manifest)) + manifest + tar_padding(len(manifest)) + TAR_END
 
 
-def load(client, lower: dict, new: list[AnyLayer], config: bytes, tag: str, store: Path | None = None,
-         progress=None) -> str:
-    """Load the image (only the new layers travel, streamed) and tag it; returns its ID (sha256 of the
-    config). With `store`, the new layers and the config are kept there too (`keep`, `keep_config`).
-    `progress(bytes sent)` is called as the archive streams."""
-    image_id = "sha256:" + hashlib.sha256(config).hexdigest()
-    lower_ids = list(lower["RootFS"]["Layers"])
-    paths = [f"{d[7:]}/layer.tar" for d in lower_ids + [layer.diff_id for layer in new]]
-    manifest = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag], "Layers": paths}]).encode()
+def load(client, new: list[AnyLayer], config: bytes, tag: str, store: Path | None = None, progress=None) -> str:
+    """Load the image of CONFIG (only the NEW layers travel, streamed; the config's other layers the
+    engine has) and tag it TAG; returns its ID (sha256 of the config). With `store`, the new layers
+    and the config are kept there too (`keep`, `keep_config`). `progress(bytes sent)` is called as the
+    archive streams."""
+    return load_images(client, new, [(config, tag)], store, progress)[0]
+
+
+def load_images(client, new: list[AnyLayer], images: list[tuple[bytes, str]], store: Path | None = None,
+                progress=None) -> list[str]:
+    """`load` of several images in one docker-archive: one request, and one unpacking by the engine,
+    for a stage and the stage above it. IMAGES are (config, tag), bottom first: each image's layers
+    are its config's diff IDs, and the engine takes the first image's before the next one's, so a
+    layer of NEW that the first brings is already there for the second. Returns the images' IDs."""
+    ids = ["sha256:" + hashlib.sha256(config).hexdigest() for config, _ in images]
+    manifest = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag],
+                            "Layers": [f"{d[7:]}/layer.tar" for d in json.loads(config)["rootfs"]["diff_ids"]]}
+                           for image_id, (config, tag) in zip(ids, images)]).encode()
 
     def counted() -> Iterator[bytes]:
         sent = 0
-        for block in _archive(f"{image_id[7:]}.json", config, new, manifest):
+        for block in _archive([(f"{i[7:]}.json", config) for i, (config, _) in zip(ids, images)], new, manifest):
             sent += len(block)
             if progress is not None:
                 progress(sent)
             yield block
+    tags = ", ".join(tag for _, tag in images)
     try:
         client.images.load(counted())
     except Exception as e:  # the engine's message says which layer it missed
-        raise BuildError("assembled", tag, f"the engine did not load the assembled image: {e}", []) from None
-    if client.images.get(tag).id != image_id:
-        raise BuildError("assembled", tag, f"the engine gave the image another ID than {image_id}", [])
+        raise BuildError("assembled", tags, f"the engine did not load the assembled image: {e}", []) from None
+    for image_id, (config, tag) in zip(ids, images):
+        if client.images.get(tag).id != image_id:
+            raise BuildError("assembled", tag, f"the engine gave the image another ID than {image_id}", [])
+        if store is not None:
+            keep_config(config, store)
     if store is not None:
         for layer in new:
             keep(layer, store)
-        keep_config(config, store)
-    return image_id
+    return ids
 
 
 class StreamedImport:

@@ -93,7 +93,7 @@ def small_image(client, store: Path, payload: int = 3 << 20, seed: int = 0, rand
     layer = layers.make_layer([("opt/hello.txt", text, False), ("opt/payload", data, False)])
     config = layers.image_config(lower, [*lower["RootFS"]["Layers"], layer.diff_id])
     ref = f"raytrain-pushtest:{name}"
-    image_id = layers.load(client, lower, [layer], config, ref, store)
+    image_id = layers.load(client, [layer], config, ref, store)
     return SmallImage(ref, image_id, base_ref, base_id, store, text)
 
 
