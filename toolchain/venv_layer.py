@@ -2,8 +2,11 @@
 
 No builder container and no `pip install` inside one: PyPA's `installer` unpacks each wheel (the
 same library pip's own install is built on), and every file it would write goes straight into the
-layer's tar in the layer store, hashed as it is written, so the 7 GB venv is written once. The
-engine then loads that tar as the layer (toolchain/layers.py `load`).
+layer's tar in the layer store, so the 7 GB venv is written once; the tar is hashed as it is written
+(its diff ID), and a file's RECORD line keeps the wheel's own hash, as pip keeps it, where the wheel's
+RECORD gives a sha256 for it (the member's bytes are checked against the zip's CRC-32 and size:
+toolchain/wheel_members.py); only files the install writes or changes are hashed again. The
+engine imports that tar as the layer while it is written (toolchain/layers.py `StreamedImport`).
 
 The tar is reproducible, so the same wheel set gives the same diff ID on any machine:
   - wheels in name order, each wheel's files in its own archive order (deterministic; a sorted
@@ -166,22 +169,25 @@ class _TarOut:
         info.type, info.linkname = tarfile.SYMTYPE, target
         self.write(tar_header(info))
 
-    def file(self, name: str, stream, size: int, executable: bool) -> tuple[bytes, int]:
-        """Copy `size` bytes of stream in; returns (sha256 digest of the content, size)."""
+    def file(self, name: str, stream, size: int, executable: bool, recorded: Optional[bytes] = None) -> tuple[bytes, int]:
+        """Copy `size` bytes of stream in; returns (sha256 digest of the content, size): RECORDED when the
+        wheel's RECORD gives it (as pip keeps a wheel's RECORD line for a file it does not change), else
+        hashed here."""
         if name in self.files:  # namespace packages: nvidia-* wheels each ship nvidia/__init__.py
             return self._again(name, stream, size)
         self.parents(name)
         info = self._info(name, 0o755 if executable else 0o644)
         info.size = size
         self.write(tar_header(info))
-        digest, left = hashlib.sha256(), size
+        digest, left = (hashlib.sha256() if recorded is None else None), size
         source = ([] if self.compiler is not None and name.endswith(".py") and name.startswith(self.lib)
                   and self.compiler.wants(name) else None)
         while left:
             block = stream.read(min(CHUNK, left))
             if not block:
                 raise BuildError("deps", name, f"the wheel gave {size - left} of the {size} bytes its archive lists", [])
-            digest.update(block)
+            if digest is not None:
+                digest.update(block)
             self.write(block)
             if source is not None:
                 source.append(block)
@@ -191,8 +197,9 @@ class _TarOut:
         self.write(tar_padding(size))
         if source is not None:
             self.compiler.add(name, b"".join(source))
-        self.files[name] = (digest.digest(), size, self.wheel)
-        return digest.digest(), size
+        sha = recorded if digest is None else digest.digest()
+        self.files[name] = (sha, size, self.wheel)
+        return sha, size
 
     def _again(self, name: str, stream, size: int) -> tuple[bytes, int]:
         """A path a previous wheel installed: the same bytes are already in the layer (the engine refuses
@@ -219,9 +226,22 @@ class _SizedWheel(WheelFile):
                 mode = item.external_attr >> 16
                 executable = bool(mode and stat.S_ISREG(mode) and mode & 0o111)
                 stream = Member(f, item, os.path.basename(self._zipfile.filename))
+                record = records.get(item.filename, (item.filename, "", ""))
                 if ".data/scripts/" in item.filename:  # installer seeks in a script to rewrite its #!python
                     stream = io.BytesIO(stream.read())
-                yield records.get(item.filename, (item.filename, "", "")), stream, executable
+                else:
+                    stream.recorded = _recorded_sha256(record, item.file_size)
+                yield record, stream, executable
+
+
+def _recorded_sha256(record: tuple, size: int) -> Optional[bytes]:
+    """The sha256 digest the wheel's RECORD line gives for a member of SIZE bytes; None when it gives
+    another hash, none, or another size (the file is hashed as it is written then)."""
+    _, digest, recorded_size = record
+    algorithm, _, value = (digest or "").partition("=")
+    if algorithm != "sha256" or recorded_size != str(size) or not re.fullmatch(r"[A-Za-z0-9_-]{43}", value):
+        return None
+    return base64.urlsafe_b64decode(value + "=")
 
 
 class _TarDestination(SchemeDictionaryDestination):
@@ -236,11 +256,11 @@ class _TarDestination(SchemeDictionaryDestination):
         if not posixpath.normpath(name).startswith(self.out.root + "/"):  # a member named ../../etc/x
             raise BuildError("deps", self.out.wheel, f"the wheel installs {path!r} outside {self.out.root}; "
                              "it is not a wheel to trust: remove it from the requirements", [])
-        size = getattr(stream, "size", None)
+        size, recorded = getattr(stream, "size", None), getattr(stream, "recorded", None)
         if size is None or scheme == "scripts":  # generated or rewritten (RECORD, a shebang): small
             data = stream.read()
-            stream, size = _Bytes(data), len(data)
-        digest, size = self.out.file(name, stream, size, is_executable)
+            stream, size, recorded = _Bytes(data), len(data), None
+        digest, size = self.out.file(name, stream, size, is_executable, recorded)
         return RecordEntry(path, Hash("sha256", base64.urlsafe_b64encode(digest).decode().rstrip("=")), size)
 
     def write_script(self, name: str, module: str, attr: str, section) -> RecordEntry:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import struct
 import zipfile
-from typing import BinaryIO
+from typing import BinaryIO, Optional
 
 from isal import isal_zlib
 
@@ -27,6 +27,7 @@ class Member:
 
     def __init__(self, f: BinaryIO, info: zipfile.ZipInfo, wheel: str):
         self.f, self.info, self.wheel, self.size = f, info, wheel, info.file_size
+        self.recorded: Optional[bytes] = None  # the sha256 the wheel's RECORD gives (toolchain/venv_layer.py)
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
             raise BuildError("deps", wheel, f"{info.filename} is compressed with method {info.compress_type}; "
                              "a wheel's members are stored or deflated: download the wheel again", [])
