@@ -309,6 +309,7 @@ class Builder:
         except Exception:
             self._finish_venv(venv)  # kept: the next build, its user stage mended, does not write the venv again
             raise
+        waited = time.monotonic() - t0
         user = self.client.images.get(user_ref).attrs
         above_ids = user["RootFS"]["Layers"]
         if [layer.diff_id for layer in above] != above_ids:
@@ -343,7 +344,8 @@ class Builder:
             layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
             done = f"the venv, {human_bytes(pyc.size)} of bytecode, then base and user"
         layers.keep_config(config, self.layer_store)
-        self.rep.step(f"deps: assembled {ref} ({done}: {time.monotonic() - t0:.1f}s)")
+        self.rep.step(f"deps: assembled {ref} ({done}: {time.monotonic() - t0:.1f}s"
+                      + (f", of which {waited:.1f}s waiting for the user stage's layers)" if waited >= 0.1 else ")"))
         rebuilt.append("deps")
         return ref, key, venv.wh
 
