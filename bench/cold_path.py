@@ -81,10 +81,8 @@ def settings_for(work: Path, app: Path, address: str, base_ref: str, data: str):
     return s.model_copy(update={"image": image, "registry": registry})
 
 
-def old_deps(client, s, base_ref: str, ctx: Path, tag: str) -> float:
-    python = Builder(client, s, Reporter(quiet=True)).python(ensure_base(client, s, Reporter(quiet=True)))
-    wh = ensure_wheelhouse(s, "cpu", python.minor, Reporter(quiet=True))
-    shutil.copytree(wh.path, ctx / "wheelhouse", copy_function=os.link)
+def old_deps(client, s, base_ref: str, wheelhouse: Path, ctx: Path, tag: str) -> float:
+    shutil.copytree(wheelhouse, ctx / "wheelhouse", copy_function=os.link)
     (ctx / PROFILE_SCRIPT).write_text(profile_script())
     u = s.image.user
     (ctx / "Dockerfile").write_text(OLD_DEPS.format(
@@ -167,7 +165,7 @@ def main() -> None:
                                        Reporter(quiet=True)).path
         settle("the old dependency layer", wheelhouse)
         c0 = cpu_times()
-        t_old = old_deps(client, old_s, base.ref, work / "old-ctx", old_ref)
+        t_old = old_deps(client, old_s, base.ref, wheelhouse, work / "old-ctx", old_ref)
         print(f"old dependency layer: {t_old:.0f}s ({conditions(c0)})", flush=True)
         client.images.remove(old_ref, force=True)  # 14 GB with its builder stage: gone before the next step
         client.images.prune(filters={"dangling": True})

@@ -61,7 +61,7 @@ def test_the_bytecode_and_the_stage_above_load_together(client, stage, tmp_path)
     builder, venv, user_ref, made = stage
     beside = Beside(client, user_ref, tmp_path / "saved")
     rebuilt: list = []
-    ref, _, _ = builder.deps(user_ref, "u" * 64, "cpu", None, rebuilt, beside)
+    ref, _, _ = builder.deps("u" * 64, "cpu", None, rebuilt, beside)
     made.append(ref)
     user_ids = client.images.get(user_ref).attrs["RootFS"]["Layers"]
     assert client.images.get(venv.ref).attrs["RootFS"]["Layers"] == venv.diff_ids
@@ -80,7 +80,7 @@ def test_a_failed_user_stage_leaves_the_venv_stage_whole(client, stage, tmp_path
     beside = Beside(client, user_ref, tmp_path / "saved", error=BuildError("user", user_ref, "useradd failed", []))
     rebuilt: list = []
     with pytest.raises(BuildError, match="useradd failed"):
-        builder.deps(user_ref, "u" * 64, "cpu", None, rebuilt, beside)
+        builder.deps("u" * 64, "cpu", None, rebuilt, beside)
     assert client.images.get(venv.ref).attrs["RootFS"]["Layers"] == venv.diff_ids
     with pytest.raises(docker.errors.ImageNotFound):
         client.images.get(venv.bottom_ref)

@@ -88,8 +88,8 @@ class UserBeside:
     is known to be new (`prefetch`): what deps loads over the venv (`layers`). `close` waits for the
     thread and deletes the saved tars."""
 
-    def __init__(self, builder: Builder, base: BaseImage):
-        self.client, self.ref = builder.client, builder.user_stage(base)[0]
+    def __init__(self, builder: Builder, base: BaseImage, ref: str):
+        self.client, self.ref = builder.client, ref  # builder.user_stage(base)'s tag
         self.built: list = []  # ["user"] when it was built here
         self.work = builder._context()
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="user-stage")
@@ -280,7 +280,7 @@ class Builder:
             layers.load(self.client, [pyc], config, venv.ref, self.layer_store)
             venv.pending = None
 
-    def deps(self, user_ref: str, user_key: str, variant: str, python: Python, rebuilt: list,
+    def deps(self, user_key: str, variant: str, python: Python, rebuilt: list,
              beside: UserBeside) -> tuple[str, str, Wheelhouse]:
         """The venv, its bytecode, then the base and user stages: [venv, bytecode, base, user...]. The
         base's and user's small layers (`beside`: saved from the engine beside the venv) are reloaded
@@ -289,13 +289,13 @@ class Builder:
         the venv with base and user on top (toolchain/bytecode.py)."""
         venv = self.venv(variant, python, rebuilt, on_build=beside.prefetch)
         try:
-            return self._deps(venv, user_ref, user_key, python, rebuilt, beside)
+            return self._deps(venv, user_key, python, rebuilt, beside)
         finally:
             if venv.bottom_ref is not None and image_exists(self.client, venv.bottom_ref):
                 # the venv stage, once loaded, holds the layer; if it was not, the 7 GB go with the tag
                 self.client.api.remove_image(venv.bottom_ref)
 
-    def _deps(self, venv: VenvStage, user_ref: str, user_key: str, python: Python, rebuilt: list,
+    def _deps(self, venv: VenvStage, user_key: str, python: Python, rebuilt: list,
               beside: UserBeside) -> tuple[str, str, Wheelhouse]:
         key = key_of("deps", user_key, venv.key, bytecode.COMPILE, layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
@@ -310,10 +310,10 @@ class Builder:
             self._finish_venv(venv)  # kept: the next build, its user stage mended, does not write the venv again
             raise
         waited = time.monotonic() - t0
-        user = self.client.images.get(user_ref).attrs
+        user = self.client.images.get(beside.ref).attrs
         above_ids = user["RootFS"]["Layers"]
         if [layer.diff_id for layer in above] != above_ids:
-            raise BuildError("deps", ref, f"`docker save {user_ref}` gave other layers than the engine lists", [])
+            raise BuildError("deps", ref, f"`docker save {beside.ref}` gave other layers than the engine lists", [])
         if len(venv.diff_ids) == 2:  # [venv, bytecode]: compiled on the host with the venv (Builder.venv)
             config = layers.image_config(user, [*venv.diff_ids, *above_ids])
             if venv.pending is not None:  # one archive for both stages: one unpacking by the engine
@@ -402,9 +402,9 @@ class Builder:
         user_ref, user_key = self.user_stage(base)
         if not image_exists(self.client, user_ref):
             self.rep.step(f"user: building {user_ref} beside the venv")
-        beside = UserBeside(self, base)
+        beside = UserBeside(self, base, user_ref)
         try:
-            deps_ref, deps_key, wh = self.deps(user_ref, user_key, variant, python, rebuilt, beside)
+            deps_ref, deps_key, wh = self.deps(user_key, variant, python, rebuilt, beside)
             beside.job.result()
         finally:
             beside.close()

@@ -235,13 +235,14 @@ class _SizedWheel(WheelFile):
 
 
 def _recorded_sha256(record: tuple, size: int) -> Optional[bytes]:
-    """The sha256 digest the wheel's RECORD line gives for a member of SIZE bytes; None when it gives
-    another hash, none, or another size (the file is hashed as it is written then)."""
-    _, digest, recorded_size = record
-    algorithm, _, value = (digest or "").partition("=")
-    if algorithm != "sha256" or recorded_size != str(size) or not re.fullmatch(r"[A-Za-z0-9_-]{43}", value):
+    """The sha256 digest the wheel's RECORD line gives for a member of SIZE bytes, read as installer
+    reads the line; None when it gives another hash, none, or another size (the file is hashed as it
+    is written then)."""
+    entry = RecordEntry.from_elements(*record)
+    if (entry.hash_ is None or entry.hash_.name != "sha256" or entry.size != size
+            or not re.fullmatch(r"[A-Za-z0-9_-]{43}", entry.hash_.value)):
         return None
-    return base64.urlsafe_b64decode(value + "=")
+    return base64.urlsafe_b64decode(entry.hash_.value + "=")
 
 
 class _TarDestination(SchemeDictionaryDestination):
