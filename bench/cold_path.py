@@ -212,7 +212,9 @@ def main() -> None:
             except Exception:  # noqa: BLE001 - not made (the bench stopped before), or gone with another tag
                 pass
         for repo in (f"{REPO}-stages", f"{REPO}-cpu"):
-            for ref in [t for img in client.images.list(name=repo) for t in img.tags]:
+            # only the bench's tags: an image the engine's build cache shares with the project (the user
+            # stage) keeps the project's
+            for ref in [t for img in client.images.list(name=repo) for t in img.tags if t.startswith(f"{repo}:")]:
                 client.images.remove(ref, force=True)
         client.images.prune(filters={"dangling": True})
         shutil.rmtree(work, ignore_errors=True)
