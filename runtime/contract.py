@@ -15,8 +15,11 @@ from typing import Optional
 APP_ROOT = "/app"
 PROJECT_DIR = f"{APP_ROOT}/project"
 IMAGE_PYTHONPATH = f"{APP_ROOT}:{PROJECT_DIR}"  # the image's PYTHONPATH (a scheduler that drops it sets it again)
-# A layer tar this large is the venv (the build keeps it in its layer store: toolchain/layers.py): the
-# store keeps only a few, and an incremental .sqsh caches it below instead of appending it.
+# The venv the dependency layers install the wheels into (toolchain/venv_layer.py); a layer that
+# touches it is a dependency layer, cached below an incremental .sqsh, never appended.
+VENV = "/opt/venv"
+# A layer tar this large is big (a wheel's, torch's is 1.7 GB): the store keeps only a few that are
+# not part of the image being built, and an incremental .sqsh caches it below instead of appending it.
 BIG_LAYER_BYTES = 1 << 30
 
 # How every node starts: the image's interpreter runs the runtime package.

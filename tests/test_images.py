@@ -12,7 +12,7 @@ from test_venv_layer import make_wheel
 from runtime.spec import spec_hash
 from toolchain import bytecode, layers
 from toolchain.images import SPEC_PATH_IN_IMAGE
-from toolchain.venv_layer import Python, wheels_of, write_venv_layer
+from toolchain.venv_layer import LayerWriter, Python, planned_modules, top_layer, wheels_of
 
 
 def test_cpu_image_selfcheck(client, built):
@@ -56,10 +56,11 @@ def test_gpu_torch_is_cuda_build_and_base_shared(client, built):
     base = client.images.get(built["cpu"]["base_ref"]).attrs["RootFS"]["Layers"]
     for variant in ("cpu", "gpu"):
         layers = client.images.get(built[variant]["local_ref"]).attrs["RootFS"]["Layers"]
-        # [venv, bytecode, base..., user..., app, spec]: the venv at the bottom, the same base blobs above it
-        start = layers.index(base[0])
-        assert start == 2 and layers[start:start + len(base)] == base
-        assert layers[0] != layers[1] and len(layers) == len(base) + 2 + 2 + 2  # user stage: RUN and COPY
+        # [base..., user (RUN and COPY), one per wheel or group..., venv top, app, spec]: the same base at the bottom
+        assert layers[:len(base)] == base
+        deps = client.images.get(built[variant]["deps_ref"]).attrs["RootFS"]["Layers"]
+        assert layers[:len(deps)] == deps and len(layers) == len(deps) + 2 and len(set(layers)) == len(layers)
+        assert len(deps) - len(base) - 2 - 1 >= 20  # the example's 48 wheels: at least 20 layers of their own
 
 
 def test_no_credentials_in_image_or_history(client, built):
@@ -118,12 +119,20 @@ def test_the_container_compile_agrees_with_the_host_compile(client, built, tmp_p
                                     "alpha/old.py": b"print 'python 2'\n", "alpha/data.txt": b"x\n"})
     user = client.images.get(built["cpu"]["user_ref"]).attrs
     tag = sys.implementation.cache_tag
-    compiler = bytecode.HostCompiler(tag, workers=1)
-    venv = write_venv_layer(wheels_of(wh), Python("3.11.2", "/usr/bin/python3"), "/opt/venv", tmp_path / "store",
-                            compiler=compiler)
-    host, host_failed = compiler.layer()
+    py = Python("3.11.2", "/usr/bin/python3")
+    wheels = wheels_of(wh)
+    compiler = bytecode.HostCompiler(workers=1, planned=planned_modules(wheels, py, "/opt/venv"))
+    try:
+        compiled = compiler.of(wheels)
+    finally:
+        compiler.close()
+    host_failed = sum(pyc is None for pyc in compiled.values())
+    host = layers.make_layer([(bytecode.pyc_name(n, tag), pyc, False) for n, pyc in compiled.items() if pyc is not None])
+    writer = LayerWriter(wheels, py, "/opt/venv", tmp_path / "store").files()
+    venv = writer.finish(None)  # the sources alone
+    top = top_layer(py, "/opt/venv", writer.out.scripts)
     ref = f"raytrain-pyctest:{uuid.uuid4().hex[:8]}"
-    layers.load(client, [venv], layers.image_config(user, [*user["RootFS"]["Layers"], venv.diff_id]), ref)
+    layers.load(client, [venv, top], layers.image_config(user, [*user["RootFS"]["Layers"], venv.diff_id, top.diff_id]), ref)
     try:
         container, container_failed = bytecode.compiled_layer(client, ref, "/opt/venv", tmp_path / "pyc")
     finally:
@@ -138,3 +147,16 @@ def test_the_container_compile_agrees_with_the_host_compile(client, built, tmp_p
     for name in a:
         assert a[name][:16] == b[name][:16], name
         assert marshal.loads(a[name][16:]).co_code == marshal.loads(b[name][16:]).co_code, name
+
+
+def test_the_image_imports_every_top_level_module_of_every_wheel(client, built, settings):
+    """One layer per wheel (toolchain/venv_plan.py) still makes one venv: every distribution of the
+    wheelhouse is installed, and each of its top-level modules imports."""
+    from pathlib import Path
+    script = (Path(__file__).parent / "helpers" / "import_every_top_level.py").read_text()
+    out = run_in(client, built["cpu"]["local_ref"], ["python", "-c", script]).strip().splitlines()
+    modules, dists = map(int, out[0].split())
+    from toolchain.progress import Reporter
+    from toolchain.wheelhouse import ensure_wheelhouse
+    wh = ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True))  # the set the build used
+    assert dists == len(wh.wheels) and modules >= dists and out[1:] == []

@@ -85,3 +85,18 @@ def test_the_assembled_layers_are_kept_in_the_layer_store(client, built, edited_
         assert "sha256:" + hashlib.sha256((store / f"{image_id[7:]}.json").read_bytes()).hexdigest() == image_id
     # nothing else: no partial files, no venv or deps layer (a reused stage's are in the engine)
     assert len(list(store.iterdir())) == 4
+
+
+def test_the_pushed_image_s_lower_layers_are_those_the_sqsh_cache_is_keyed_on(client, built, pushed, settings):
+    """The incremental .sqsh (deploy/targets/pyxis/enroot_incremental.py) caches the chain below the app
+    layer, keyed on its diff IDs, and finds it in a local image: for the image as pushed (resolved by
+    its digest, as `deploy --sqsh` names it) that chain is the deps stage's, which the engine has."""
+    from deploy.targets.pyxis import enroot_incremental as inc
+    from toolchain.images import LAYER_STORE
+    from toolchain.records import read_pushes
+    ref = read_pushes(settings.build_dir)["cpu"].repo_digest
+    chain = client.images.get(ref).attrs["RootFS"]["Layers"]
+    sp = inc.split(chain, settings.build_dir / LAYER_STORE)
+    assert sp.lower_chain == layers(client, built["cpu"]["deps_ref"])
+    assert len(sp.upper) == 2 and sp.tops == {"app", "etc"}  # the app and the spec layers
+    assert inc._find_image_with_chain(client, sp.lower_chain) == client.images.get(built["cpu"]["deps_ref"]).id

@@ -1,6 +1,6 @@
-"""The engine side of the directly assembled layers (toolchain/layers.py), on small images: a layer
-imported as the bottom of a chain keeps its diff ID, layers read back from `docker save` are the
-engine's own, and a stack made of them runs."""
+"""The engine side of the directly assembled layers (toolchain/layers.py), on small images: layers loaded
+in batches on a base (as the dependency layers are: toolchain/deps_stage.py) keep their diff IDs and run,
+and an image whose layer neither the archive nor the engine has is refused."""
 from __future__ import annotations
 
 import hashlib
@@ -28,99 +28,43 @@ def file_layer(tmp_path, files) -> layers.FileLayer:
     return layers.FileLayer(path, layer.diff_id, layer.size)
 
 
-def imported(client, layer: layers.FileLayer, tag: str, **kw) -> dict:
-    """The layer fed to the engine block by block, as the venv layer is while it is written."""
-    importing = layers.StreamedImport(client, tag, **kw)
-    try:
-        for block in layer.chunks():
-            importing.feed(block)
-        return importing.finish(layer)
-    finally:
-        importing.abort()
-
-
-def test_a_layer_imported_and_the_base_reloaded_above_it_runs(client, base, tmp_path):
-    bottom = file_layer(tmp_path, [("opt/venv/marker.txt", b"from the bottom layer\n", False)])
-    tag = f"raytrain-importtest-bottom:{uuid.uuid4().hex[:8]}"
-    seen: list[int] = []
-    attrs = imported(client, bottom, tag, progress=seen.append)
-    stacked = f"raytrain-importtest-stack:{uuid.uuid4().hex[:8]}"
-    try:
-        assert attrs["RootFS"]["Layers"] == [bottom.diff_id] and seen[-1] == bottom.size
-        above = layers.saved_layers(client, base, tmp_path / "saved")
-        base_attrs = client.images.get(base).attrs
-        assert [a.diff_id for a in above] == base_attrs["RootFS"]["Layers"]
-        for a in above:  # each file is the layer's tar, hashed to the diff ID the engine lists
-            assert "sha256:" + hashlib.sha256(a.path.read_bytes()).hexdigest() == a.diff_id
-        config = layers.image_config(base_attrs, [bottom.diff_id, *base_attrs["RootFS"]["Layers"]])
-        image_id = layers.load(client, above, config, stacked)
-        assert client.images.get(stacked).attrs["RootFS"]["Layers"] == [bottom.diff_id, *base_attrs["RootFS"]["Layers"]]
-        assert image_id == "sha256:" + hashlib.sha256(config).hexdigest()
-        out = client.containers.run(stacked, ["/bin/cat", "/opt/venv/marker.txt"], remove=True)
-        assert out == b"from the bottom layer\n"  # the base's /opt above did not hide the bottom layer's files
-    finally:
-        for ref in (stacked, tag):
-            try:
-                client.images.remove(ref, force=True)
-            except docker.errors.ImageNotFound:
-                pass
-
-
-def test_a_tar_that_is_not_the_layer_it_claims_is_refused(client, tmp_path):
-    layer = file_layer(tmp_path, [("opt/x", b"x", False)])
-    lying = layers.FileLayer(layer.path, "sha256:" + "0" * 64, layer.size)
-    tag = f"raytrain-importtest-lie:{uuid.uuid4().hex[:8]}"
-    try:
-        with pytest.raises(layers.BuildError, match="made layers"):
-            imported(client, lying, tag)
-    finally:
+def _remove(client, *refs):
+    for ref in refs:
         try:
-            client.images.remove(tag, force=True)
+            client.images.remove(ref, force=True)
         except docker.errors.ImageNotFound:
             pass
 
 
-def test_an_abandoned_import_leaves_no_image(client, tmp_path):
-    """The venv's writer failed half way (a broken wheel, a full disk): the engine gets a cut stream and
-    makes nothing of it."""
-    layer = file_layer(tmp_path, [("opt/big", bytes(range(256)) * 8192, False)])
-    tag = f"raytrain-importtest-cut:{uuid.uuid4().hex[:8]}"
-    importing = layers.StreamedImport(client, tag)
-    importing.feed(layer.path.read_bytes()[: layer.size // 2])
-    importing.abort()
-    assert not importing.thread.is_alive() and importing.error is not None
-    with pytest.raises(docker.errors.ImageNotFound):
-        client.images.get(tag)
-
-
-def test_a_stage_and_the_stage_above_it_load_from_one_archive(client, base, tmp_path):
-    """The venv's bytecode and the base above it, as the build loads them (toolchain/images.py `_deps`):
-    one archive, two tags; the second image takes the layer the first one brought."""
-    bottom = file_layer(tmp_path, [("opt/venv/mod.py", b"X = 1\n", False)])
-    mid = file_layer(tmp_path, [("opt/venv/__pycache__/mod.pyc", b"compiled\n", False)])
+def test_layers_loaded_in_two_batches_on_a_base_run(client, base, tmp_path):
+    """The second load carries only its own layer: the engine has the chain below it from the first."""
+    one = file_layer(tmp_path, [("opt/venv/one.txt", b"one\n", False)])
+    two = file_layer(tmp_path, [("opt/venv/two.txt", b"two\n", False)])
     suffix = uuid.uuid4().hex[:8]
-    tag, stage, top = (f"raytrain-importtest-{n}:{suffix}" for n in ("bottom", "stage", "top"))
+    first, second = f"raytrain-importtest-first:{suffix}", f"raytrain-importtest-second:{suffix}"
+    base_attrs = client.images.get(base).attrs
+    chain = base_attrs["RootFS"]["Layers"]
     try:
-        attrs = imported(client, bottom, tag)
-        above = layers.saved_layers(client, base, tmp_path / "saved")
-        base_attrs = client.images.get(base).attrs
-        stage_config = layers.image_config(attrs, [bottom.diff_id, mid.diff_id])
-        top_config = layers.image_config(base_attrs, [bottom.diff_id, mid.diff_id, *base_attrs["RootFS"]["Layers"]])
-        ids = layers.load_images(client, [mid, *above], [(stage_config, stage), (top_config, top)])
-        assert ids == ["sha256:" + hashlib.sha256(c).hexdigest() for c in (stage_config, top_config)]
-        assert client.images.get(stage).attrs["RootFS"]["Layers"] == [bottom.diff_id, mid.diff_id]
-        assert client.images.get(top).attrs["RootFS"]["Layers"] == [bottom.diff_id, mid.diff_id,
-                                                                    *base_attrs["RootFS"]["Layers"]]
-        out = client.containers.run(top, ["/bin/cat", "/opt/venv/mod.py", "/opt/venv/__pycache__/mod.pyc"], remove=True)
-        assert out == b"X = 1\ncompiled\n"
-        # an image whose layer neither the archive nor the engine has: refused, both tags named
-        missing = file_layer(tmp_path, [("opt/missing", b"m", False)])
-        lost = layers.image_config(attrs, [bottom.diff_id, missing.diff_id])
-        with pytest.raises(layers.BuildError, match=f"{stage}.*lost.*did not load"):
-            layers.load_images(client, [], [(stage_config, stage), (lost, f"raytrain-importtest-lost:{suffix}")])
+        c1 = layers.image_config(base_attrs, [*chain, one.diff_id])
+        c2 = layers.image_config(base_attrs, [*chain, one.diff_id, two.diff_id])
+        assert layers.load(client, [one], c1, first) == "sha256:" + hashlib.sha256(c1).hexdigest()
+        sent = []
+        layers.load(client, [two], c2, second, progress=sent.append)
+        assert sent[-1] < one.size + two.size  # only the new layer travelled
+        assert client.images.get(second).attrs["RootFS"]["Layers"] == [*chain, one.diff_id, two.diff_id]
+        out = client.containers.run(second, ["/bin/cat", "/opt/venv/one.txt", "/opt/venv/two.txt"], remove=True)
+        assert out == b"one\ntwo\n"
     finally:
-        for ref in (top, stage, tag, f"raytrain-importtest-lost:{suffix}"):
-            try:
-                client.images.remove(ref, force=True)
-            except docker.errors.ImageNotFound:
-                pass
+        _remove(client, second, first)
+
+
+def test_an_image_whose_layer_nobody_has_is_refused_naming_its_tags(client, base, tmp_path):
+    base_attrs = client.images.get(base).attrs
+    missing = file_layer(tmp_path, [("opt/missing", b"m", False)])
+    lost = layers.image_config(base_attrs, [*base_attrs["RootFS"]["Layers"], missing.diff_id])
+    tag = f"raytrain-importtest-lost:{uuid.uuid4().hex[:8]}"
+    try:
+        with pytest.raises(layers.BuildError, match=f"{tag}.*did not load"):
+            layers.load_images(client, [], [(lost, tag)])
+    finally:
+        _remove(client, tag)

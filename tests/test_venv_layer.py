@@ -1,7 +1,7 @@
-"""The dependency layer assembled directly from wheels (toolchain/venv_layer.py), engine-free: the same
-wheel set gives the same bytes from any checkout, and the tar holds a venv as an installer makes it.
-The full layer, from the real 3.9 GiB wheelhouse, is exercised by every image test (tests/test_images.py
-runs the selfcheck, which imports torch and ray from it)."""
+"""The dependency layers assembled directly from wheels (toolchain/venv_layer.py, toolchain/venv_plan.py),
+engine-free: a wheel gives the same layer bytes from any checkout, and the layers together hold a venv as
+an installer makes it. The real layers, from the 3.9 GiB wheelhouse, are exercised by every image test
+(tests/test_images.py runs the selfcheck, which imports torch and ray from them)."""
 from __future__ import annotations
 
 import base64
@@ -21,7 +21,8 @@ import pytest
 from toolchain import bytecode
 from toolchain.bytecode import host_can_compile
 from toolchain.errors import BuildError
-from toolchain.venv_layer import Python, planned_modules, wheels_of, write_venv_layer
+from toolchain import venv_plan
+from toolchain.venv_layer import LayerWriter, Python, check_conflicts, planned_modules, top_layer, wheels_of
 
 PY = Python("3.11.2", "/usr/bin/python3")
 SITE = "opt/venv/lib/python3.11/site-packages"
@@ -71,55 +72,88 @@ def members(path: Path) -> list[tarfile.TarInfo]:
         return tf.getmembers()
 
 
-def test_the_same_wheel_set_gives_the_same_layer_from_any_checkout(wheelhouse, tmp_path):
-    first = write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "store-a")
-    # another checkout: the wheels copied elsewhere, with other mtimes, other directory order
+def write(wheels: list[Path], store: Path, compile: bool = False, python: Python = PY):
+    """Each wheel's layer (as the build writes them, bytecode compiled by the host's workers with COMPILE),
+    then the venv's top layer: ([FileLayer per wheel], top Layer)."""
+    compiler = bytecode.HostCompiler(workers=2, planned=planned_modules(wheels, python, "/opt/venv")) if compile else None
+    out, scripts = [], []
+    try:
+        for w in wheels:
+            writer = LayerWriter([w], python, "/opt/venv", store, compiler.planned_of([w]) if compiler else set())
+            try:
+                writer.files()
+                out.append(writer.finish(compiler.of([w]) if compiler else None, sys.implementation.cache_tag))
+            except BaseException:
+                writer.abort()
+                raise
+            scripts += writer.out.scripts
+    finally:
+        if compiler is not None:
+            compiler.close()
+    return out, top_layer(python, "/opt/venv", scripts)
+
+
+def extract(layers_, top, root: Path) -> dict[str, tarfile.TarInfo]:
+    """The layers applied in order into ROOT (no whiteouts: they add files only); the members by name."""
+    by_name = {}
+    for data in [l.path.read_bytes() for l in layers_] + [top.data]:
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            by_name.update({m.name: m for m in tf.getmembers()})
+            tf.extractall(root, filter="tar")
+    return by_name
+
+
+def test_a_wheel_gives_the_same_layer_from_any_checkout_and_any_run(wheelhouse, tmp_path):
+    """Two checkouts (the wheels copied elsewhere, other mtimes), each compiling its bytecode in its own
+    worker processes: every wheel's layer is the same, byte for byte."""
+    first, top1 = write(wheels_of(wheelhouse), tmp_path / "store-a", compile=True)
     other = tmp_path / "elsewhere" / "wheels"
     other.mkdir(parents=True)
-    for i, w in enumerate(sorted(wheelhouse.iterdir())):  # newest first: mtime order is the reverse of name order
+    for i, w in enumerate(sorted(wheelhouse.iterdir())):
         shutil.copy(w, other / w.name)
-        os.utime(other / w.name, (1_700_000_000 - i, 1_700_000_000 - i))
-    second = write_venv_layer(wheels_of(other), PY, "/opt/venv", tmp_path / "store-b")
-    assert first.diff_id == second.diff_id
-    assert first.path.read_bytes() == second.path.read_bytes()
-    assert first.diff_id == "sha256:" + hashlib.sha256(first.path.read_bytes()).hexdigest()
-    assert first.path.name == f"{first.diff_id[7:]}.tar" and first.size == first.path.stat().st_size
-    # and it depends on what is installed: another interpreter path gives another layer
-    third = write_venv_layer(wheels_of(wheelhouse), Python("3.11.2", "/usr/local/bin/python3"), "/opt/venv",
-                             tmp_path / "store-c")
-    assert third.diff_id != first.diff_id
+        os.utime(other / w.name, (1e9 - i, 1e9 - i))
+    second, top2 = write(wheels_of(other), tmp_path / "store-b", compile=True)
+    assert [l.diff_id for l in first] == [l.diff_id for l in second] and top1.diff_id == top2.diff_id
+    assert all("sha256:" + hashlib.sha256(l.path.read_bytes()).hexdigest() == l.diff_id for l in first)
+    # another base interpreter changes only the top layer (bin/python3 -> it; pyvenv.cfg)
+    third, top3 = write(wheels_of(wheelhouse), tmp_path / "store-c", python=Python("3.11.2", "/usr/local/bin/python3"))
+    plain, _ = write(wheels_of(wheelhouse), tmp_path / "store-d")
+    assert [l.diff_id for l in third] == [l.diff_id for l in plain] and top3.diff_id != top1.diff_id
 
 
-def test_the_tar_is_normalised_and_holds_no_bytecode(wheelhouse, tmp_path):
-    layer = write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "store")
-    seen_dirs: set[str] = set()
-    for m in members(layer.path):
-        assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "", "")
-        assert not m.name.endswith((".pyc", ".pyo")) and "__pycache__" not in m.name
-        parent = os.path.dirname(m.name)
-        assert parent in seen_dirs or parent == "", f"{m.name} comes before its directory"
-        if m.isdir():
-            seen_dirs.add(m.name)
-            assert m.mode == 0o755
-        elif m.isfile():
-            assert m.mode in (0o644, 0o755)
+def test_the_tars_are_normalised_and_bytecode_only_when_compiled(wheelhouse, tmp_path):
+    layers_, top = write(wheels_of(wheelhouse), tmp_path / "store")
+    for data in [l.path.read_bytes() for l in layers_] + [top.data]:
+        seen_dirs: set[str] = set()
+        with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+            for m in tf.getmembers():
+                assert (m.mtime, m.uid, m.gid, m.uname, m.gname) == (0, 0, 0, "", "")
+                assert not m.name.endswith((".pyc", ".pyo")) and "__pycache__" not in m.name
+                parent = os.path.dirname(m.name)
+                assert parent in seen_dirs or parent == "", f"{m.name} comes before its directory"
+                if m.isdir():
+                    seen_dirs.add(m.name)
+                    assert m.mode == 0o755
+                elif m.isfile():
+                    assert m.mode in (0o644, 0o755)
 
 
-def test_the_tar_is_a_venv_as_an_installer_makes_it(wheelhouse, tmp_path):
-    layer = write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "store")
+def test_the_layers_make_a_venv_as_an_installer_makes_it(wheelhouse, tmp_path):
+    layers_, top = write(wheels_of(wheelhouse), tmp_path / "store")
     root = tmp_path / "root"
-    with tarfile.open(layer.path) as tf:
-        by_name = {m.name: m for m in tf.getmembers()}
-        tf.extractall(root, filter="tar")
+    by_name = extract(layers_, top, root)
     venv = root / "opt/venv"
     assert os.readlink(venv / "bin/python3") == "/usr/bin/python3"
     assert os.readlink(venv / "bin/python") == "python3" and os.readlink(venv / "bin/python3.11") == "python3"
     assert os.readlink(venv / "lib64") == "lib"
     cfg = dict(line.split(" = ", 1) for line in (venv / "pyvenv.cfg").read_text().splitlines())
     assert cfg["home"] == "/usr/bin" and cfg["version"] == "3.11.2" and cfg["include-system-site-packages"] == "false"
-    # an entry point's console script, and a .data script with its shebang rewritten, both executable
+    # an entry point's console script (in the top layer), and a .data script with its shebang rewritten
+    # (in its wheel's layer), both executable
     assert (venv / "bin/alpha").read_text().startswith("#!/opt/venv/bin/python\n")
     assert "from alpha.cli import main" in (venv / "bin/alpha").read_text()
+    with tarfile.open(fileobj=io.BytesIO(top.data)) as tf:
+        assert "opt/venv/bin/alpha" in tf.getnames()
     assert (venv / "bin/alpha-tool").read_text() == "#!/opt/venv/bin/python\nprint('tool')\n"
     assert by_name["opt/venv/bin/alpha"].mode == by_name["opt/venv/bin/alpha-tool"].mode == 0o755
     assert by_name[f"{SITE}/alpha/native.so"].mode == 0o755
@@ -136,34 +170,47 @@ def test_the_tar_is_a_venv_as_an_installer_makes_it(wheelhouse, tmp_path):
                 continue
             data = (site / name).resolve().read_bytes()
             assert record_line(name, data) == line, name
-    # importlib.metadata reads the installed distributions the way pip and users do
     import importlib.metadata as md
     dists = {d.metadata["Name"]: d for d in md.distributions(path=[str(site)])}
     assert sorted(dists) == ["alpha", "beta", "gamma"]
     assert [ep.value for ep in dists["alpha"].entry_points] == ["alpha.cli:main"]
 
 
-def test_a_file_two_wheels_ship_alike_is_in_the_layer_once(wheelhouse, tmp_path):
+def test_a_file_two_wheels_ship_alike_is_in_each_wheel_s_layer(wheelhouse, tmp_path):
     """beta and gamma both ship nspkg/__init__.py, empty, as nvidia-* wheels all ship nvidia/__init__.py:
-    the engine refuses a layer that names a path twice."""
-    names = [m.name for m in members(write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "s").path)]
-    assert len(names) == len(set(names))
-    assert f"{SITE}/nspkg/__init__.py" in names and f"{SITE}/nspkg/gamma.py" in names
+    each layer holds its own copy (a wheel's layer depends on that wheel alone), and a group layer that
+    holds both names the path once (the engine refuses a path twice in one layer)."""
+    wheels = wheels_of(wheelhouse)
+    check_conflicts(wheels, PY, "/opt/venv")
+    layers_, _ = write(wheels, tmp_path / "s")
+    beta, gamma = ([m.name for m in members(l.path)] for l in layers_[1:])
+    assert f"{SITE}/nspkg/__init__.py" in beta and f"{SITE}/nspkg/__init__.py" in gamma
+    group = LayerWriter(wheels[1:], PY, "/opt/venv", tmp_path / "g").files().finish(None)
+    names = [m.name for m in members(group.path)]
+    assert len(names) == len(set(names)) and f"{SITE}/nspkg/gamma.py" in names
 
 
-def test_a_file_two_wheels_ship_differently_is_refused_naming_both(wheelhouse, tmp_path):
+def test_a_file_two_wheels_ship_differently_is_refused_naming_both(wheelhouse):
     make_wheel(wheelhouse, "epsilon", "1.0", {"nspkg/__init__.py": b"X = 1\n"})
-    store = tmp_path / "store"
     with pytest.raises(BuildError, match=r"beta-2\.0-py3-none-any\.whl and epsilon-1\.0-py3-none-any\.whl both "
                                          r"install /opt/venv/.*/nspkg/__init__\.py.*Remove one"):
-        write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
-    assert list(store.iterdir()) == []
+        check_conflicts(wheels_of(wheelhouse), PY, "/opt/venv")
+
+
+def test_a_console_script_two_wheels_ship_differently_is_refused(wheelhouse, tmp_path):
+    make_wheel(wheelhouse, "kappa", "1.0", {"kappa/__init__.py": b""}, entry_points="[console_scripts]\nalpha = kappa:main\n")
+    with pytest.raises(BuildError, match=r"console script bin/alpha with different contents"):
+        write(wheels_of(wheelhouse), tmp_path / "s")
 
 
 def test_two_versions_of_one_distribution_are_refused(wheelhouse):
     make_wheel(wheelhouse, "alpha", "1.1", {"alpha/__init__.py": b"VALUE = 2\n"})
     with pytest.raises(BuildError, match=r"two wheels of alpha: alpha-1\.0-.*alpha-1\.1-.*delete"):
         wheels_of(wheelhouse)
+
+
+def _no_layer_left(store: Path) -> bool:
+    return not store.exists() or not [p for p in store.iterdir()]
 
 
 def test_a_broken_wheel_is_named_and_leaves_no_layer(wheelhouse, tmp_path):
@@ -174,8 +221,8 @@ def test_a_broken_wheel_is_named_and_leaves_no_layer(wheelhouse, tmp_path):
         z.writestr("delta-1.0.dist-info/RECORD", b"")
     store = tmp_path / "store"
     with pytest.raises(BuildError, match="delta-1.0-py3-none-any.whl"):
-        write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
-    assert list(store.iterdir()) == []
+        write([bad], store)
+    assert _no_layer_left(store)
 
 
 def test_the_base_interpreter_line_is_parsed_strictly():
@@ -190,30 +237,30 @@ def test_the_base_interpreter_line_is_parsed_strictly():
 
 
 def test_a_wheel_that_writes_outside_the_venv_is_refused(wheelhouse, tmp_path):
-    make_wheel(wheelhouse, "zeta", "1.0", {"zeta/__init__.py": b"", "../../../../../etc/zeta.conf": b"x\n"})
+    zeta = make_wheel(wheelhouse, "zeta", "1.0", {"zeta/__init__.py": b"", "../../../../../etc/zeta.conf": b"x\n"})
     store = tmp_path / "store"
     with pytest.raises(BuildError, match=r"zeta-1\.0-py3-none-any\.whl.*outside opt/venv"):
-        write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
-    assert list(store.iterdir()) == []
+        write([zeta], store)
+    assert _no_layer_left(store)
 
 
 def test_the_host_compiles_every_module_under_lib_as_compileall_would(wheelhouse, tmp_path):
-    """Modules handed over while the layer is written come back as unchecked-hash .pyc files in their
-    __pycache__, named by the path in the image; scripts are not compiled; a broken module is counted."""
+    """Each wheel's layer ends with the unchecked-hash .pyc of its modules under lib/, in their
+    __pycache__, named by the path in the image; scripts are not compiled; a broken module has none."""
     make_wheel(wheelhouse, "broken", "1.0", {"broken/__init__.py": b"print 'python 2'\n"})
-    compiler = bytecode.HostCompiler(sys.implementation.cache_tag, workers=2)
-    layer = write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", tmp_path / "store", compiler=compiler)
-    pyc_layer, failed = compiler.layer()
-    assert failed == 1
-    with tarfile.open(layer.path) as tf:
-        sources = {m.name: tf.extractfile(m).read() for m in tf.getmembers()
-                   if m.isfile() and m.name.endswith(".py") and m.name != f"{SITE}/broken/__init__.py"}
+    layers_, _ = write(wheels_of(wheelhouse), tmp_path / "store", compile=True)
+    sources, pycs = {}, {}
+    for l in layers_:
+        with tarfile.open(l.path) as tf:
+            for m in tf.getmembers():
+                if m.isfile() and m.name.endswith(".py"):
+                    sources[m.name] = tf.extractfile(m).read()
+                elif m.isfile() and m.name.endswith(".pyc"):
+                    pycs[m.name] = tf.extractfile(m).read()
+    del sources[f"{SITE}/broken/__init__.py"]
     assert f"{SITE}/alpha/__init__.py" in sources and not any(n.startswith("opt/venv/bin/") for n in sources)
     tag = sys.implementation.cache_tag
-    with tarfile.open(fileobj=io.BytesIO(pyc_layer.data)) as tf:
-        pycs = {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
     assert sorted(pycs) == sorted(bytecode.pyc_name(n, tag) for n in sources)
-    assert f"{SITE}/alpha/__pycache__/__init__.{tag}.pyc" in pycs
     for name, source in sources.items():
         data = pycs[bytecode.pyc_name(name, tag)]
         assert data[:4] == importlib.util.MAGIC_NUMBER
@@ -226,55 +273,61 @@ def test_the_host_compiles_every_module_under_lib_as_compileall_would(wheelhouse
 
 def test_the_host_compiles_only_for_the_image_s_bytecode():
     magic, tag = importlib.util.MAGIC_NUMBER.hex(), sys.implementation.cache_tag
-    assert host_can_compile(magic, tag)
+    assert host_can_compile(magic, tag) and bytecode.identity(magic, tag)[0] == sys.version
     assert not host_can_compile("cb0d0d0a", tag)  # 3.12's magic
-    assert not host_can_compile(magic, "cpython-312")
+    assert not host_can_compile(magic, "cpython-312") and bytecode.identity(magic, "cpython-312") is None
 
 
 def test_a_damaged_wheel_member_is_named_and_leaves_no_layer(wheelhouse, tmp_path):
     """Members are inflated by toolchain/wheel_members.py, not zipfile: its CRC-32 check is theirs too."""
     wheel = make_wheel(wheelhouse, "omega", "1.0", {"omega/__init__.py": b"VALUE = 'intact'\n"})
-    data = wheel.read_bytes()
     with zipfile.ZipFile(wheel) as z:  # a stored copy, then one byte of the member changed, sizes kept
-        members = {i.filename: z.read(i) for i in z.infolist()}
+        content = {i.filename: z.read(i) for i in z.infolist()}
     with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as z:
-        for name, content in members.items():
-            z.writestr(name, content)
+        for name, data in content.items():
+            z.writestr(name, data)
     data = wheel.read_bytes()
     at = data.index(b"VALUE = 'intact'")
     wheel.write_bytes(data[:at] + b"VALUE = 'broken'" + data[at + 16:])
     store = tmp_path / "store"
     with pytest.raises(BuildError, match=r"omega/__init__\.py does not match its CRC-32.*delete it"):
-        write_venv_layer(wheels_of(wheelhouse), PY, "/opt/venv", store)
-    assert list(store.iterdir()) == []
+        write([wheel], store)
+    assert _no_layer_left(store)
 
 
-def _pycs(layer) -> dict[str, bytes]:
-    with tarfile.open(fileobj=io.BytesIO(layer.data)) as tf:
-        return {m.name: tf.extractfile(m).read() for m in tf.getmembers() if m.isfile()}
-
-
-def test_the_planned_modules_are_those_written_and_compile_alike(wheelhouse, tmp_path):
+def test_the_planned_modules_are_those_written_and_an_unplanned_one_compiles_alike(wheelhouse, tmp_path):
     """The modules read from the zips' directories before the write (compiled from the start) are the ones
-    the installer writes under lib/: a .data/purelib member in site-packages, no script. A plan that
-    misses a module (its source is handed over as written) or names one never written gives the same layer."""
-    make_wheel(wheelhouse, "delta", "1.0", {"delta/__init__.py": b"", "delta-1.0.data/purelib/delta_extra.py": b"E = 1\n",
-                                            "delta-1.0.data/scripts/delta.py": b"print(1)\n"})
-    wheels = wheels_of(wheelhouse)
-    plan = planned_modules(wheels, PY, "/opt/venv")
-    planned = {name for _, members in plan for _, name in members}
-    layer = write_venv_layer(wheels, PY, "/opt/venv", tmp_path / "s0")
-    written = {m.name for m in members(layer.path) if m.isfile() and m.name.endswith(".py") and m.name.startswith("opt/venv/lib/")}
+    the installer writes under lib/: a .data/purelib member in site-packages, no script. A module the
+    plan missed is compiled by the writer itself, to the same bytes."""
+    delta = make_wheel(wheelhouse, "delta", "1.0", {"delta/__init__.py": b"", "delta-1.0.data/purelib/delta_extra.py": b"E = 1\n",
+                                                    "delta-1.0.data/scripts/delta.py": b"print(1)\n"})
+    plan = planned_modules([delta], PY, "/opt/venv")
+    planned = {name for _, ms in plan for _, name in ms}
+    layers_, _ = write([delta], tmp_path / "s0", compile=True)
+    written = {m.name for m in members(layers_[0].path) if m.isfile() and m.name.endswith(".py") and "/lib/" in m.name}
     assert planned == written and f"{SITE}/delta_extra.py" in planned
-    tag = sys.implementation.cache_tag
-    lacking = [(w, ms[1:]) for w, ms in plan]                          # each wheel's first module left out
-    extra = [(w, ms + [(ms[0][0], f"{SITE}/never/written.py")]) for w, ms in plan if ms]
-    out = []
-    for i, p in enumerate((plan, lacking, extra, ())):
-        compiler = bytecode.HostCompiler(tag, workers=2, planned=p)
-        write_venv_layer(wheels, PY, "/opt/venv", tmp_path / f"s{i + 1}", compiler=compiler)
-        out.append(_pycs(compiler.layer()[0]))
-    assert sorted(out[0]) == sorted(bytecode.pyc_name(n, tag) for n in written)
-    for other in out[1:]:
-        assert sorted(other) == sorted(out[0])
-        assert all(marshal.loads(other[n][16:]).co_code == marshal.loads(out[0][n][16:]).co_code for n in other)
+    compiler = bytecode.HostCompiler(workers=1, planned=[(delta, plan[0][1][1:])])  # the first module left out
+    try:
+        writer = LayerWriter([delta], PY, "/opt/venv", tmp_path / "s1", compiler.planned_of([delta]))
+        lacking = writer.files().finish(compiler.of([delta]), sys.implementation.cache_tag)
+    finally:
+        compiler.close()
+    assert lacking.diff_id == layers_[0].diff_id
+
+
+def test_the_grouping_rule_looks_at_each_wheel_alone(wheelhouse, tmp_path):
+    """Big wheels get a layer each, biggest first; small ones go to the group their name picks, so adding
+    a small wheel changes its group's key and no other; a layer's key is the same in another project."""
+    big = make_wheel(wheelhouse, "bigone", "1.0", {"bigone/data.bin": os.urandom(venv_plan.OWN_LAYER_BYTES)})
+    wheels = wheels_of(wheelhouse)
+    sha = {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels}
+    before, _ = venv_plan.plan(wheels, sha, "/opt/venv", "3.11", None)
+    assert before[0].name == "bigone" and all(p.name.startswith("group-") for p in before[1:])
+    new = make_wheel(wheelhouse, "newcomer", "0.1", {"newcomer.py": b"N = 1\n"})
+    sha[new.name] = hashlib.sha256(new.read_bytes()).hexdigest()
+    after, _ = venv_plan.plan(wheels_of(wheelhouse), sha, "/opt/venv", "3.11", None)
+    changed = {p.name for p in after} ^ {p.name for p in before} | {
+        a.name for a in after for b in before if a.name == b.name and a.key != b.key}
+    assert changed == {f"group-{venv_plan.group_of(new)}"}
+    elsewhere, _ = venv_plan.plan([big], sha, "/opt/venv", "3.11", None)  # another project: bigone alone
+    assert elsewhere[0].key == before[0].key

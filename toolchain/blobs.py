@@ -268,3 +268,32 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+class BlobHomes:
+    """HOMES/<blob digest hex>.json: the repositories (registry address, repository) a blob was pushed
+    to, shared by every build directory of the user, so that a push to another repository of the same
+    registry mounts the blob from one of them (the registry API's cross-repository mount) instead of
+    uploading it: two projects that use the same wheel store and send its layer once."""
+
+    MAX = 16  # repositories kept per blob, newest last
+
+    def __init__(self, root: Path):
+        self.root = Path(root)
+
+    def of(self, digest: str) -> list[tuple[str, str]]:
+        try:
+            data = json.loads((self.root / f"{digest.removeprefix('sha256:')}.json").read_text())
+        except (OSError, ValueError):
+            return []
+        if not isinstance(data, list):
+            return []
+        return [(a, r) for a, r in (x for x in data if isinstance(x, list) and len(x) == 2)
+                if isinstance(a, str) and isinstance(r, str)]
+
+    def add(self, digests, address: str, repo: str) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        for digest in digests:
+            homes = [h for h in self.of(digest) if h != (address, repo)] + [(address, repo)]
+            _write_atomic(self.root / f"{digest.removeprefix('sha256:')}.json",
+                          json.dumps([list(h) for h in homes[-self.MAX:]]))

@@ -1,20 +1,22 @@
-"""The venv's byte-compiled files as a layer of their own, compiled by the image's own interpreter.
+"""The venv's byte-compiled files: in each dependency layer, or as a layer of their own.
 
 Without them every process that imports torch or ray compiles them again, in memory (the image sets
 PYTHONDONTWRITEBYTECODE and the venv is read-only to its user): measured here, a 3-node local job's
 zygotes needed 130 s instead of seconds to import torch, with the load at 11, and its Ray starts timed out.
-`python -m compileall` runs in a container of the image being built, so the bytecode is that
-interpreter's whatever the host's Python is; PYTHONPYCACHEPREFIX sends the files to a host directory
-(a bind mount, not the container's overlay), from which they are assembled into a layer that puts each
-one in its source's __pycache__. Hash-based and unchecked (`--invalidation-mode unchecked-hash`): the
-venv never changes under them, and no source mtime is read.
 
 When the host's interpreter writes the image's bytecode (the same magic number, which CPython changes
-whenever the .pyc format changes, and the same cache tag), the modules are compiled on the host instead,
-by `HostCompiler`, while the venv layer is written: worker processes at a lower priority read the modules
-from the wheels from the start and compile them as `compileall` would (the path in the image as the
-code's file name, unchecked-hash .pyc), on the core the venv's import into the engine leaves idle, and no
-container starts. Either way the layer holds the same files: every .py under the venv's lib/.
+whenever the .pyc format changes, and the same cache tag), the modules are compiled on the host, by
+`HostCompiler`, while the dependency layers are written: worker processes at a lower priority read the
+modules from the wheels from the start and compile them as `compileall` would (the path in the image
+as the code's file name, unchecked-hash .pyc: the venv never changes under them, and no source mtime
+is read), and each wheel's .pyc go into that wheel's layer (toolchain/venv_layer.py `LayerWriter`). A
+module's .pyc depends only on its source and the compiling Python's version, not on the order or
+the process, so a wheel's layer is the same on every machine with the same host Python.
+
+Otherwise (another Python in the base) `python -m compileall` runs in a container of the image being
+built, PYTHONPYCACHEPREFIX sending the files to a host directory (a bind mount, not the container's
+overlay), from which one layer above the dependency layers puts each in its source's __pycache__.
+Either way the image holds the same files: a .pyc for every .py under the venv's lib/.
 """
 from __future__ import annotations
 
@@ -61,9 +63,9 @@ def compiled_layer(client: docker.DockerClient, image: str, venv: str, out: Path
     return layers.make_layer(files), failed
 
 
-BATCH_BYTES = 4 << 20  # sources sent to a worker at once
 PLAN_MEMBERS = 400     # a wheel's planned modules compiled by one worker at once
-NICE = 5               # below the writer and the engine's import, which the build waits for first
+NICE = 5               # below the writer and the engine's load, which the build waits for first
+FORMAT = 1             # bump when what the host compile writes changes (the dependency layers' keys)
 
 
 def host_can_compile(magic: str, cache_tag: str) -> bool:
@@ -83,95 +85,89 @@ def _worker_start() -> None:
     warnings.simplefilter("ignore")  # a package's invalid escape sequences: compileall -q says nothing either
 
 
-def _compile_batch(batch: list[tuple[str, bytes]]) -> list[tuple[str, Optional[bytes]]]:
-    """(tar name, .pyc bytes) for each (tar name, source); None for a source that does not compile."""
+def compile_sources(batch: list[tuple[str, bytes]]) -> dict[str, Optional[bytes]]:
+    """{tar name: .pyc bytes} for each (tar name, source); None for a source that does not compile. The
+    bytes depend on the source and the compiling Python alone, not on the order or the process: two
+    compiles of one module give the same file (checked: tests/test_venv_layer.py)."""
     from importlib._bootstrap_external import _code_to_hash_pyc
-    out = []
+    out: dict[str, Optional[bytes]] = {}
     for name, source in batch:
         try:
             code = compile(source, "/" + name, "exec", dont_inherit=True)
         except (SyntaxError, ValueError):  # Python 2 fixtures, null bytes: compiled at import, if ever imported
-            out.append((name, None))
+            out[name] = None
             continue
-        out.append((name, bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))))
+        out[name] = bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))
     return out
 
 
-def _compile_members(wheel: str, members: list[tuple[str, str]]) -> list[tuple[str, Optional[bytes]]]:
-    """_compile_batch of the wheel's members (member, tar name), read from the wheel itself."""
+def _compile_members(wheel: str, members: list[tuple[str, str]]) -> dict[str, Optional[bytes]]:
+    """compile_sources of the wheel's members (member, tar name), read from the wheel itself."""
     with zipfile.ZipFile(wheel) as z:
-        return _compile_batch([(name, z.read(member)) for member, name in members])
+        return compile_sources([(name, z.read(member)) for member, name in members])
+
+
+def identity(magic: str, cache_tag: str) -> Optional[list]:
+    """What the host's .pyc bytes depend on, for the dependency layers' keys: the compiling Python's full
+    version (two patch releases may write different bytes for one source), magic number and cache tag,
+    and how it compiles; None when the host does not write the image's bytecode (`host_can_compile`)."""
+    if not host_can_compile(magic, cache_tag):
+        return None
+    return [sys.version, magic, cache_tag, FORMAT]
 
 
 class HostCompiler:
-    """Compiles the venv's modules on the host's cores, in worker processes, while the layer is written.
+    """Compiles the venv's modules on the host's cores, in worker processes, while the layers are written.
 
-    The modules the wheels will put under the venv's lib/ (`planned`: read from the zips' directories,
-    toolchain/venv_layer.py `planned_modules`) are compiled from the wheels from the start, so the
-    compiling spreads over the whole write instead of trailing it (torch, with half of the modules,
-    comes last in name order). The writer tells it each module it wrote (`wants`), and hands over the
-    source of any module the plan did not foresee (`add`); `layer` keeps what was written and gives
-    the .pyc files as one layer. Only where `host_can_compile` says the image loads the result."""
+    The modules each wheel will put under the venv's lib/ (`planned`: read from the zips' directories,
+    toolchain/venv_layer.py `planned_modules`) are submitted at the start, in the order the layers are
+    written, so the compiling spreads over the whole write instead of trailing it. `of(wheels)` waits
+    for the .pyc of those wheels' modules ({tar name: bytes or None}); a layer's writer appends them
+    after its files. Only where `host_can_compile` says the image loads the result."""
 
-    def __init__(self, cache_tag: str, workers: Optional[int] = None,
-                 planned: Sequence[tuple[Path, list[tuple[str, str]]]] = ()):
-        self.cache_tag = cache_tag
+    def __init__(self, workers: Optional[int] = None, planned: Sequence[tuple[Path, list[tuple[str, str]]]] = ()):
         self.pool = ProcessPoolExecutor(workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"),
                                         initializer=_worker_start)
-        self.batch: list[tuple[str, bytes]] = []
-        self.batch_bytes = 0
-        self.futures: list[Future] = []
+        self.futures: dict[str, list[Future]] = {}
+        self.planned: dict[str, set[str]] = {}
         self.broken: Optional[BaseException] = None
-        self.planned: set[str] = set()
-        self.written: set[str] = set()
-        for wheel, members in planned:
-            for i in range(0, len(members), PLAN_MEMBERS):
-                self._submit(_compile_members, str(wheel), members[i:i + PLAN_MEMBERS])
-            self.planned.update(name for _, name in members)
+        self.add(planned)
 
-    def _submit(self, fn, *args) -> None:
+    def add(self, planned: Sequence[tuple[Path, list[tuple[str, str]]]]) -> None:
+        """Start compiling these wheels' planned modules (wheel, [(member, tar name)])."""
+        for wheel, members in planned:
+            self.futures[str(wheel)] = [self._submit(str(wheel), members[i:i + PLAN_MEMBERS])
+                                        for i in range(0, len(members), PLAN_MEMBERS)]
+            self.planned[str(wheel)] = {name for _, name in members}
+
+    def done(self, wheels: Sequence[Path]) -> bool:
+        """The wheels' modules are compiled (or their compiling failed: `of` says how)."""
+        return all(f is None or f.done() for w in wheels for f in self.futures.get(str(w), []))
+
+    def _submit(self, wheel: str, members: list) -> Optional[Future]:
         if self.broken is None:
             try:
-                self.futures.append(self.pool.submit(fn, *args))
-            except BrokenProcessPool as e:  # said by `layer`, not as a failure of the wheel being written
+                return self.pool.submit(_compile_members, wheel, members)
+            except BrokenProcessPool as e:  # said by `of`, not as a failure of the wheel being written
                 self.broken = e
+        return None
 
-    def wants(self, name: str) -> bool:
-        """The writer wrote module NAME: True when its source is to be handed over (`add`), the plan
-        not having it."""
-        self.written.add(name)
-        return name not in self.planned
+    def planned_of(self, wheels: Sequence[Path]) -> set[str]:
+        return set().union(*(self.planned.get(str(w), set()) for w in wheels))
 
-    def add(self, name: str, source: bytes) -> None:
-        self.batch.append((name, source))
-        self.batch_bytes += len(source)
-        if self.batch_bytes >= BATCH_BYTES:
-            self._send()
-
-    def _send(self) -> None:
-        if self.batch:
-            self._submit(_compile_batch, self.batch)
-        self.batch, self.batch_bytes = [], 0
-
-    def layer(self) -> tuple[layers.Layer, int]:
-        """(the layer of the .pyc of every module written, how many did not compile), once all are compiled."""
-        self._send()
+    def of(self, wheels: Sequence[Path]) -> dict[str, Optional[bytes]]:
         compiled: dict[str, Optional[bytes]] = {}
         try:
-            if self.broken is not None:
-                raise self.broken
-            for f in self.futures:
-                compiled.update((name, pyc) for name, pyc in f.result() if name in self.written)
+            for w in wheels:
+                for f in self.futures.get(str(w), []):
+                    if f is None:
+                        raise self.broken
+                    compiled.update(f.result())
         except Exception as e:  # a worker killed (out of memory, say): the build says so
             raise BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}. A script "
                              "that runs the build must start it under `if __name__ == '__main__':` (the workers "
                              "import it)", []) from None
-        finally:
-            self.close()
-        files = [(pyc_name(name, self.cache_tag), pyc, False) for name, pyc in compiled.items() if pyc is not None]
-        if not files:
-            raise BuildError("bytecode", "the host's compiler", "no module of the venv compiled", [])
-        return layers.make_layer(files), len(compiled) - len(files)
+        return compiled
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

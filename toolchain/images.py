@@ -1,9 +1,10 @@
 """Layered image builds: base -> user -> deps -> app -> spec, each stage tagged by a content key.
 
 A stage is built only when its tag is missing, so a one-line code change rebuilds the app and
-spec stages, a spec change rebuilds the spec stage only, and a requirements change rebuilds
-the venv and everything above. Equal inputs give equal tags. The image's layers, bottom first:
-[venv, bytecode, base, user (2), app, spec].
+spec stages, a spec change rebuilds the spec stage only, and a requirements change writes the
+layers of the wheels that changed (toolchain/deps_stage.py) and the thin ones above. Equal inputs
+give equal tags. The image's layers, bottom first: [base, user (2), one per wheel or group of
+small wheels (toolchain/venv_plan.py), the venv's top layer, app, spec] (docs/image-layers.md).
 """
 from __future__ import annotations
 
@@ -14,17 +15,17 @@ import subprocess
 import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 import docker
 
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, load_spec, spec_hash
-from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, SPEC_PATH as SPEC_ENV
-from toolchain import __version__, bytecode, layers, venv_layer
+from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, SPEC_PATH as SPEC_ENV, VENV
+from toolchain import __version__, bytecode, layers, venv_layer, venv_plan
 from toolchain.bootstrap import BaseImage, ensure_base
+from toolchain.deps_stage import DepsAssembly
 from toolchain.config import Settings
 from toolchain.docker_client import image_exists
 from toolchain.errors import BuildError, ConfigError
@@ -36,7 +37,6 @@ from toolchain.venv_layer import Python
 from toolchain.wheelhouse import Wheelhouse, ensure_wheelhouse, read_requirements
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
-VENV = "/opt/venv"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE_SCRIPT = "00-raytrain-venv.sh"
 LAYER_STORE = "layers"  # <build_dir>/layers/<diff id>.tar: the assembled layers, for the incremental .sqsh
@@ -67,50 +67,6 @@ def git_revision(root: Path) -> str:
                               check=True).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
-
-
-@dataclass
-class VenvStage:
-    """The venv stage REF, bottom layers first (DIFF_IDS). With `pending`, its top layer (the bytecode
-    compiled on the host) and its config are still to be loaded, with the deps stage above it in one
-    archive (Builder.deps); until then the engine holds its bottom layer alone, tagged BOTTOM_REF."""
-    ref: str
-    key: str
-    diff_ids: list[str]
-    wh: Wheelhouse
-    pending: Optional[tuple[layers.Layer, bytes]] = None
-    bottom_ref: Optional[str] = None
-
-
-class UserBeside:
-    """The user stage, built in a thread beside the venv (a Dockerfile build: about 15 s of naive diffs
-    here), and its layers saved from the engine in that thread too once the deps stage above the venv
-    is known to be new (`prefetch`): what deps loads over the venv (`layers`). `close` waits for the
-    thread and deletes the saved tars."""
-
-    def __init__(self, builder: Builder, base: BaseImage, ref: str):
-        self.client, self.ref = builder.client, ref  # builder.user_stage(base)'s tag
-        self.built: list = []  # ["user"] when it was built here
-        self.work = builder._context()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="user-stage")
-        self.job: Future = self.pool.submit(builder.user, base, self.built, True)
-        self.saved: Optional[Future] = None
-
-    def prefetch(self) -> None:
-        if self.saved is None:
-            self.saved = self.pool.submit(self._save)
-
-    def _save(self) -> list[layers.FileLayer]:
-        self.job.result()  # the pool's one thread ran the build first; its error is the save's
-        return layers.saved_layers(self.client, self.ref, self.work / "saved")
-
-    def layers(self) -> list[layers.FileLayer]:
-        self.prefetch()
-        return self.saved.result()
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True, cancel_futures=True)  # a build under way is waited for; a save not begun is not
-        shutil.rmtree(self.work, ignore_errors=True)
 
 
 class Builder:
@@ -210,144 +166,53 @@ class Builder:
         rebuilt.append("user")
         return ref, key
 
-    def venv(self, variant: str, python: Python, rebuilt: list, on_build: Callable[[], object] = lambda: None) -> VenvStage:
-        """The wheelhouse installed into the venv as one layer, assembled directly (toolchain/venv_layer.py)
-        and imported: the venv is the bottom layer of every image, so its layer is the same whatever the
-        base, and the engine takes it without a temporary copy. When the host's Python writes the image's
-        bytecode, the modules are compiled while the layer is written, and the stage is [venv, bytecode],
-        its bytecode loaded with the deps stage above it (`deps`). ON_BUILD is called when the layer is
-        to be written (the deps stage above will be new too)."""
+    def deps(self, user_ref: str, user_key: str, user_job: Future, variant: str, python: Python,
+             rebuilt: list) -> tuple[str, str, Wheelhouse]:
+        """The user stage plus the dependency layers: one per wheel (or group of small wheels), each with
+        its bytecode when the host's Python writes the image's, then the venv's top layer
+        (toolchain/deps_stage.py). USER_JOB builds the user stage beside; only the layers the engine
+        lacks are written and loaded. Otherwise the base's interpreter compiles the venv in a container
+        and its .pyc go in one layer on top (toolchain/bytecode.py)."""
         wh = ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
-        on_host = bytecode.host_can_compile(python.magic, python.cache_tag)
-        key = key_of("venv", wh.key, venv_layer.FORMAT, python.version, python.executable, VENV, layers.LAYER_FORMAT,
-                     [*bytecode.COMPILE, python.magic, python.cache_tag] if on_host else None)
-        ref = f"{self.stage_repo}:venv-{key[:16]}"
-        if image_exists(self.client, ref):
-            self.rep.step(f"venv: reusing {ref}")
-            return VenvStage(ref, key, self.client.images.get(ref).attrs["RootFS"]["Layers"], wh)
-        on_build()
+        compiler = bytecode.identity(python.magic, python.cache_tag)
         wheels = venv_layer.wheels_of(wh.path)
-        total = venv_layer.unpacked_size(wheels)
-        self.rep.step(f"venv: installing {len(wheels)} wheels ({human_bytes(total)} unpacked) into {VENV} as one layer"
-                      + (", compiling its modules beside" if on_host else ""))
-        t0 = time.monotonic()
-        # the engine imports the tar as it is written: the writer and the engine each take a core
-        layer_ref = f"{ref}-layer" if on_host else ref
-        importing = layers.StreamedImport(self.client, layer_ref)
-        compiler = (bytecode.HostCompiler(python.cache_tag, planned=venv_layer.planned_modules(wheels, python, VENV))
-                    if on_host else None)
-        stage = None
-        try:
-            layer = venv_layer.write_venv_layer(
-                wheels, python, VENV, self.layer_store, tee=importing.feed, compiler=compiler,
-                progress=lambda n: self.rep.progress("venv: writing the layer and importing it", n, total))
-            self.rep.progress_done()
-            t1 = time.monotonic()
-            try:
-                attrs = importing.finish(layer)
-            except BaseException:  # a layer the engine did not take is 7 GB of nothing
-                layer.path.unlink(missing_ok=True)
-                raise
-            t2 = time.monotonic()
-            if compiler is None:
-                stage = VenvStage(ref, key, [layer.diff_id], wh)
-            else:
-                pyc, failed = compiler.layer()
-                diff_ids = [layer.diff_id, pyc.diff_id]
-                stage = VenvStage(ref, key, diff_ids, wh, pending=(pyc, layers.image_config(attrs, diff_ids)),
-                                  bottom_ref=layer_ref)
-                self.rep.step(f"venv: {human_bytes(pyc.size)} of bytecode compiled on the host (done "
-                              f"{time.monotonic() - t2:.0f}s after the import)"
-                              + (f"; {failed} module(s) did not compile (they compile at import, if imported)"
-                                 if failed else ""))
-        finally:
-            importing.abort()
-            if compiler is not None:
-                compiler.close()
-                if stage is None and image_exists(self.client, layer_ref):  # no half of a stage stays tagged
-                    self.client.api.remove_image(layer_ref)
-            self.rep.progress_done()
-        self.rep.step(f"venv: assembled {ref} ({human_bytes(layer.size)} layer {layer.diff_id[7:19]}: written and "
-                      f"imported in {t1 - t0:.0f}s, the engine done {t2 - t1:.0f}s later)")
-        layers.prune_big(self.layer_store, keep={layer.path})
-        rebuilt.append("venv")
-        return stage
-
-    def _finish_venv(self, venv: VenvStage) -> None:
-        """Load the venv stage's bytecode on its layer alone (not with the deps stage above it)."""
-        if venv.pending is not None:
-            pyc, config = venv.pending
-            layers.load(self.client, [pyc], config, venv.ref, self.layer_store)
-            venv.pending = None
-
-    def deps(self, user_key: str, variant: str, python: Python, rebuilt: list,
-             beside: UserBeside) -> tuple[str, str, Wheelhouse]:
-        """The venv, its bytecode, then the base and user stages: [venv, bytecode, base, user...]. The
-        base's and user's small layers (`beside`: saved from the engine beside the venv) are reloaded
-        over the venv. The bytecode came with the venv stage when the host compiled it, and is loaded
-        with them in one archive; otherwise the base's interpreter compiles it here, in a container of
-        the venv with base and user on top (toolchain/bytecode.py)."""
-        venv = self.venv(variant, python, rebuilt, on_build=beside.prefetch)
-        try:
-            return self._deps(venv, user_key, python, rebuilt, beside)
-        finally:
-            if venv.bottom_ref is not None and image_exists(self.client, venv.bottom_ref):
-                # the venv stage, once loaded, holds the layer; if it was not, the 7 GB go with the tag
-                self.client.api.remove_image(venv.bottom_ref)
-
-    def _deps(self, venv: VenvStage, user_key: str, python: Python, rebuilt: list,
-              beside: UserBeside) -> tuple[str, str, Wheelhouse]:
-        key = key_of("deps", user_key, venv.key, bytecode.COMPILE, layers.LAYER_FORMAT)
+        planned, overflow = venv_plan.plan(wheels, dict(zip(wh.wheels, wh.sha256)), VENV, python.minor, compiler)
+        key = key_of("deps", user_key, [p.key for p in planned], python.version, python.executable, VENV,
+                     venv_plan.FORMAT, layers.LAYER_FORMAT, compiler or bytecode.COMPILE)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
         if image_exists(self.client, ref):
-            self._finish_venv(venv)
+            user_job.result()
             self.rep.step(f"deps: reusing {ref}")
-            return ref, key, venv.wh
+            return ref, key, wh
+        if overflow:
+            self.rep.warn(f"more than {venv_plan.MAX_OWN} big wheels: {', '.join(overflow)} share group layers")
+        venv_layer.check_conflicts(wheels, python, VENV)
+        self.rep.step(f"deps: {len(wheels)} wheels ({human_bytes(sum(p.size for p in planned))} unpacked) as "
+                      f"{len(planned)} layers" + (", each with its bytecode compiled beside" if compiler else ""))
         t0 = time.monotonic()
-        try:
-            above = beside.layers()
-        except Exception:
-            self._finish_venv(venv)  # kept: the next build, its user stage mended, does not write the venv again
-            raise
-        waited = time.monotonic() - t0
-        user = self.client.images.get(beside.ref).attrs
-        above_ids = user["RootFS"]["Layers"]
-        if [layer.diff_id for layer in above] != above_ids:
-            raise BuildError("deps", ref, f"`docker save {beside.ref}` gave other layers than the engine lists", [])
-        if len(venv.diff_ids) == 2:  # [venv, bytecode]: compiled on the host with the venv (Builder.venv)
-            config = layers.image_config(user, [*venv.diff_ids, *above_ids])
-            if venv.pending is not None:  # one archive for both stages: one unpacking by the engine
-                pyc, venv_config = venv.pending
-                layers.load_images(self.client, [pyc, *above], [(venv_config, venv.ref), (config, ref)])
-                layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
-                layers.keep_config(venv_config, self.layer_store)
-                venv.pending = None
-                done = f"the venv, {human_bytes(pyc.size)} of bytecode, base and user, loaded together"
-            else:
-                layers.load(self.client, above, config, ref)
-                done = "the venv, its bytecode, then base and user"
+        assembly = DepsAssembly(self.client, self.layer_store, planned, python, VENV, compiler is not None,
+                                user_job, user_ref, ref, self.rep)
+        if compiler is not None:
+            assembly.run(ref)
         else:
             source = f"{ref}-source"
+            attrs, _ = assembly.run(source)
             work = self._context()
             try:
-                layers.load(self.client, above, layers.image_config(user, [*venv.diff_ids, *above_ids]), source)
                 self.rep.step(f"deps: compiling the venv's modules with the image's {python.executable}")
                 pyc, failed = bytecode.compiled_layer(self.client, source, VENV, work / "pyc")
+                if failed:
+                    self.rep.detail(f"{failed} module(s) did not compile (they compile at import, if imported)")
+                layers.load(self.client, [pyc], layers.image_config(attrs, [*attrs["RootFS"]["Layers"], pyc.diff_id]),
+                            ref, self.layer_store)
             finally:
                 shutil.rmtree(work, ignore_errors=True)
                 if image_exists(self.client, source):
-                    self.client.api.remove_image(source, noprune=False)
-            if failed:
-                self.rep.detail(f"{failed} module(s) did not compile (they compile at import, if imported)")
-            config = layers.image_config(user, [*venv.diff_ids, pyc.diff_id, *above_ids])
-            layers.load(self.client, [pyc, *above], config, ref)
-            layers.keep(pyc, self.layer_store)  # the push reads it there (base and user come from the engine)
-            done = f"the venv, {human_bytes(pyc.size)} of bytecode, then base and user"
-        layers.keep_config(config, self.layer_store)
-        self.rep.step(f"deps: assembled {ref} ({done}: {time.monotonic() - t0:.1f}s"
-                      + (f", of which {waited:.1f}s waiting for the user stage's layers)" if waited >= 0.1 else ")"))
+                    self.client.api.remove_image(source)
+        self.rep.step(f"deps: assembled {ref} ({assembly.summary(time.monotonic() - t0)})")
+        layers.prune_big(self.layer_store, keep={s.layer.path for s in assembly.slots if s.layer is not None})
         rebuilt.append("deps")
-        return ref, key, venv.wh
+        return ref, key, wh
 
     def app(self, deps_ref: str, deps_key: str, sources: dict, rebuilt: list) -> tuple[str, str]:
         """The runtime package and the user's code as one layer, assembled directly (toolchain/layers.py)."""
@@ -401,14 +266,16 @@ class Builder:
         python = self.python(base)
         user_ref, user_key = self.user_stage(base)
         if not image_exists(self.client, user_ref):
-            self.rep.step(f"user: building {user_ref} beside the venv")
-        beside = UserBeside(self, base, user_ref)
-        try:
-            deps_ref, deps_key, wh = self.deps(user_key, variant, python, rebuilt, beside)
-            beside.job.result()
-        finally:
-            beside.close()
-        if beside.built:
+            self.rep.step(f"user: building {user_ref} beside the dependency layers")
+        built: list = []
+        with ThreadPoolExecutor(1, thread_name_prefix="user-stage") as pool:
+            user_job = pool.submit(self.user, base, built, True)
+            try:
+                deps_ref, deps_key, wh = self.deps(user_ref, user_key, user_job, variant, python, rebuilt)
+            finally:
+                user_job.exception()  # a build under way is waited for; its error, if deps did not say it, below
+            user_job.result()
+        if built:
             self.rep.step(f"user: built {user_ref}")
             rebuilt.insert(int(base.built), "user")
         sources = source_keys(self.settings)  # the trees hashed once: the app layer's key and the record's

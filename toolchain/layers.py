@@ -6,8 +6,8 @@ uid/gid 0 with no names, modes normalised (0755 directories and executables, 064
 and no host metadata: the same sources give the same bytes, hence the same diff ID, from any
 checkout path, clone or mtime. The image config is written from the lower image's config plus
 what the layer adds (env, labels), with a fixed creation time, as canonical JSON: its sha256 is
-the image ID. A big layer (the venv, toolchain/venv_layer.py) is a `FileLayer`: a tar on disk in
-the layer store, never held in memory. `load()` streams the engine a docker-archive holding only
+the image ID. A dependency layer (toolchain/venv_layer.py) is a `FileLayer`: a tar on disk in the
+layer store, never held in memory. `load()` streams the engine a docker-archive holding only
 the new layers; the lower layers are listed by diff ID and the engine, which has their chain, does
 not ask for them.
 """
@@ -17,12 +17,10 @@ import hashlib
 import io
 import json
 import os
-import queue
 import tarfile
-import threading
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Optional, Union
+from typing import Iterable, Iterator, Union
 
 from runtime.contract import BIG_LAYER_BYTES
 from toolchain.errors import BuildError
@@ -151,8 +149,8 @@ KEEP_BIG = 2
 
 
 def prune_big(store: Path, keep: set[Path]) -> list[Path]:
-    """Delete all but the KEEP_BIG newest big layer tars (a requirements change writes a new 7 GB venv
-    layer; older ones are only a push's or a .sqsh's shortcut, which fall back to the engine)."""
+    """Delete all but the KEEP_BIG newest big layer tars not in KEEP (a torch bump writes a new 1.7 GB
+    layer; older ones are only a shortcut for a push or a build, which write them again or read the engine)."""
     big = sorted((p for p in store.glob("*.tar") if p.stat().st_size >= BIG_LAYER_BYTES and p not in keep),
                  key=lambda p: p.stat().st_mtime, reverse=True)
     gone = big[max(0, KEEP_BIG - len(keep)):]
@@ -223,96 +221,3 @@ def load_images(client, new: list[AnyLayer], images: list[tuple[bytes, str]], st
         for layer in new:
             keep(layer, store)
     return ids
-
-
-class StreamedImport:
-    """`docker import` of a layer fed block by block while the layer is being written, so the engine
-    applies it at the same time (the writer and the engine each take a core): `feed` each block,
-    then `finish` with the written layer, or `abort`. A bounded queue holds what the engine has not
-    read yet."""
-    _ABORT = object()
-
-    def __init__(self, client, tag: str, progress=None):
-        self.client, self.tag, self.progress = client, tag, progress
-        self.blocks: queue.Queue = queue.Queue(maxsize=32)
-        self.error: Optional[BaseException] = None
-        self.thread = threading.Thread(target=self._run, name="layer-import", daemon=True)
-        self.thread.start()
-
-    def _chunks(self) -> Iterator[bytes]:
-        sent = 0
-        while (block := self.blocks.get()) is not None:
-            if block is self._ABORT:
-                raise BuildError("assembled", self.tag, "the layer was not finished; import abandoned", [])
-            sent += len(block)
-            if self.progress is not None:
-                self.progress(sent)
-            yield block
-
-    def _run(self) -> None:
-        repo, name = self.tag.rsplit(":", 1)
-        try:
-            self.client.api.import_image_from_data(self._chunks(), repository=repo, tag=name)
-        except BaseException as e:  # noqa: BLE001 - handed to the writer's thread by feed/finish
-            self.error = e
-
-    def feed(self, block: bytes) -> None:
-        while True:
-            try:
-                self.blocks.put(block, timeout=1)
-                return
-            except queue.Full:
-                if not self.thread.is_alive():
-                    raise BuildError("assembled", self.tag, f"the engine stopped reading the layer: {self.error}",
-                                     []) from None
-
-    def finish(self, layer: FileLayer) -> dict:
-        """The imported image's attrs, once the engine has it all; its one layer must be LAYER."""
-        self.blocks.put(None)
-        self.thread.join()
-        if self.error is not None:
-            raise BuildError("assembled", self.tag, f"the engine did not import the layer: {self.error}", [])
-        attrs = self.client.images.get(self.tag).attrs
-        if attrs["RootFS"]["Layers"] != [layer.diff_id]:
-            raise BuildError("assembled", self.tag, f"the engine made layers {attrs['RootFS']['Layers']} of the "
-                             f"layer {layer.diff_id}", [])
-        return attrs
-
-    def abort(self) -> None:
-        if self.thread.is_alive():
-            try:
-                self.blocks.put(self._ABORT, timeout=5)
-            except queue.Full:
-                pass
-            self.thread.join(timeout=60)
-
-
-def saved_layers(client, ref: str, dest: Path) -> list[FileLayer]:
-    """The image's layers as tars in DEST, bottom first, from a streamed `docker save` (either format:
-    the legacy <id>/layer.tar of engines before 25, or the OCI layout's blobs/sha256/<hex>)."""
-    dest.mkdir(parents=True, exist_ok=True)
-    by_name: dict[str, FileLayer] = {}
-    manifest = None
-    api = client.api
-    res = api._get(api._url("/images/{0}/get", ref), stream=True)
-    try:
-        api._raise_for_status(res)
-        with tarfile.open(fileobj=res.raw, mode="r|") as tf:
-            for m in tf:
-                if m.name == "manifest.json":
-                    manifest = json.loads(tf.extractfile(m).read())
-                elif m.isfile() and (m.name.endswith("/layer.tar") or m.name.startswith("blobs/sha256/")):
-                    src, h, path = tf.extractfile(m), hashlib.sha256(), dest / f"{len(by_name)}.tar"
-                    with open(path, "wb") as f:
-                        while block := src.read(CHUNK):
-                            h.update(block)
-                            f.write(block)
-                    by_name[m.name] = FileLayer(path, "sha256:" + h.hexdigest(), m.size)
-    finally:
-        res.close()
-    if not manifest:
-        raise BuildError("assembled", ref, "`docker save` gave no manifest.json", [])
-    try:
-        return [by_name[name] for name in manifest[0]["Layers"]]
-    except KeyError as e:
-        raise BuildError("assembled", ref, f"`docker save` lists the layer {e} but did not send it", []) from None

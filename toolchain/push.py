@@ -32,7 +32,7 @@ from typing import Iterator, Optional, Sequence
 
 import docker
 
-from toolchain.blobs import Blob, BlobCache, LayerMismatch
+from toolchain.blobs import Blob, BlobCache, BlobHomes, LayerMismatch
 from toolchain.errors import RegistryError, TransientRegistryError
 from toolchain.layer_sources import LayerSource
 from toolchain.progress import Reporter, human_bytes
@@ -42,6 +42,8 @@ __all__ = ["PushResult", "push_image", "classify", "RegistryGone", "StalledPush"
 
 BLOB_CACHE = "blobs"  # <build_dir>/blobs/<diff id hex>.gz: each layer compressed once
 DIGEST_INDEX = "blob-digests"  # ~/.cache/raytrain/blob-digests/<diff id hex>.json: every build directory's digests
+BLOB_HOMES = "blob-homes"  # ~/.cache/raytrain/blob-homes/<blob digest hex>.json: where each blob was pushed
+KEEP_TAR_BELOW = 8 << 20  # a pushed layer's tar this small stays in the layer store (the app, the spec: a .sqsh appends them)
 
 
 @dataclass
@@ -116,8 +118,9 @@ def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> O
 
 
 def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], tags: list[str],
-               sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> str:
-    """Every blob the registry lacks, the config, then the manifest under each tag; the manifest's digest.
+               sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> tuple[str, list[str]]:
+    """Every blob the registry lacks, the config, then the manifest under each tag; (the manifest's
+    digest, the layers' blob digests).
 
     A layer whose blob digest is known (compressed before, by any build directory) and that the
     registry has is neither compressed nor sent; the others are compressed (once: the blob cache)
@@ -161,7 +164,7 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
     digest = None
     for tag in tags:
         digest = reg.put_manifest(tag, body)
-    return digest
+    return digest, [layers[d][0] for d in diff_ids]
 
 
 class _Stopped(Exception):
@@ -282,6 +285,19 @@ def _tell_the_engine(client: docker.DockerClient, target: str, digest: str, rep:
                  "digest will pull it (`docker pull` it to see why)")
 
 
+def _drop_compressed_tars(store: Path, cache: BlobCache, diff_ids: Sequence[str]) -> None:
+    """Delete the layer store's tar of each pushed layer whose compressed blob is cached, but the small
+    ones: the blob serves every later push, the engine holds the layer, and a build that needs the tar
+    again (to load a chain above a changed layer) writes it again, byte for byte (toolchain/deps_stage.py)."""
+    for d in diff_ids:
+        tar = store / f"{d[7:]}.tar"
+        try:
+            if tar.stat().st_size >= KEEP_TAR_BELOW and cache.get(d) is not None:
+                tar.unlink()
+        except FileNotFoundError:
+            continue
+
+
 def push_image(client: docker.DockerClient, variant: str, image_id: str, target: str, tags: list[str],
                retries: int, backoff: float, rep: Reporter, stall_s: float = 300, *,
                layer_store: Optional[Path] = None, blob_cache: Optional[Path] = None,
@@ -296,6 +312,10 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
     image = client.images.get(image_id)
     diff_ids = list(image.attrs["RootFS"]["Layers"])
     cache = BlobCache(blob_cache or default_blob_cache(), index=default_blob_cache().with_name(DIGEST_INDEX))
+    homes = BlobHomes(default_blob_cache().with_name(BLOB_HOMES))
+    known = [b.digest for d in diff_ids if (b := cache.known(d)) is not None]
+    mount_from = list(dict.fromkeys([*mount_from, *sorted(r for dg in known for a, r in homes.of(dg)
+                                                          if a == address and r != repo)]))
     source = LayerSource(client, cache, image.id, layer_store, candidates, rep)
     sent = _Sent()
     attempt = 0
@@ -305,7 +325,7 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
         reg = RegistryClient(address, repo, stall_s, mount_from)
         try:
             reg.check()  # a refused login or a registry that is not there, before any compressing
-            digest = _push_once(reg, source, diff_ids, tags, sent, rep, mount_from)
+            digest, blob_digests = _push_once(reg, source, diff_ids, tags, sent, rep, mount_from)
             break
         except TransientRegistryError as e:
             if attempt > retries:
@@ -317,8 +337,11 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
         finally:
             reg.close()
     _tell_the_engine(client, target, digest, rep)
+    homes.add(blob_digests, address, repo)
     for gone in cache.prune_big(set(diff_ids)):
         rep.detail(f"removed the cached blob {gone.name} (a big layer of an older build)")
+    if layer_store is not None:
+        _drop_compressed_tars(layer_store, cache, diff_ids)
     st = source.stats
     return PushResult(variant=variant, target=target, tag=tags[0], digest=digest, repo_digest=f"{target}@{digest}",
                       layers_pushed=len(sent.pushed), layers_existing=len(sent.existing),

@@ -37,7 +37,7 @@ import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable, Optional
+from typing import BinaryIO, Callable, Iterator, Optional
 
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
@@ -46,7 +46,7 @@ from installer.scripts import Script
 from installer.sources import WheelFile
 
 from toolchain.errors import BuildError
-from toolchain.layers import CHUNK, MTIME, TAR_END, FileLayer, tar_header, tar_padding
+from toolchain.layers import CHUNK, MTIME, TAR_END, FileLayer, Layer, tar_header, tar_padding
 from toolchain.wheel_members import Member
 
 FORMAT = 1  # bump when the tar this module writes changes, so old dependency stages are not reused
@@ -116,24 +116,27 @@ class _Sink(threading.Thread):
 
 
 class _TarOut:
-    """The layer tar being written: small writes gathered into blocks, each block to the _Sink."""
+    """A layer tar being written: small writes gathered into blocks, each block to PUT (a _Sink's, or a list's)."""
 
-    def __init__(self, sink: _Sink, progress: Callable[[int], None]):
-        self.sink, self.progress = sink, progress
+    def __init__(self, put: Callable[[bytes], None], progress: Callable[[int], None] = lambda n: None):
+        self.put, self.progress = put, progress
         self.pending = bytearray()
         self.size = 0
         self.dirs: set[str] = set()
-        self.files: dict[str, tuple[bytes, int, str]] = {}  # name -> (sha256, size, the wheel that wrote it)
+        self.files: dict[str, tuple[bytes, int]] = {}  # name -> (sha256, size)
         self.wheel = ""
         self.root = ""  # the venv, as tar names start (opt/venv): nothing is written outside it
-        self.compiler = None  # toolchain/bytecode.py HostCompiler: told of each module written under LIB
-        self.lib = ""
+        self.lib = ""   # the venv's lib/, as tar names start: the modules under it are byte-compiled
+        self.modules: list[str] = []           # modules written under lib (their .pyc follow the files)
+        self.planned: set[str] = set()         # modules the compiler has from the wheel itself (planned_modules)
+        self.unforeseen: dict[str, bytes] = {}  # the source of any other module written under lib
+        self.scripts: list[tuple[str, bytes]] = []  # console scripts: written to the top layer instead
 
     def write(self, data: bytes) -> None:
         self.size += len(data)
         if len(data) >= CHUNK:
             self.flush()
-            self.sink.put(data)
+            self.put(data)
             self.progress(self.size)
         else:
             self.pending += data
@@ -142,7 +145,7 @@ class _TarOut:
 
     def flush(self) -> None:
         if self.pending:
-            self.sink.put(bytes(self.pending))
+            self.put(bytes(self.pending))
             self.pending.clear()
             self.progress(self.size)
 
@@ -173,15 +176,15 @@ class _TarOut:
         """Copy `size` bytes of stream in; returns (sha256 digest of the content, size): RECORDED when the
         wheel's RECORD gives it (as pip keeps a wheel's RECORD line for a file it does not change), else
         hashed here."""
-        if name in self.files:  # namespace packages: nvidia-* wheels each ship nvidia/__init__.py
+        if name in self.files:  # two wheels of one group layer (or a wheel twice): the same bytes, once
             return self._again(name, stream, size)
         self.parents(name)
         info = self._info(name, 0o755 if executable else 0o644)
         info.size = size
         self.write(tar_header(info))
         digest, left = (hashlib.sha256() if recorded is None else None), size
-        source = ([] if self.compiler is not None and name.endswith(".py") and name.startswith(self.lib)
-                  and self.compiler.wants(name) else None)
+        module = name.endswith(".py") and name.startswith(self.lib)
+        source = [] if module and name not in self.planned else None
         while left:
             block = stream.read(min(CHUNK, left))
             if not block:
@@ -195,21 +198,21 @@ class _TarOut:
         if stream.read(1):
             raise BuildError("deps", name, f"the wheel gave more than the {size} bytes its archive lists", [])
         self.write(tar_padding(size))
+        if module:
+            self.modules.append(name)
         if source is not None:
-            self.compiler.add(name, b"".join(source))
+            self.unforeseen[name] = b"".join(source)
         sha = recorded if digest is None else digest.digest()
-        self.files[name] = (sha, size, self.wheel)
+        self.files[name] = (sha, size)
         return sha, size
 
     def _again(self, name: str, stream, size: int) -> tuple[bytes, int]:
-        """A path a previous wheel installed: the same bytes are already in the layer (the engine refuses
-        a path twice in one layer); other bytes are a conflict pip would settle by install order."""
+        """A path this layer already holds: the same bytes are not written twice (the engine refuses a path
+        twice in one layer); other bytes were refused before any layer was written (`check_conflicts`)."""
         digest = hashlib.sha256(stream.read()).digest()
-        first_digest, first_size, first_wheel = self.files[name]
-        if (digest, size) != (first_digest, first_size):
-            raise BuildError("deps", name, f"{first_wheel} and {self.wheel} both install /{name}, with different "
-                             "contents; pip would keep whichever it installed last. Remove one of the two from the "
-                             "requirements, or pin versions that agree", [])
+        if (digest, size) != self.files[name]:
+            raise BuildError("deps", name, f"{self.wheel} installs /{name} with other contents than a wheel before "
+                             "it in the same layer; remove one of the two from the requirements", [])
         return digest, size
 
 
@@ -265,8 +268,14 @@ class _TarDestination(SchemeDictionaryDestination):
         return RecordEntry(path, Hash("sha256", base64.urlsafe_b64encode(digest).decode().rstrip("=")), size)
 
     def write_script(self, name: str, module: str, attr: str, section) -> RecordEntry:
+        """A console script goes to the venv's top layer (`write_top_layer`); its RECORD line stays here."""
         script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
-        return self.write_to_fs("scripts", script_name, _Bytes(data), is_executable=True)
+        if "/" in script_name or script_name in ("", ".", ".."):
+            raise BuildError("deps", self.out.wheel, f"the console script name {script_name!r} is not a plain file "
+                             "name; remove the wheel from the requirements", [])
+        self.out.scripts.append((script_name, data))
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
+        return RecordEntry(script_name, Hash("sha256", digest), len(data))
 
 
 class _Bytes:
@@ -279,12 +288,17 @@ class _Bytes:
         return block
 
 
+def dist_name(wheel: Path) -> str:
+    """The wheel's distribution, normalised (PEP 503): the name two wheels of one project share."""
+    return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
+
+
 def wheels_of(wheelhouse: Path) -> list[Path]:
     """The wheelhouse's wheels in name order; two versions of one distribution is an error."""
     wheels = sorted(wheelhouse.glob("*.whl"))
     seen: dict[str, Path] = {}
     for w in wheels:
-        dist = re.sub(r"[-_.]+", "_", w.name.split("-")[0]).lower()
+        dist = dist_name(w)
         if dist in seen:
             raise BuildError("deps", str(wheelhouse), f"two wheels of {dist}: {seen[dist].name} and {w.name}; "
                              f"delete {wheelhouse} and build again to download the wheel set afresh", [])
@@ -299,27 +313,44 @@ def _schemes(python: Python, venv: str) -> dict[str, str]:
             "headers": f"{venv}/include/site/python{python.minor}"}
 
 
+def _installed(wheel: Path, python: Python, venv: str) -> Iterator[tuple[zipfile.ZipInfo, str]]:
+    """(member, tar name) of each file the wheel installs, from the zip's directory alone, as installer
+    places members: in site-packages, or by the scheme of their <dist>-<version>.data directory."""
+    to = {scheme: path.lstrip("/") for scheme, path in _schemes(python, venv).items()}
+    dist, version = wheel.name.split("-")[:2]
+    data_dir = f"{dist}-{version}.data/"
+    with zipfile.ZipFile(wheel) as z:
+        for info in z.infolist():
+            m = info.filename
+            if m.endswith("/"):
+                continue
+            scheme, _, rest = m[len(data_dir):].partition("/") if m.startswith(data_dir) else ("purelib", "", m)
+            yield info, posixpath.normpath(f"{to.get(scheme, '-')}/{rest}")
+
+
 def planned_modules(wheels: list[Path], python: Python, venv: str) -> list[tuple[Path, list[tuple[str, str]]]]:
     """For each wheel, (member, tar name) of the modules it will put under the venv's lib/ (what
-    `compileall <venv>/lib` compiles), from the zip's directory alone, as installer places members: in
-    site-packages, or by the scheme of their <dist>-<version>.data directory."""
+    `compileall <venv>/lib` compiles), from the zip's directory alone."""
     lib = f"{venv.strip('/')}/lib/"
-    to = {scheme: path.lstrip("/") for scheme, path in _schemes(python, venv).items()}
-    plan = []
+    return [(w, [(info.filename, name) for info, name in _installed(w, python, venv)
+                 if name.endswith(".py") and name.startswith(lib)]) for w in wheels]
+
+
+def check_conflicts(wheels: list[Path], python: Python, venv: str) -> None:
+    """Refuse two wheels that install one path with different contents (told apart by the zip's CRC-32
+    and size), naming both: pip would keep whichever it installed last, and in layers the upper one
+    would hide the other. The same bytes (every nvidia-* wheel's nvidia/__init__.py) are fine: each
+    wheel's layer holds its own copy, so a wheel's layer depends on that wheel alone."""
+    seen: dict[str, tuple[int, int, str]] = {}
     for w in wheels:
-        dist, version = w.name.split("-")[:2]
-        data_dir = f"{dist}-{version}.data/"
-        members = []
-        with zipfile.ZipFile(w) as z:
-            for m in z.namelist():
-                if not m.endswith(".py"):
-                    continue
-                scheme, _, rest = m[len(data_dir):].partition("/") if m.startswith(data_dir) else ("purelib", "", m)
-                name = posixpath.normpath(f"{to.get(scheme, '-')}/{rest}")
-                if name.startswith(lib):
-                    members.append((m, name))
-        plan.append((w, members))
-    return plan
+        for info, name in _installed(w, python, venv):
+            if "dist-info/" in name:
+                continue
+            first = seen.setdefault(name, (info.CRC, info.file_size, w.name))
+            if first[:2] != (info.CRC, info.file_size):
+                raise BuildError("deps", name, f"{first[2]} and {w.name} both install /{name}, with different "
+                                 "contents; pip would keep whichever it installed last. Remove one of the two from "
+                                 "the requirements, or pin versions that agree", [])
 
 
 def unpacked_size(wheels: list[Path]) -> int:
@@ -331,53 +362,93 @@ def unpacked_size(wheels: list[Path]) -> int:
     return total
 
 
-def write_venv_layer(wheels: list[Path], python: Python, venv: str, store: Path,
-                     progress: Optional[Callable[[int], None]] = None,
-                     tee: Optional[Callable[[bytes], None]] = None, compiler=None) -> FileLayer:
-    """Install `wheels` into `venv` as one layer tar in `store` (STORE/<diff id hex>.tar, written whole
-    or not at all). `tee` gets every block of the tar as it is written (the engine's import, streamed
-    while the tar is made: toolchain/layers.py StreamedImport); `compiler` (toolchain/bytecode.py
-    HostCompiler) each module under the venv's lib/ (what `compileall <venv>/lib` would compile)."""
-    store.mkdir(parents=True, exist_ok=True)
-    tmp = store / f".venv-layer.{os.getpid()}.partial"
-    schemes = _schemes(python, venv)
-    try:
-        with open(tmp, "wb") as f:
-            sink = _Sink(f, tee)
-            sink.start()
+class LayerWriter:
+    """One dependency layer (a wheel, or a group of small wheels: toolchain/venv_plan.py) written to
+    STORE/<diff id hex>.tar in two steps, so the writer goes on to the next layer while this one's
+    bytecode is still being compiled: `files()` installs the wheels into the tar (each block also to
+    `tee`), `finish(pyc)` appends the .pyc of the modules written (PYC: tar name -> bytes, from
+    toolchain/bytecode.py) sorted by name, ends the tar and names it by its sha256. Only a finished
+    layer is in the store; `abort()` removes the partial file."""
+
+    def __init__(self, wheels: list[Path], python: Python, venv: str, store: Path, planned: set[str] = frozenset(),
+                 progress: Optional[Callable[[int], None]] = None):
+        self.wheels, self.python, self.venv, self.store = wheels, python, venv, store
+        store.mkdir(parents=True, exist_ok=True)
+        self.tmp = store / f".layer.{os.getpid()}.{threading.get_ident()}.{wheels[0].name}.partial"
+        self.f = open(self.tmp, "wb")
+        self.sink = _Sink(self.f)
+        self.sink.start()
+        self.out = _TarOut(self.sink.put, progress or (lambda n: None))
+        self.out.root = venv.strip("/")
+        self.out.lib = f"{self.out.root}/lib/"
+        self.out.planned = set(planned)
+
+    def files(self) -> "LayerWriter":
+        schemes = _schemes(self.python, self.venv)
+        for wheel in self.wheels:
+            self.out.wheel = wheel.name
             try:
-                out = _TarOut(sink, progress or (lambda n: None))
-                out.root = venv.strip("/")
-                out.compiler, out.lib = compiler, f"{out.root}/lib/"
-                for d in ("bin", "include", f"lib/python{python.minor}/site-packages"):
-                    out.directory(f"{venv}/{d}".lstrip("/"))
-                v = venv.lstrip("/")
-                out.symlink(f"{v}/bin/python3", python.executable)
-                out.symlink(f"{v}/bin/python", "python3")
-                out.symlink(f"{v}/bin/python{python.minor}", "python3")
-                out.symlink(f"{v}/lib64", "lib")
-                cfg = (f"home = {os.path.dirname(python.executable)}\ninclude-system-site-packages = false\n"
-                       f"version = {python.version}\nexecutable = {python.executable}\n"
-                       f"command = {python.executable} -m venv {venv}\n").encode()
-                out.file(f"{v}/pyvenv.cfg", _Bytes(cfg), len(cfg), False)
-                for wheel in wheels:
-                    out.wheel = wheel.name
-                    with _SizedWheel.open(wheel) as source:
-                        headers = dict(schemes, headers=f"{schemes['headers']}/{source.distribution}")
-                        try:
-                            install(source, _TarDestination(out, headers, f"{venv}/bin/python"),
-                                    additional_metadata={"INSTALLER": INSTALLER_NAME})
-                        except BuildError:
-                            raise
-                        except Exception as e:  # installer's own validation (a broken RECORD, a bad .data dir)
-                            raise BuildError("deps", wheel.name, f"the wheel could not be installed: {e}", []) from None
-                out.write(TAR_END)
-                out.flush()
-                diff_id = sink.close()
-            finally:
-                sink.stop()  # a failed install leaves no writer behind
-        path = store / f"{diff_id[7:]}.tar"
-        os.replace(tmp, path)
-        return FileLayer(path, diff_id, out.size)
-    finally:
-        tmp.unlink(missing_ok=True)
+                with _SizedWheel.open(wheel) as source:
+                    headers = dict(schemes, headers=f"{schemes['headers']}/{source.distribution}")
+                    install(source, _TarDestination(self.out, headers, f"{self.venv}/bin/python"),
+                            additional_metadata={"INSTALLER": INSTALLER_NAME})
+            except BuildError:
+                raise
+            except Exception as e:  # installer's own validation (a broken RECORD, a bad .data dir), a bad zip
+                raise BuildError("deps", wheel.name, f"the wheel could not be installed: {e}", []) from None
+        return self
+
+    def finish(self, pyc: Optional[dict[str, Optional[bytes]]], cache_tag: str = "") -> FileLayer:
+        """PYC None: no bytecode in this layer (the base's Python compiles it: toolchain/bytecode.py)."""
+        from toolchain.bytecode import compile_sources, pyc_name
+        if pyc is None:
+            self.out.modules.clear()
+        elif self.out.unforeseen:  # modules the plan did not foresee: compiled here, as the workers would
+            pyc = {**pyc, **compile_sources(sorted(self.out.unforeseen.items()))}
+        for name in sorted(self.out.modules):
+            data = pyc.get(name)
+            if data is not None:
+                self.out.file(pyc_name(name, cache_tag), _Bytes(data), len(data), False)
+        self.out.write(TAR_END)
+        self.out.flush()
+        diff_id = self.sink.close()
+        self.f.close()
+        path = self.store / f"{diff_id[7:]}.tar"
+        os.replace(self.tmp, path)
+        return FileLayer(path, diff_id, self.out.size)
+
+    def abort(self) -> None:
+        self.sink.stop()
+        self.f.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def top_layer(python: Python, venv: str, scripts: list[tuple[str, bytes]]) -> Layer:
+    """What all the wheels share, as one small layer above theirs: the venv's directories, bin/python3 ->
+    the base's interpreter (bin/python and bin/python3.X -> python3, lib64 -> lib), pyvenv.cfg as
+    `python -m venv` writes it, and the wheels' console scripts (`#!/opt/venv/bin/python`), by name.
+    Two wheels' scripts of one name with other contents are refused, naming the script."""
+    blocks: list[bytes] = []
+    out = _TarOut(blocks.append)
+    out.root = venv.strip("/")
+    v = out.root
+    for d in ("bin", "include", f"lib/python{python.minor}/site-packages"):
+        out.directory(f"{v}/{d}")
+    out.symlink(f"{v}/bin/python3", python.executable)
+    out.symlink(f"{v}/bin/python", "python3")
+    out.symlink(f"{v}/bin/python{python.minor}", "python3")
+    out.symlink(f"{v}/lib64", "lib")
+    cfg = (f"home = {os.path.dirname(python.executable)}\ninclude-system-site-packages = false\n"
+           f"version = {python.version}\nexecutable = {python.executable}\n"
+           f"command = {python.executable} -m venv {venv}\n").encode()
+    out.file(f"{v}/pyvenv.cfg", _Bytes(cfg), len(cfg), False)
+    chosen: dict[str, bytes] = {}
+    for name, data in scripts:
+        if chosen.setdefault(name, data) != data:
+            raise BuildError("deps", name, f"two wheels install the console script bin/{name} with different "
+                             "contents; remove one of the two from the requirements", [])
+    for name in sorted(chosen):
+        out.file(f"{v}/bin/{name}", _Bytes(chosen[name]), len(chosen[name]), True)
+    out.write(TAR_END)
+    out.flush()
+    return Layer(b"".join(blocks))

@@ -1,12 +1,17 @@
-"""Host-side wheelhouse: the locked requirement set downloaded once with pip, for the image's Python.
+"""Host-side wheelhouse: the locked requirement set downloaded with pip, for the image's Python.
 
-The image build never touches the network: the wheelhouse is copied into the build context
-and installed with ``pip --no-index``. A wheelhouse is reused as long as its requirement set is
-unchanged, so a re-run works offline. Its key (wheel names and sizes) keys the dependency layer.
+The image build never touches the network: the dependency layers are written from these wheels
+(toolchain/wheel_layers.py). Every wheel is kept once, in `<build_dir>/wheelhouse/pool/`, and a
+requirement set is a directory of hard links to the pool's files (`<build_dir>/wheelhouse/<set key>/`)
+with its manifest (each wheel's name, size and sha256) and `requirements.lock` (every wheel pinned
+by name, version and hash). A new requirement set downloads only the wheels the pool lacks: pip
+finds the others in the pool and says so. A set is reused as long as its requirements are
+unchanged, so a re-run works offline.
 """
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -26,6 +31,9 @@ from toolchain.progress import Reporter, human_bytes
 
 MANIFEST = "manifest.json"
 LOCK = "requirements.lock"
+POOL = "pool"  # <build_dir>/wheelhouse/pool/<wheel file>: every wheel once, whichever sets use it
+# pip download's line for each file of the resolved set: fetched now, or found in the download directory
+_PIP_FILE = re.compile(r"\s*(?:Saved|File was already downloaded) (.+\.whl)\s*")
 # Wheels must suit the image's interpreter and glibc, not the host's.
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(36, 16, -1)] + ["manylinux2014_x86_64", "linux_x86_64"]
 
@@ -38,6 +46,11 @@ class Wheelhouse:
     wheels: list[str]
     size: int
     torch_source: str
+    sha256: tuple = ()  # each wheel's sha256 hex, in the order of `wheels`
+
+    def digest_of(self, wheel: str) -> str:
+        """The sha256 hex the manifest pins WHEEL (a file name of this set) to."""
+        return dict(zip(self.wheels, self.sha256))[wheel]
 
 
 def read_requirements(settings: Settings) -> list[str]:
@@ -110,8 +123,12 @@ def _reuse(path: Path, variant: str, torch_source: str, rep: Reporter) -> Option
     if not manifest.is_file():
         return None
     data = json.loads(manifest.read_text())
+    digests = data.get("sha256") or []
+    if len(digests) != len(data["wheels"]):  # a set written before the pool: filled again
+        return None
     rep.step(f"wheelhouse[{variant}]: reusing {path} ({len(data['wheels'])} wheels, {human_bytes(data['size'])})")
-    return Wheelhouse(path, data["key"], data["requirements"], data["wheels"], data["size"], torch_source)
+    return Wheelhouse(path, data["key"], data["requirements"], data["wheels"], data["size"], torch_source,
+                      tuple(digests))
 
 
 @contextmanager
@@ -130,39 +147,67 @@ def _exclusive(lock: Path, rep: Reporter, what: str):
 
 def _fill(path: Path, full: list[str], torch_req: str, index: Optional[str], variant: str, python_version: str,
           torch_source: str, rep: Reporter) -> Wheelhouse:
+    """Download the set into the pool (pip skips the wheels already there) and link the set's wheels into PATH."""
+    pool = path.parent / POOL
+    pool.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    extra = ["--find-links", str(tmp)]
-    if index:
-        res = _pip_download(tmp, [torch_req], python_version, ["--no-deps", "--index-url", index])
+    extra = ["--find-links", str(pool)]
+    with _exclusive(pool.with_name(POOL + ".lock"), rep, f"wheelhouse[{variant}]"):
+        if index:
+            res = _pip_download(pool, [torch_req], python_version, ["--no-deps", "--index-url", index])
+            if res.returncode != 0:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise WheelhouseError(f"pip could not fetch {torch_req} from {index}: {_last_line(res.stderr)}")
+        before = set(os.listdir(pool))
+        rep.step(f"wheelhouse[{variant}]: pip download of {len(full)} requirements for Python {python_version} "
+                 f"(into {pool}: only the wheels it lacks)")
+        res = _pip_download(pool, full, python_version, extra)
+        built: set[str] = set()
+        while res.returncode != 0:
+            # a pure-Python package published only as an sdist (e.g. python-hostlist): build its wheel
+            # here; a py3-none-any wheel is the same for the image's Python and platform
+            m = re.search(r"No matching distribution found for (\S+)", res.stderr)
+            if not m or m.group(1) in built or not _build_pure_wheel(m.group(1), pool, rep):
+                break
+            built.add(m.group(1))
+            res = _pip_download(pool, full, python_version, extra)
         if res.returncode != 0:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise WheelhouseError(f"pip could not fetch {torch_req} from {index}: {_last_line(res.stderr)}")
-    rep.step(f"wheelhouse[{variant}]: pip download of {len(full)} requirements for Python {python_version}")
-    res = _pip_download(tmp, full, python_version, extra)
-    built: set[str] = set()
-    while res.returncode != 0:
-        # a pure-Python package published only as an sdist (e.g. python-hostlist): build its wheel
-        # here; a py3-none-any wheel is the same for the image's Python and platform
-        m = re.search(r"No matching distribution found for (\S+)", res.stderr)
-        if not m or m.group(1) in built or not _build_pure_wheel(m.group(1), tmp, rep):
-            break
-        built.add(m.group(1))
-        res = _pip_download(tmp, full, python_version, extra)
-    if res.returncode != 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise WheelhouseError(f"pip download failed for {variant} ({', '.join(full)}):\n    " + "\n    ".join(res.stderr.strip().splitlines()[-8:]))
-    wheels = sorted(p.name for p in tmp.glob("*.whl"))
+            raise WheelhouseError(f"pip download failed for {variant} ({', '.join(full)}):\n    " + "\n    ".join(res.stderr.strip().splitlines()[-8:]))
+        wheels = sorted({Path(m[1]).name for line in res.stdout.splitlines() if (m := _PIP_FILE.fullmatch(line))})
+        if not wheels:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise WheelhouseError(f"pip download named no wheel for {variant}; its last line: {_last_line(res.stdout)}")
+        for w in wheels:
+            os.link(pool / w, tmp / w)  # the set's view of the pool: no second copy
+    new = [w for w in wheels if w not in before]
     sizes = {w: (tmp / w).stat().st_size for w in wheels}
-    (tmp / LOCK).write_text("\n".join(full) + "\n")
-    key = key_of("wheels", [(w, sizes[w]) for w in wheels], sorted(full))
-    data = {"key": key, "requirements": full, "wheels": wheels, "size": sum(sizes.values())}
+    digests = [_sha256_of(tmp / w) for w in wheels]
+    (tmp / LOCK).write_text("".join(f"{_pin(w)} --hash=sha256:{d}\n" for w, d in zip(wheels, digests)))
+    key = key_of("wheels", list(zip(wheels, digests)), sorted(full))
+    data = {"key": key, "requirements": full, "wheels": wheels, "size": sum(sizes.values()), "sha256": digests}
     (tmp / MANIFEST).write_text(json.dumps(data, indent=2))
     shutil.rmtree(path, ignore_errors=True)
     os.replace(tmp, path)
-    rep.detail(f"{len(wheels)} wheels, {human_bytes(data['size'])}, torch from {torch_source}")
-    return Wheelhouse(path, key, full, wheels, data["size"], torch_source)
+    rep.detail(f"{len(wheels)} wheels, {human_bytes(data['size'])}, torch from {torch_source}; "
+               f"{len(new)} downloaded ({human_bytes(sum(sizes[w] for w in new))}), the rest already in the pool")
+    return Wheelhouse(path, key, full, wheels, data["size"], torch_source, tuple(digests))
+
+
+def _sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pin(wheel: str) -> str:
+    """`name==version` of a wheel file name (the lock file's form)."""
+    name, version = wheel.split("-")[:2]
+    return f"{name}=={version}"
 
 
 def _build_pure_wheel(requirement: str, dest: Path, rep: Reporter) -> bool:

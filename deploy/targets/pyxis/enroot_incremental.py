@@ -42,7 +42,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable, Optional, Sequence
 
 from deploy.targets.pyxis import diskspace, enroot
-from runtime.contract import BIG_LAYER_BYTES
+from runtime.contract import BIG_LAYER_BYTES, VENV
 from deploy.job import DeployError
 
 FORMAT = 2            # bump when what the cache holds changes
@@ -87,23 +87,28 @@ def _tops_of(layer: Path) -> set[str]:
 
 
 def split(chain: Sequence[str], store: Path) -> Split:
-    """The image's layer chain as (lower, upper): upper is the run of thin top layers found in the store.
-    A big layer (the venv, also kept there: toolchain/venv_layer.py) ends the run: it belongs in the
-    cache, squashed once, not in every append."""
+    """The image's layer chain as (lower, upper): upper is the run of thin top layers found in the store
+    (the app and the spec). A dependency layer (one that installs into the venv, runtime/contract.py
+    VENV; the build keeps some in the store too) or a big layer ends the run: it belongs in the cache,
+    squashed once, not in every append. So the lower chain is the deps stage's, the chain the cache is
+    keyed on (tests/test_enroot_incremental.py checks it against a pushed image)."""
     upper: list[Path] = []
+    tops: set[str] = set()
+    venv_top = VENV.strip("/").split("/", 1)[0]
     for diff_id in reversed(chain):
         path = store / f"{diff_id.removeprefix('sha256:')}.tar"
         if not path.is_file() or path.stat().st_size >= BIG_LAYER_BYTES or _sha256_file(path) != diff_id:
             break
+        touched = _tops_of(path)
+        if venv_top in touched:
+            break
         upper.insert(0, path)
+        tops |= touched
     if not upper:
         raise Fallback(f"the image's top layer is not in the layer store {store} (built elsewhere?)")
     lower = list(chain[:len(chain) - len(upper)])
     if not lower:
         raise Fallback("every layer of the image is in the layer store: nothing below to cache")
-    tops: set[str] = set()
-    for layer in upper:
-        tops |= _tops_of(layer)
     return Split(lower, upper, tops)
 
 

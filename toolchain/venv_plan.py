@@ -1,0 +1,123 @@
+"""The dependency layers' plan: which wheels share a layer, in which order, and each layer's key.
+
+The rule (docs/image-layers.md):
+  - a wheel of OWN_LAYER_BYTES or more unpacked has a layer of its own;
+  - a smaller one goes to one of GROUPS group layers, chosen by a hash of its distribution's name.
+    The rule looks at the wheel alone, never at the rest of the set; adding a small wheel changes its
+    group's layer (a few MB) and nothing else;
+  - order, bottom first: the own layers of wheels with less than MODULE_BYTES of Python source (the
+    CUDA libraries), then the others (torch, triton, ray, numpy...), each biggest first (ties by
+    name); then the groups by number. Big wheels change least, so a change high in the stack leaves most of it alone:
+    the Docker engine re-applies every layer above the first changed one (its layer store chains
+    them), containerd and enroot only fetch what they lack. The libraries first also let the
+    engine start loading while the modules of the others are still being compiled.
+  - at most MAX_OWN own layers: in a set with more big wheels than that, the smallest of them go to
+    their groups too (the only case where the set decides, and said by the build). With the GROUPS,
+    the venv's top layer and the image's seven others, an image stays far below the overlay limit (128).
+
+A layer's key is made of what its bytes depend on, and nothing else: each wheel's file name and
+sha256, the venv's path and Python minor version (site-packages), and the host compiler's identity
+when the host writes its bytecode (toolchain/bytecode.py `identity`). So the same wheel gives the
+same layer, diff ID and blob digest in every project, checkout and machine with that host Python.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from toolchain.hashing import key_of
+from toolchain.venv_layer import dist_name
+
+FORMAT = 1                 # bump when a layer's bytes change for the same key (toolchain/venv_layer.py)
+OWN_LAYER_BYTES = 4 << 20  # unpacked: this big and up, a layer of its own
+GROUPS = 4                 # the group layers of the smaller wheels
+MAX_OWN = 96
+MODULE_BYTES = 1 << 20     # of .py source: a wheel with this much or more goes above the libraries
+
+
+@dataclass(frozen=True)
+class PlannedLayer:
+    name: str                 # the wheel's distribution, or "group-N"
+    wheels: tuple[Path, ...]  # in name order
+    key: str
+    size: int                 # unpacked bytes (the progress total)
+
+
+def group_of(wheel: Path) -> int:
+    """The group layer a small wheel goes to: its distribution's name alone decides."""
+    return int.from_bytes(hashlib.sha256(dist_name(wheel).encode()).digest()[:4], "big") % GROUPS
+
+
+def _measure(wheel: Path) -> tuple[int, bool]:
+    """(unpacked bytes, whether it ships MODULE_BYTES or more of Python source)."""
+    with zipfile.ZipFile(wheel) as z:
+        infos = z.infolist()
+    return (sum(i.file_size for i in infos),
+            sum(i.file_size for i in infos if i.filename.endswith(".py")) >= MODULE_BYTES)
+
+
+def plan(wheels: list[Path], sha256: dict[str, str], venv: str, minor: str,
+         compiler: Optional[list]) -> tuple[list[PlannedLayer], list[str]]:
+    """(the layers bottom first, the big wheels sent to a group because of MAX_OWN). SHA256: each wheel's
+    file name -> its sha256 hex (the wheelhouse's manifest)."""
+    measured = {w: _measure(w) for w in wheels}
+    sizes = {w: m[0] for w, m in measured.items()}
+    big = sorted((w for w in wheels if sizes[w] >= OWN_LAYER_BYTES), key=lambda w: (-sizes[w], w.name))
+    overflow = big[MAX_OWN:]
+    big = sorted(big[:MAX_OWN], key=lambda w: (measured[w][1], -sizes[w], w.name))
+    groups: dict[int, list[Path]] = {}
+    for w in wheels:
+        if sizes[w] < OWN_LAYER_BYTES or w in overflow:
+            groups.setdefault(group_of(w), []).append(w)
+
+    def layer(name: str, members: list[Path]) -> PlannedLayer:
+        members = sorted(members, key=lambda w: w.name)
+        key = key_of("wheel-layer", FORMAT, [(w.name, sha256[w.name]) for w in members], venv, minor, compiler)
+        return PlannedLayer(name, tuple(members), key, sum(sizes[w] for w in members))
+    out = [layer(dist_name(w), [w]) for w in big]
+    out += [layer(f"group-{g}", groups[g]) for g in sorted(groups)]
+    return out, [w.name for w in overflow]
+
+
+INDEX = "layer-index"  # ~/.cache/raytrain/layer-index/<layer key>.json, shared by every build directory
+
+
+def default_index() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "raytrain" / INDEX
+
+
+class LayerIndex:
+    """DIR/<layer key>.json: the layer a key gave ({diff_id, size, scripts}), so a build that needs it again
+    (this project's next one, or another project's with the same wheel) knows its diff ID, and whether the
+    engine or the registry has it, without writing it. The key names the layer's bytes, so the index is
+    shared by every build directory; the tar itself is <build_dir>/layers/<diff id hex>.tar while it is
+    kept (the push drops it once its blob is made)."""
+
+    def __init__(self, directory: Path):
+        self.dir = Path(directory)
+
+    def get(self, key: str) -> Optional[dict]:
+        try:
+            entry = json.loads((self.dir / f"{key}.json").read_text())
+        except (OSError, ValueError):
+            return None
+        ok = (isinstance(entry, dict) and isinstance(entry.get("diff_id"), str) and len(entry["diff_id"]) == 71
+              and entry["diff_id"].startswith("sha256:") and isinstance(entry.get("size"), int)
+              and isinstance(entry.get("scripts"), list))
+        return entry if ok else None
+
+    def put(self, key: str, diff_id: str, size: int, scripts: list[tuple[str, bytes]]) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        doc = {"diff_id": diff_id, "size": size, "scripts": [[n, d.decode("utf-8", "surrogateescape")] for n, d in scripts]}
+        tmp = self.dir / f".{key}.{os.getpid()}.partial"
+        tmp.write_text(json.dumps(doc))
+        tmp.replace(self.dir / f"{key}.json")
+
+
+def scripts_of(entry: dict) -> list[tuple[str, bytes]]:
+    return [(n, d.encode("utf-8", "surrogateescape")) for n, d in entry["scripts"]]
