@@ -210,7 +210,7 @@ def test_submit_counts_every_object_it_applied_the_secret_included(tmp_path, mon
 
 
 def test_the_pull_secret_fix_is_the_readmes_command_from_the_docker_config_in_use(monkeypatch):
-    """The missing image pull Secret's fix: the README's command, from $DOCKER_CONFIG/config.json when
+    """The missing image pull Secret's fix: the docs' command (docs/deploying.md), from $DOCKER_CONFIG/config.json when
     DOCKER_CONFIG is set (where `docker login` wrote it), else from $HOME/.docker/config.json."""
     job, opts = spec_job()
     opts = opts.model_copy(update={"image_pull_secret": "regcred"})
@@ -224,7 +224,7 @@ def test_the_pull_secret_fix_is_the_readmes_command_from_the_docker_config_in_us
     assert fix() == k8s.pull_secret_command("regcred", opts.namespace, {}) == (
         f'kubectl -n {opts.namespace} create secret docker-registry regcred '
         '--from-file=.dockerconfigjson="$HOME/.docker/config.json"')
-    assert k8s.pull_secret_command("regcred", "NS", {}) in " ".join((ROOT / "README.md").read_text().split())
+    assert k8s.pull_secret_command("regcred", "NS", {}) in " ".join((ROOT / "docs" / "deploying.md").read_text().split())
     monkeypatch.setenv("DOCKER_CONFIG", "/elsewhere/docker")
     assert fix().endswith('--from-file=.dockerconfigjson="$DOCKER_CONFIG/config.json"')
 

@@ -81,7 +81,7 @@ def test_a_node_set_down_mid_run_requeues_the_job_which_resumes_its_run(cluster,
     """The default node-failure policy (#SBATCH --requeue): `scontrol update state=down` on a worker's node
     mid-run; Slurm requeues the job, the same script keeps its run id, and training resumes from the
     checkpoint instead of starting over. (`--spare-nodes`, which avoids the requeue, was measured by hand;
-    the README has both figures.)"""
+    docs/deploying.md has both figures.)"""
     import subprocess
     import time
     name = "slurm-nodefail"
