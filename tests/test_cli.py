@@ -170,3 +170,15 @@ def test_destroy_is_each_targets_own(tmp_path):
     assert r.returncode == 2 and "not a job name" in r.stderr, r.stderr
     r = inv("destroy", "--target", "mainframe", env=env)
     assert r.returncode == 2 and "is not one of" in r.stderr, r.stderr
+
+
+def test_bare_raytrain_and_help_list_the_tasks_first():
+    """A user who types `raytrain` or `raytrain --help` sees the tasks, not only Invoke's core options."""
+    import subprocess
+    for argv in ([], ["--help"]):
+        res = subprocess.run([str(ROOT / ".venv" / "bin" / "raytrain"), *argv], capture_output=True, text=True,
+                             timeout=120)
+        assert res.returncode == 0, res.stderr
+        head = res.stdout.split("Core options")[0]
+        for task in ("build", "push", "deploy", "up", "run", "status", "down"):
+            assert f"\n  {task} " in head, (argv, res.stdout[:500])

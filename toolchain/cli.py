@@ -53,6 +53,19 @@ class RaytrainProgram(Program):
         self.collection = Collection.from_module(module, loaded_from=str(PROJECT_ROOT),
                                                  auto_dash_names=self.config.tasks.auto_dash_names)
 
+    def print_help(self) -> None:
+        """`raytrain`, `raytrain --help`: the tasks first, one line each, then Invoke's core options."""
+        if getattr(self, "collection", None) is None:  # a bare --help comes before the collection is loaded
+            self.load_collection()
+        print("Usage: raytrain TASK [--TASK-OPTS] [TASK ...]    e.g. raytrain build push deploy --target local")
+        print("       raytrain TASK --help                      a task's options")
+        print("")
+        self.list_format, self.list_depth, self.list_root, self.scoped_collection = "flat", None, None, self.collection
+        self.list_tasks()
+        print("Core options (Invoke's; rarely needed):")
+        print("")
+        self.print_columns(self.initial_context.help_tuples())
+
     def update_config(self, merge: bool = True) -> None:
         runtime_file = self.args.config.value
         if runtime_file and not Path(runtime_file).exists():  # a FIFO or a directory: config_files names it
