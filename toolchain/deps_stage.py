@@ -38,14 +38,17 @@ class _Slot:
     diff_id: Optional[str] = None
     layer: Optional[layers.FileLayer] = None
     scripts: Optional[list] = None
-    written: bool = False
 
 
-def engine_prefix(client, chain: list[str]) -> int:
-    """How many of CHAIN's bottom layers the engine holds as a chain (in some image, tagged or not)."""
+def engine_chains(client) -> list[list[str]]:
+    """The layer chains of the engine's images, tagged or not."""
+    return [(image.attrs.get("RootFS") or {}).get("Layers") or [] for image in client.images.list(all=True)]
+
+
+def held_prefix(chains: list[list[str]], chain: list[str]) -> int:
+    """How many of CHAIN's bottom layers the engine holds as a chain (CHAINS: `engine_chains`)."""
     best = 0
-    for image in client.images.list(all=True):
-        have = (image.attrs.get("RootFS") or {}).get("Layers") or []
+    for have in chains:
         n = 0
         while n < min(len(have), len(chain)) and have[n] == chain[n]:
             n += 1
@@ -73,7 +76,6 @@ class DepsAssembly:
         self.ready = threading.Condition()
         self.error: Optional[BaseException] = None
         self.stopping = False
-        self.loaded_ids: list[str] = []
         self.stats = {"written": 0, "written_bytes": 0, "loads": 0, "loaded_bytes": 0, "rewritten": 0,
                       "load_seconds": 0.0}
 
@@ -140,7 +142,7 @@ class DepsAssembly:
         self.stats["written_bytes"] += layer.size
         self.index.put(s.planned.key, layer.diff_id, layer.size, scripts)
         with self.ready:
-            s.diff_id, s.layer, s.scripts, s.written = layer.diff_id, layer, scripts, True
+            s.diff_id, s.layer, s.scripts = layer.diff_id, layer, scripts
             self.ready.notify_all()
 
     # -- the loader --------------------------------------------------------------------------------
@@ -151,8 +153,9 @@ class DepsAssembly:
             if s.diff_id is None:
                 break
             known.append(s.diff_id)
-        self.prefix = max(0, engine_prefix(self.client, base_chain + known) - len(base_chain))
-        if engine_prefix(self.client, base_chain) < len(base_chain):
+        chains = engine_chains(self.client)
+        self.prefix = max(0, held_prefix(chains, base_chain + known) - len(base_chain))
+        if held_prefix(chains, base_chain) < len(base_chain):
             raise BuildError("deps", self.user_ref, "the user stage's layers are not in the engine", [])
         self.prefix_known.set()
         chain = base_chain + known[:self.prefix]
@@ -168,14 +171,17 @@ class DepsAssembly:
                     raise BuildError("deps", self.ref, "stopped: the writer failed", [])
                 batch = []
                 while i < len(self.slots) and self.slots[i].layer is not None:
-                    batch.append(self.slots[i].layer)
+                    chain = chain + [self.slots[i].diff_id]
+                    if held_prefix(chains, chain) < len(chain):  # else the engine has it (a layer written
+                        batch.append(self.slots[i].layer)     # again for want of an index entry): not sent
                     i += 1
-                chain = chain + [l.diff_id for l in batch]
                 last = i == len(self.slots)
                 if last:
                     t = top()
                     batch.append(t)
                     chain = chain + [t.diff_id]
+                elif not batch:
+                    continue
                 config = layers.image_config(user_attrs, chain)
                 tag = final_tag if last else partial
                 t0 = time.monotonic()
@@ -246,7 +252,7 @@ class DepsAssembly:
     def summary(self, seconds: float) -> str:
         st = self.stats
         reused = len(self.slots) - st["written"] - st["rewritten"]
-        return (f"{len(self.slots)} wheel layers: {st['written']} new ({human_bytes(st['written_bytes'])} written"
-                + (f", {st['rewritten']} of them written again" if st["rewritten"] else "")
-                + f"), {reused} at hand; {st['loads']} load(s) into the engine, {human_bytes(st['loaded_bytes'])} in "
-                f"{st['load_seconds']:.1f}s; {seconds:.1f}s in all")
+        again = f", {st['rewritten']} written again (its tar was dropped)" if st["rewritten"] else ""
+        return (f"{len(self.slots)} wheel layers: {st['written']} new{again}, {reused} at hand; "
+                f"{human_bytes(st['written_bytes'])} written; {st['loads']} load(s) into the engine, "
+                f"{human_bytes(st['loaded_bytes'])} in {st['load_seconds']:.1f}s; {seconds:.1f}s in all")
