@@ -167,13 +167,14 @@ class Builder:
         return ref, key
 
     def deps(self, user_ref: str, user_key: str, user_job: Future, variant: str, python: Python,
-             rebuilt: list) -> tuple[str, str, Wheelhouse]:
+             rebuilt: list, early: Optional[Future] = None) -> tuple[str, str, Wheelhouse]:
         """The user stage plus the dependency layers: one per wheel (or group of small wheels), each with
         its bytecode when the host's Python writes the image's, then the venv's top layer
         (toolchain/deps_stage.py). USER_JOB builds the user stage beside; only the layers the engine
         lacks are written and loaded. Otherwise the base's interpreter compiles the venv in a container
-        and its .pyc go in one layer on top (toolchain/bytecode.py)."""
-        wh = ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
+        and its .pyc go in one layer on top (toolchain/bytecode.py). EARLY: the wheelhouse for this
+        Python, downloaded while the base was made (`build`)."""
+        wh = early.result() if early is not None else ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
         compiler = bytecode.identity(python.magic, python.cache_tag)
         wheels = venv_layer.wheels_of(wh.path)
         planned, overflow = venv_plan.plan(wheels, dict(zip(wh.wheels, wh.sha256)), VENV, python.minor, compiler)
@@ -260,10 +261,21 @@ class Builder:
     def build(self, variant: str, spec_file: Path) -> BuildRecord:
         load_spec(spec_file)  # fail before any work
         rebuilt: list = []
-        base = ensure_base(self.client, self.settings, self.rep)
+        # the wheelhouse downloads while debootstrap does, for the Python the suite ships (both wait on
+        # the network); a base with another Python gets its own wheelhouse below
+        minor = suite_python(self.settings)
+        with ThreadPoolExecutor(1, thread_name_prefix="wheelhouse") as fetching:
+            early = fetching.submit(ensure_wheelhouse, self.settings, variant, minor, self.rep) if minor else None
+            try:
+                base = ensure_base(self.client, self.settings, self.rep)
+                python = self.python(base)
+            finally:
+                if early is not None:
+                    early.exception()  # waited for, its error said where it is used (or not needed)
+        if python.minor != minor:
+            early = None
         if base.built:
             rebuilt.append("base")
-        python = self.python(base)
         user_ref, user_key = self.user_stage(base)
         if not image_exists(self.client, user_ref):
             self.rep.step(f"user: building {user_ref} beside the dependency layers")
@@ -271,7 +283,7 @@ class Builder:
         with ThreadPoolExecutor(1, thread_name_prefix="user-stage") as pool:
             user_job = pool.submit(self.user, base, built, True)
             try:
-                deps_ref, deps_key, wh = self.deps(user_ref, user_key, user_job, variant, python, rebuilt)
+                deps_ref, deps_key, wh = self.deps(user_ref, user_key, user_job, variant, python, rebuilt, early)
             finally:
                 user_job.exception()  # a build under way is waited for; its error, if deps did not say it, below
             user_job.result()
@@ -285,6 +297,18 @@ class Builder:
         return BuildRecord(variant=variant, local_ref=ref, human_ref=human_ref, image_id=image.id, spec_sha256=sha,
                            base_ref=base.ref, user_ref=user_ref, deps_ref=deps_ref, app_ref=app_ref, torch_source=wh.torch_source,
                            rebuilt=rebuilt, **sources)
+
+
+SUITE_PYTHON = {"bullseye": "3.9", "bookworm": "3.11", "trixie": "3.13"}  # Debian's python3 in each suite
+
+
+def suite_python(settings: Settings) -> Optional[str]:
+    """The Python minor version a bootstrapped base will have (the suite's python3), when it is known
+    before the base exists; None for a configured base image or another interpreter."""
+    img = settings.image
+    if img.base_image or img.python not in ("python3", "/usr/bin/python3"):
+        return None
+    return SUITE_PYTHON.get(img.bootstrap.suite)
 
 
 def source_keys(settings: Settings) -> dict:
