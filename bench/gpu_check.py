@@ -9,6 +9,10 @@ script itself is tested before it meets a GPU. Checks:
   group       a worker group (use_gpus with a GPU; gloo without): each rank's CUDA_VISIBLE_DEVICES and
               device, BatchedDataDict.to("cuda"), a DDP step (nccl with a GPU), and memory_limit honoured
   step-ratio  the same DDP step timed in the group against torchrun on the same device: the ratio
+  example     the example itself (examples/train/train.py) through `python -m runtime launch` on one node with
+              the node's GPUs: its ranks on cuda over nccl (SUMMARY's devices), and TensorBoard event files
+              written with a loss per step (read back with TensorBoard's own reader). SKIP without a GPU: the
+              tests run the same example on CPUs
 Run: python bench/gpu_check.py [--steps 50]
 """
 from __future__ import annotations
@@ -195,6 +199,36 @@ def check_group(gpus: int, steps: int) -> None:
                                f"ratio {mine / base:.3f} (median of {len(ours)} steps each)")
 
 
+def check_example(gpus: int) -> None:
+    if not gpus:
+        report("example", "SKIP", "no CUDA device: the tests train the example on CPUs (gloo)")
+        return
+    fileroot = Path(tempfile.mkdtemp(prefix="raytrain-gpu-check-example-"))
+    env = {**os.environ, "RAYTRAIN_NODE_RANK": "0", "RAYTRAIN_NUM_NODES": "1", "RAYTRAIN_HEAD_ADDRESS": "127.0.0.1",
+           "RAYTRAIN_GPUS_PER_NODE": str(gpus), "CLUSTER_SPEC_PATH": str(spec_file(gpus)), "PYTHONPATH": str(ROOT),
+           "RAYTRAIN_JOB_NAME": "gpu-example", "RAYTRAIN_RUN_ID": "check"}
+    argv = [sys.executable, "-m", "runtime", "launch", "--no-auth", "--port-base", "24400", "--",
+            sys.executable, str(ROOT / "examples" / "train" / "train.py"), "--steps", "20",
+            "--fileroot", str(fileroot)]
+    r = subprocess.run(argv, cwd=ROOT / "examples" / "train", capture_output=True, text=True, timeout=900, env=env)
+    out = r.stdout + r.stderr
+    m = re.search(r"SUMMARY (\{.*\})", out)
+    summary = json.loads(m.group(1)) if m else {}
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    runs = fileroot / "runs" / "gpu-example" / "check"
+    ranks = sorted(runs.glob("rank*"))
+    steps = []
+    for d in ranks:
+        acc = EventAccumulator(str(d))
+        acc.Reload()
+        steps.append([e.step for e in acc.Scalars("loss")] if "loss" in acc.Tags()["scalars"] else [])
+    ok = (r.returncode == 0 and summary.get("devices") == ["cuda/nccl"] and ranks
+          and all(s == list(range(1, 21)) for s in steps))
+    report("example", "ok" if ok else "FAIL", f"exit {r.returncode}, devices {summary.get('devices')}, "
+           f"{len(ranks)} rank(s) with event files, steps {[len(s) for s in steps]}"
+           + ("" if ok else f"; last lines: {out.strip().splitlines()[-3:]}"))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=50, help="DDP steps timed in each of the two runs (default 50).")
@@ -206,7 +240,7 @@ def main() -> int:
         print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}",
               flush=True)
     for name, fn in (("selfcheck", lambda: check_selfcheck(gpus)), ("launcher", lambda: check_launcher(gpus)),
-                     ("group", lambda: check_group(gpus, args.steps))):
+                     ("group", lambda: check_group(gpus, args.steps)), ("example", lambda: check_example(gpus))):
         try:
             fn()
         except Exception as e:  # noqa: BLE001 - one check's failure is its line; the others still run

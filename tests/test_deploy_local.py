@@ -125,3 +125,43 @@ def test_a_worker_that_fails_first_is_named_with_its_lines_and_the_fix(client, b
     assert "The current node timed out during startup" in text
     assert "fix: this machine could not start every node's Ray in time (3 nodes on 2 core(s)" in text
     assert "job-w1" not in text  # it only lost the head (exit 3)
+
+
+def curve(run_dir: Path, who: str, tag: str) -> list:
+    """The scalars TAG of one writer of a run, read by TensorBoard's own reader (every event file of the
+    directory, as `tensorboard --logdir` shows them): [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    acc = EventAccumulator(str(run_dir / who))
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars(tag)]
+
+
+def test_every_run_leaves_tensorboard_curves_and_a_resumed_run_continues_them(client, pushed, settings, capfd):
+    """The README's local job writes event files per rank under <fileroot>/runs/<job>/<run id>, and the
+    deploy says where; a resumed run writes its steps on the same curve."""
+    name = unique("curves")
+    command = ["python", "train.py", "--cpus-per-worker", "0.5", "--steps", "10", "--ckpt-every", "5"]
+    s = with_deploy(settings, name=name, command=command)
+    try:
+        out = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=2)
+        assert out.applied.exit_code == 0
+        run_dir = Path("/tmp/raytrain/runs") / name / out.job["env"]["RAYTRAIN_RUN_ID"]
+        captured = capfd.readouterr()
+        assert f"curves: {run_dir} (see them: tensorboard --logdir {run_dir})" in captured.out + captured.err
+        assert summary_of(captured.out)["devices"] == ["cpu/gloo"]
+        for rank in ("rank0", "rank1"):
+            assert [step for step, _ in curve(run_dir, rank, "loss")] == list(range(1, 11))
+            times = curve(run_dir, rank, "step_time_s")
+            assert [step for step, _ in times] == list(range(1, 11)) and all(0 < t < 60 for _, t in times)
+            assert all(v > 0 for _, v in curve(run_dir, rank, "samples_per_s"))
+        assert [step for step, _ in curve(run_dir, "driver", "startup/ray_init_s")] == [0]
+        # --resume with more steps: the same directory, steps 11..15 after 1..10, one curve
+        s = with_deploy(settings, name=name, command=[*command[:-3], "15", "--ckpt-every", "5"])
+        resumed = pipeline.deploy(s, str(SPEC), "local", rep=Reporter(), nodes=2, resume=True)
+        assert resumed.applied.exit_code == 0 and summary_of(capfd.readouterr().out)["trained_steps"] == 5
+        for rank in ("rank0", "rank1"):
+            assert [step for step, _ in curve(run_dir, rank, "loss")] == list(range(1, 16))
+        assert [step for step, _ in curve(run_dir, "driver", "startup/ray_init_s")] == [0, 10]
+    finally:
+        shutil.rmtree(Path("/tmp/raytrain/checkpoints") / name, ignore_errors=True)
+        shutil.rmtree(Path("/tmp/raytrain/runs") / name, ignore_errors=True)

@@ -11,6 +11,7 @@ import secrets
 import sys
 import threading
 from dataclasses import dataclass
+from typing import Optional
 from pathlib import Path
 
 import docker
@@ -160,6 +161,16 @@ def diagnose(head, head_alias: str, workers: list, aliases: list[str], cores: in
     stopped = f" (the head was stopped {WORKER_GRACE_S} s later)" if head_stopped and culprit is not head else ""
     return (f"node {alias} failed first (exit {_exit_code(culprit)}){stopped}; its last lines:\n    "
             + "\n    ".join(lines) + f"\n  fix: {fix}")
+
+
+def runs_on_host(job: JobSpec) -> Optional[Path]:
+    """Where the run's TensorBoard event files are on this machine: <fileroot>/runs/<job>/<run id> (as the
+    example writes them) through the fileroot's bind mount; None without one."""
+    run_id = job.env.get(C.RUN_ID)
+    for m in job.mounts:
+        if m.target == job.fileroot and run_id:
+            return Path(m.source) / "runs" / job.name / run_id
+    return None
 
 
 def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 3600) -> Outcome:
@@ -317,6 +328,9 @@ class Local(Target):
             return Applied(held=hold(client, job, ctx.progress))
         ctx.progress(f"local: {job.nodes} node(s) of {job.image}")
         outcome = run(client, job)
+        runs = runs_on_host(job)
+        if runs is not None and runs.is_dir():
+            ctx.progress(f"curves: {runs} (see them: tensorboard --logdir {runs})")
         return Applied(exit_code=outcome.exit_code, diagnosis=outcome.diagnosis or None)
 
     def _materialise(self, client, job: JobSpec, ctx: ApplyContext) -> None:

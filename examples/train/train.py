@@ -1,8 +1,16 @@
 """Example training job: data-parallel linear regression on synthetic data over a RayWorkerGroup.
 
 Runs on the head under `python -m runtime launch -- python train.py`, or alone with a local Ray.
-Each worker is a DDP rank (gloo on CPU, nccl on GPU); rank 0 checkpoints to <fileroot>/checkpoints/<job>
-and every rank reloads the last checkpoint when the group is (re)started.
+Each worker is a DDP rank. When the job has GPUs (the spec's or `deploy --gpus`: Ray then counts them),
+each rank gets one (`use_gpus`: CUDA_VISIBLE_DEVICES per rank), trains on cuda:0 of what it sees, over
+nccl; otherwise on the CPU over gloo. The same code either way. Rank 0 checkpoints to
+<fileroot>/checkpoints/<job>/<run id>, and every rank reloads the last checkpoint (onto its own device)
+when the group is (re)started.
+
+Every run leaves pictures: TensorBoard event files (torch.utils.tensorboard) under
+<fileroot>/runs/<job>/<run id>/: each rank's own in rank<k>/ (per step: loss, step time, samples per
+second), and the driver's in driver/ (the startup breakdown, once per start). A resumed run writes to
+the same directory and its steps go on from the checkpoint's: one curve.
 """
 from __future__ import annotations
 
@@ -27,38 +35,73 @@ from runtime.workers.worker_group import RayWorkerGroup, WorkerFailureError, Wor
 FEATURES = 16
 
 
+def device_of(use_gpu: bool) -> torch.device:
+    """cuda:0 of the GPU this rank was given (use_gpus sets CUDA_VISIBLE_DEVICES per rank), or the CPU."""
+    if use_gpu and not torch.cuda.is_available():
+        raise RuntimeError(f"rank {os.environ.get('RANK')}: the job has GPUs, but torch sees none here "
+                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): use the gpu image")
+    return torch.device("cuda", 0) if use_gpu else torch.device("cpu")
+
+
+def events(runs_dir: str, who: str, resumed_at: int):
+    """This process's TensorBoard writer in <runs_dir>/<who>; a resumed run drops what a failed attempt
+    wrote past the checkpoint (purge_step) and goes on from there."""
+    from torch.utils.tensorboard import SummaryWriter
+    return SummaryWriter(log_dir=os.path.join(runs_dir, who), purge_step=resumed_at + 1 if resumed_at else None,
+                         flush_secs=5)
+
+
 class Trainer:
-    def __init__(self, ckpt_dir: str, lr: float, seed: int, step_delay_s: float = 0.0):
+    def __init__(self, ckpt_dir: str, lr: float, seed: int, step_delay_s: float = 0.0, use_gpu: bool = False,
+                 runs_dir: str = ""):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.rank = int(os.environ["RANK"])
+        self.device = device_of(use_gpu)
         torch.manual_seed(seed)
         torch.set_num_threads(1)
-        self.model = DDP(torch.nn.Linear(FEATURES, 1))
+        model = torch.nn.Linear(FEATURES, 1).to(self.device)
+        self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
         self.step, self.step_delay_s = 0, step_delay_s
         self.ckpt = os.path.join(ckpt_dir, "ckpt.pt")
         if os.path.exists(self.ckpt):
-            state = torch.load(self.ckpt, weights_only=True)
+            state = torch.load(self.ckpt, weights_only=True, map_location=self.device)  # saved on either device
             self.model.module.load_state_dict(state["model"])
             self.opt.load_state_dict(state["opt"])
             self.step = int(state["step"])
             print(f"resumed from checkpoint at step {self.step}", flush=True)
+        self.events = events(runs_dir, f"rank{self.rank}", self.step) if runs_dir else None
         dist.barrier()
 
     def train_step(self, batch: BatchedDataDict) -> dict:
+        t0 = time.perf_counter()
+        batch = batch.to(self.device)
         loss = torch.nn.functional.mse_loss(self.model(batch["x"]), batch["y"])
         self.opt.zero_grad()
         loss.backward()
         self.opt.step()
+        value = loss.item()  # waits for the device: the step time below is the step's
         self.step += 1
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
-        print(f"step {self.step} loss {loss.item():.5f}", flush=True)
-        return {"rank": self.rank, "step": self.step, "loss": loss.item()}
+        dt = time.perf_counter() - t0
+        if self.events is not None:
+            self.events.add_scalar("loss", value, self.step)
+            self.events.add_scalar("step_time_s", dt, self.step)
+            self.events.add_scalar("samples_per_s", len(batch["x"]) / dt, self.step)
+        print(f"step {self.step} loss {value:.5f}", flush=True)
+        return {"rank": self.rank, "step": self.step, "loss": value, "device": str(self.device),
+                "backend": torch.distributed.get_backend()}
+
+    def close_events(self) -> None:
+        if self.events is not None:
+            self.events.close()
 
     def save(self) -> int:
+        if self.events is not None:
+            self.events.flush()
         if self.rank == 0:
             os.makedirs(os.path.dirname(self.ckpt), exist_ok=True)
             tmp = self.ckpt + ".tmp"
@@ -117,12 +160,17 @@ def main(argv=None) -> int:
     connected = time.time()
     # RAYTRAIN_TRAIN_NODES: the job's nodes beyond it are spares, which the group moves lost ranks onto
     nodes = args.nodes or int(os.environ.get("RAYTRAIN_TRAIN_NODES") or 0) or len([n for n in ray.nodes() if n["Alive"]])
-    ckpt_dir = os.path.join(args.fileroot or default_fileroot(), "checkpoints", args.job_name, args.run_id)
+    fileroot = args.fileroot or default_fileroot()
+    ckpt_dir = os.path.join(fileroot, "checkpoints", args.job_name, args.run_id)
+    runs_dir = os.path.join(fileroot, "runs", args.job_name, args.run_id or "default")
+    use_gpus = ray.cluster_resources().get("GPU", 0) >= 1  # the job's GPUs: the spec's, or deploy --gpus
     t0 = time.monotonic()
-    cluster = RayVirtualCluster([args.workers_per_node] * nodes, num_cpus_per_bundle=args.cpus_per_worker)
+    cluster = RayVirtualCluster([args.workers_per_node] * nodes, num_cpus_per_bundle=args.cpus_per_worker,
+                                use_gpus=use_gpus)
     placed = time.time()
     group = RayWorkerGroup(cluster, Trainer, init_kwargs=dict(ckpt_dir=ckpt_dir, lr=args.lr, seed=args.seed,
-                                                              step_delay_s=args.step_delay),
+                                                              step_delay_s=args.step_delay, use_gpu=use_gpus,
+                                                              runs_dir=runs_dir),
                            restart_on_failure=True, max_restarts=args.max_restarts, call_timeout_s=args.call_timeout,
                            spare_workers=args.spares)
     st = group.last_start
@@ -134,7 +182,12 @@ def main(argv=None) -> int:
           f"torch import {st['import_s']:.2f} s, process group {st['dist_init_s']:.2f} s, "
           f"worker init {st['worker_init_s']:.2f} s)", flush=True)
     step = start_step = group.run_all_workers_single_data("get_step")[0]
+    with events(runs_dir, "driver", 0) as startup:
+        for name, seconds in (("imports", imported - STARTED_AT), ("ray_init", connected - imported),
+                              ("placement_groups", placed - connected), ("group_start", time.time() - placed)):
+            startup.add_scalar(f"startup/{name}_s", seconds, start_step)
     first_loss = last_loss = None
+    devices = set()
     ranks = set()
     try:
         while step < args.steps:
@@ -152,6 +205,7 @@ def main(argv=None) -> int:
             last_loss = sum(r["loss"] for r in res) / len(res)
             first_loss = last_loss if first_loss is None else first_loss
             ranks.update(r["rank"] for r in res)
+            devices.update(f"{r['device'].split(':')[0]}/{r['backend']}" for r in res)
             print(f"[driver] step {step} loss {last_loss:.5f} at {time.time():.3f}", flush=True)
             if step % args.ckpt_every == 0 or step == args.steps:
                 group.run_all_workers_single_data("save")
@@ -164,8 +218,10 @@ def main(argv=None) -> int:
     summary = {"steps": step, "trained_steps": step - start_step, "first_loss": first_loss, "final_loss": last_loss,
                "world_size": group.world_size,
                "nodes": nodes, "ranks_reported": sorted(ranks), "restarts": group.restarts,
-               "seconds": round(time.monotonic() - t0, 2)}
+               "seconds": round(time.monotonic() - t0, 2), "devices": sorted(devices)}
+    group.run_all_workers_single_data("close_events")
     print("SUMMARY " + json.dumps(summary), flush=True)
+    print(f"[driver] curves: {runs_dir} (tensorboard --logdir {runs_dir})", flush=True)
     group.shutdown()
     cluster.shutdown()
     return 0
