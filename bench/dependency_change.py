@@ -47,6 +47,11 @@ from toolchain.wheelhouse import ensure_wheelhouse  # noqa: E402
 
 NEED_FREE = 40 << 30
 NS = "raytrain-bench"
+STAGES = "bench-depchange"  # the scratch project's image.repository: its base and stages (<STAGES>-base, <STAGES>-stages)
+# containerd's socket: its own service's, or the one dockerd starts (Debian's docker.io)
+SOCKET = next((s for s in ("/run/containerd/containerd.sock", "/run/docker/containerd/containerd.sock")
+               if Path(s).is_socket()), "/run/containerd/containerd.sock")
+CTR = ["ctr", "--address", SOCKET, "-n", NS]
 CHANGES = {"(a) add six": ("add", "six==1.17.0"), "(b) numpy 2.4.5": ("replace", "numpy==2.4.5")}
 
 
@@ -87,7 +92,7 @@ class Registry:
 def fetch(reg: Registry, ref: str) -> int:
     """containerd fetches REF into the bench's namespace; the blob bytes the registry sent for it."""
     _, start = reg.blob_bytes_since(0)
-    subprocess.run(["ctr", "-n", NS, "content", "fetch", "--plain-http", ref], check=True,
+    subprocess.run([*CTR, "content", "fetch", "--plain-http", ref], check=True,
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sent, _ = reg.blob_bytes_since(start)
     return sent
@@ -132,6 +137,9 @@ def requirements_for(change: str | None, work: Path) -> list[str]:
     return out
 
 
+made: list[str] = []  # the old way's images, removed at the end whatever happened
+
+
 def old_way(client, settings, user_ref: str, reg: Registry, repo: str, tag: str, scratch: Path, rep: Reporter) -> dict:
     """The wheel set as one layer (the layout before per-wheel layers), loaded and pushed; its figures."""
     wh = ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True))
@@ -152,10 +160,14 @@ def old_way(client, settings, user_ref: str, reg: Registry, repo: str, tag: str,
     user = client.images.get(user_ref).attrs
     config = layers.image_config(user, [*user["RootFS"]["Layers"], layer.diff_id, top.diff_id])
     image_id = layers.load(client, [layer, top], config, f"bench-old:{tag}", store)
+    made.append(image_id)
     build_s = time.monotonic() - t0
     res = push_image(client, "cpu", image_id, f"{reg.address}/{repo}", [tag], 0, 0.2, Reporter(quiet=True), 300,
                      layer_store=store, blob_cache=scratch / "old-blobs", candidates=[user_ref])
-    shutil.rmtree(store, ignore_errors=True)  # 7 GB: each old step writes its own
+    # 7 GB each, in the layer store, the blob cache and the engine: each old step makes its own
+    shutil.rmtree(store, ignore_errors=True)
+    shutil.rmtree(scratch / "old-blobs", ignore_errors=True)
+    client.images.remove(image_id, force=True)  # its tag and the digest the push resolved
     return {"build_s": build_s, "uploaded": res.bytes_uploaded, "blobs": res.layers_pushed, "push_s": res.seconds}
 
 
@@ -176,6 +188,9 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (for a look at the registry log)")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench-depchange-", dir=ROOT / "build"))
+    # the bench's own caches (layer index, blob digests and homes) and stage tags: it starts from what a
+    # first build of the project leaves, whatever ran here before, and leaves nothing of its own behind
+    os.environ["XDG_CACHE_HOME"] = str(scratch / "cache")
     if shutil.disk_usage(scratch).free < NEED_FREE:
         print(f"need {human_bytes(NEED_FREE)} free under {scratch}", file=sys.stderr)
         return 2
@@ -190,7 +205,8 @@ def main() -> int:
         print(f"bench: {os.cpu_count()} cores, load {load:.1f} at the start; registry {reg.address}")
         settings = make_settings(scratch / "work", app, reg.address, ROOT / "runtime")
         settings.project.requirements = requirements_for(None, scratch)
-        new = new_way(settings, "before", rep)
+        settings.image.repository = STAGES
+        new = new_way(settings, "before", rep)  # its dependency layers written here: the index knows them
         user_ref = read_builds(settings.build_dir)["cpu"].user_ref
         old = old_way(client, settings, user_ref, reg, "bench-old", "before", scratch, rep)
         repo_new = read_builds(settings.build_dir)["cpu"].local_ref.rsplit(":", 1)[0]
@@ -209,18 +225,21 @@ def main() -> int:
             old = old_way(client, settings, user_ref, reg, "bench-old", tag, scratch, rep)
             old["pulled"] = fetch(reg, f"{reg.address}/bench-old:{tag}")
             after_old = manifest_layers(reg, "bench-old", tag)
+            for digest, _ in set(before_old) - set(after_old):  # the puller keeps the image before only
+                subprocess.run([*CTR, "content", "rm", digest], capture_output=True)
             old["docker_pull"] = docker_rule(before_old, after_old)
             before_new, before_old = after_new, after_old
             rows[name] = {"new": new, "old": old}
     finally:
         reg.stop()
-        subprocess.run(["ctr", "-n", NS, "content", "prune", "references"], capture_output=True)
-        for line in subprocess.run(["ctr", "-n", NS, "content", "ls", "-q"], capture_output=True, text=True).stdout.split():
-            subprocess.run(["ctr", "-n", NS, "content", "rm", line], capture_output=True)
-        for img in client.images.list():
-            for t in img.tags:
-                if t.startswith("bench-old:"):
-                    client.images.remove(t, force=True)
+        made.extend(t for img in client.images.list() for t in img.tags if t.startswith(f"{STAGES}-"))
+        for image_id in made:
+            try:
+                client.images.remove(image_id, force=True)
+            except Exception:  # noqa: BLE001 - removed already
+                pass
+        for line in subprocess.run([*CTR, "content", "ls", "-q"], capture_output=True, text=True).stdout.split():
+            subprocess.run([*CTR, "content", "rm", line], capture_output=True)
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
     print("\nchange            way  build      uploaded (blobs)   push     containerd pulled   docker engine pulls (rule)")
