@@ -53,12 +53,13 @@ def run_job(image: str, extra: list[str], launch_args: tuple[str, ...] = ()) -> 
                            rf"placement groups {NUM} s; group {NUM} s \(warm hosts adopted after {NUM} s, "
                            rf"hosts {NUM} s, (\d+) taken from spares, "
                            rf"torch import {NUM} s, process group {NUM} s, worker init {NUM} s\)")
-        first = wait_for(j, 0, rf"\[driver\] step 1 loss [\d.]+ at {NUM}")
+        first = wait_for(j, 0, rf"\[driver\] step 1 loss [\d.]+ at {NUM}s")
         v = [float(x) for x in s.groups()]
-        out["start_to_first_step_s"] = float(first.group(1)) - t0
+        first_at = v[0] + float(first.group(1))  # step lines count from the driver's process start
+        out["start_to_first_step_s"] = first_at - t0
         startup_end = v[0] + v[1] + v[2] + v[3] + v[4]
         out["first_step"] = {
-            "total": float(first.group(1)) - barrier_at,
+            "total": first_at - barrier_at,
             "launcher -> driver process": v[0] - barrier_at,
             "driver imports (ray, torch, runtime)": v[1],
             "ray.init": v[2],
@@ -68,7 +69,7 @@ def run_job(image: str, extra: list[str], launch_args: tuple[str, ...] = ()) -> 
             "group: torch import inside the hosts (overlapped)": v[8],
             "group: process group (gloo) init": v[9],
             "group: worker __init__ (model, checkpoint)": v[10],
-            "get_step + first step": float(first.group(1)) - startup_end,
+            "get_step + first step": first_at - startup_end,
         }
         wait_for(j, 0, r"\[driver\] step 15 ")
         t_kill = time.time()
@@ -77,13 +78,15 @@ def run_job(image: str, extra: list[str], launch_args: tuple[str, ...] = ()) -> 
                             rf"node checked {NUM} s; torn down {NUM} s; placement {NUM} s \((\d+) moved\); hosts {NUM} s "
                             rf"\((\d+) spares, (\d+) new, import {NUM} s\); process group {NUM} s; worker init {NUM} s; "
                             rf"restart total {NUM} s")
-        res = wait_for(j, 0, rf"resuming at step (\d+) at {NUM}")
+        res = wait_for(j, 0, rf"resuming at step (\d+) at {NUM}s")
         step = int(res.group(1))
-        after = wait_for(j, 0, rf"\[driver\] step {step + 1} loss [\d.]+ at {NUM}")
+        resumed_at = v[0] + float(res.group(2))
+        after = wait_for(j, 0, rf"\[driver\] step {step + 1} loss [\d.]+ at {NUM}s")
+        after_at = v[0] + float(after.group(1))
         g = [float(x) for x in rs.groups()]
         seen = g[0]
         out["recovery"] = {
-            "total": float(after.group(1)) - t_kill,
+            "total": after_at - t_kill,
             "kill -> failure seen by the driver": seen - t_kill,
             "lost rank found (group's own probe)": g[1],
             "its node checked": g[2],
@@ -92,8 +95,8 @@ def run_job(image: str, extra: list[str], launch_args: tuple[str, ...] = ()) -> 
             f"hosts ({int(g[7])} spares, {int(g[8])} new)": g[6],
             "process group (gloo) init": g[10],
             "worker __init__ (checkpoint load)": g[11],
-            "get_step (driver re-sync)": float(res.group(2)) - (seen + g[1] + g[2] + g[12]),
-            "first step after resume": float(after.group(1)) - float(res.group(2)),
+            "get_step (driver re-sync)": resumed_at - (seen + g[1] + g[2] + g[12]),
+            "first step after resume": after_at - resumed_at,
         }
         code = j.wait(0, timeout=300)
         summ = json.loads(next(l for l in j.logs(0).splitlines() if l.startswith("SUMMARY "))[8:])

@@ -35,7 +35,8 @@ JOB_TIMEOUT_S = 900
 
 BARRIER = re.compile(r"barrier passed: \d+ node\(s\) alive ([\d.]+)s after head start; driver starts \d+ ms "
                      r"after the last node registered \(at ([\d.]+)")
-FIRST_STEP = re.compile(r"\[driver\] step 1 loss [\d.]+ at ([\d.]+)")
+FIRST_STEP = re.compile(r"\[driver\] step 1 loss [\d.]+ at ([\d.]+)s")  # seconds after the driver's start
+DRIVER_START = re.compile(r"\[driver\] startup: process start ([\d.]+);")
 RETRY = re.compile(r"ray start \((?:worker|--head)\) failed \(attempt \d+")
 
 
@@ -128,9 +129,9 @@ def one_job(client: docker.DockerClient, slow: bool, slow_from: str = "create") 
     done.set()
     if watcher:
         watcher.join(timeout=60)
-    b, f = BARRIER.search(out), FIRST_STEP.search(out)
+    b, f, d = BARRIER.search(out), FIRST_STEP.search(out), DRIVER_START.search(out)
     return {"rc": rc, "wall_s": time.time() - t0, "barrier_s": float(b.group(1)) if b else None,
-            "first_step_s": float(f.group(1)) - float(b.group(2)) if b and f else None,
+            "first_step_s": float(d.group(1)) + float(f.group(1)) - float(b.group(2)) if b and f and d else None,
             "retries": len(RETRY.findall(out)), "throttled": any(isinstance(t, float) for t in throttled),
             "throttle_errors": sorted({t for t in throttled if isinstance(t, str)})[:2], "tail": out[-2500:],
             "fatal": out.count("Fatal Python error")}

@@ -329,8 +329,9 @@ class Local(Target):
         ctx.progress(f"local: {job.nodes} node(s) of {job.image}")
         outcome = run(client, job)
         runs = runs_on_host(job)
-        if runs is not None and runs.is_dir():
-            ctx.progress(f"curves: {runs} (see them: tensorboard --logdir {runs})")
+        if runs is not None and runs.is_dir() and not str(runs).startswith(job.fileroot.rstrip("/") + "/"):
+            # the driver named its own path; here it is elsewhere (the fileroot's bind mount)
+            ctx.progress(f"curves on this machine: {runs} (see them: tensorboard --logdir {runs})")
         return Applied(exit_code=outcome.exit_code, diagnosis=outcome.diagnosis or None)
 
     def _materialise(self, client, job: JobSpec, ctx: ApplyContext) -> None:

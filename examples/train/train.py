@@ -199,14 +199,14 @@ def main(argv=None) -> int:
                     res = group.run_all_workers_sharded_batch("train_step", batch_for(step, args.batch_size, args.seed))
             except WorkerGroupRestarted as e:
                 step = group.run_all_workers_single_data("get_step")[0]
-                print(f"[driver] {e}; resuming at step {step} at {time.time():.3f}", flush=True)
+                print(f"[driver] {e}; resuming at step {step} at {time.time() - STARTED_AT:.2f}s", flush=True)
                 continue
             step = res[0]["step"]
             last_loss = sum(r["loss"] for r in res) / len(res)
             first_loss = last_loss if first_loss is None else first_loss
             ranks.update(r["rank"] for r in res)
             devices.update(f"{r['device'].split(':')[0]}/{r['backend']}" for r in res)
-            print(f"[driver] step {step} loss {last_loss:.5f} at {time.time():.3f}", flush=True)
+            print(f"[driver] step {step} loss {last_loss:.5f} at {time.time() - STARTED_AT:.2f}s", flush=True)
             if step % args.ckpt_every == 0 or step == args.steps:
                 group.run_all_workers_single_data("save")
     except WorkerFailureError as e:

@@ -87,6 +87,11 @@ def ray_env(opts: LaunchOptions) -> dict:
     env.setdefault("RAY_health_check_period_ms", "1000")
     env.setdefault("RAY_health_check_failure_threshold", "5")
     env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    # the job's own lines, not Ray's: no INFO lines from ray.init ("Connecting to existing Ray cluster at
+    # ..."), and every rank's line shown, never folded into "[repeated Nx across cluster]" (a user who wants
+    # Ray's sets RAY_LOGGER_LEVEL=info or RAY_DEDUP_LOGS=1)
+    env.setdefault("RAY_LOGGER_LEVEL", "warning")
+    env.setdefault("RAY_DEDUP_LOGS", "0")
     # the images carry Ray's minimal install, with no metrics agent: without this every node logs
     # "Failed to establish connection to the event+metrics exporter agent" (set it to 1 with ray[default]);
     # Ray still says it now and then, and the relay drops it while this is 0 (log_relay.dropped)

@@ -189,7 +189,7 @@ def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True))
         listener.close()
         os.unlink(socket_path)
         return 0
-    log(f"zygote: ready at {socket_path} after {time.monotonic() - t0:.2f}s ({', '.join(done)})")
+    log(f"zygote on {socket.gethostname()}: ready at {socket_path} after {time.monotonic() - t0:.2f}s ({', '.join(done)})")
 
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

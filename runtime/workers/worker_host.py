@@ -8,6 +8,7 @@ restart after a failure skips the process start and the imports.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from datetime import timedelta
 from typing import Optional
@@ -16,6 +17,11 @@ import ray
 
 from runtime import contract as C
 from runtime.workers.usage import enforce_memory_limit, process_usage, reset_cuda_peak
+
+try:  # the line Ray's log monitor takes as a log file's new actor name
+    from ray._private.ray_constants import LOG_PREFIX_ACTOR_NAME as ACTOR_NAME_LINE
+except ImportError:  # pragma: no cover - its value in every Ray 2.x
+    ACTOR_NAME_LINE = ":actor_name:"
 
 
 @ray.remote(num_cpus=0)
@@ -82,6 +88,7 @@ class _WorkerHost:
         os.environ.update(env)
         self.rank = int(env["RANK"])
         self.node = env["NODE_IP"]
+        self._name_in_logs(f"rank{self.rank}")
         if memory_limit:
             enforce_memory_limit(memory_limit, f"rank {self.rank} on {self.node} (pid {os.getpid()})")
         t0 = time.monotonic()
@@ -123,6 +130,14 @@ class _WorkerHost:
 
     def __repr__(self) -> str:  # Ray prefixes the actor's log lines with this (taken once, after __init__)
         return f"{getattr(self, 'label', 'worker')}@{getattr(self, 'node', '?')}"
+
+    def _name_in_logs(self, label: str) -> None:
+        """From now on Ray prefixes this process's lines with LABEL@node (a warm or spare host that takes a
+        rank): its log monitor renames a log file's actor when the file says `:actor_name:<name>`, the
+        line Ray's own worker writes once after __init__."""
+        self.label = label
+        for stream in (sys.stdout, sys.stderr):
+            print(f"{ACTOR_NAME_LINE}{self!r}", file=stream, flush=True)
 
 
 WorkerHost = ray.remote(max_concurrency=2)(_WorkerHost)
