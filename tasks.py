@@ -238,6 +238,9 @@ def held_status(c, name=None, json=False):
             print(f"{cname}: {'up' if st['up'] else 'NOT UP'} ({st['target']}, {st['image']}, since {st['started']})")
             for node, state in st["nodes"].items():
                 print(f"  {node}: {state}")
+            if st.get("curves"):
+                print(f"  curves of the last run: {st['curves']} (on the cluster's fileroot: "
+                      f"tensorboard --logdir {st['curves']})")
     if any(not st["up"] for st in out.values()):
         raise Exit(code=1)
 

@@ -63,6 +63,8 @@ def test_up_run_status_down(client, registry, project, capfd):
         assert '"trained_steps": 3' in logs
         run = read_runs(s.build_dir)[name]
         assert run.code_sha256 == tree_hash(app) == out["code_sha256"] and run.image == image
+        # status names the last run's curves, in the cluster's fileroot (the example writes them there)
+        assert held.status(s, rep=Reporter(), name=name)[name]["curves"] == f"/tmp/raytrain/runs/{name}/{run.run_id}"
         # the recorded code rebuilds as an image: its build records the same code hash
         pipeline.build(s, str(SPEC), "cpu", Reporter())
         assert read_builds(s.build_dir)["cpu"].code_sha256 == run.code_sha256

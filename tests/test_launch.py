@@ -64,8 +64,11 @@ def test_three_nodes_train_and_exit_together(tmp_path):
     s = json.loads(next(l for l in hout.splitlines() if l.startswith("SUMMARY "))[8:])
     assert s["nodes"] == 3 and s["ranks_reported"] == [0, 1, 2] and s["final_loss"] < s["first_loss"]
     assert (tmp_path / "checkpoints" / "example" / "ckpt.pt").exists()
-    # the workers' lines reach the head's log through Ray, with its prefix and without colour codes
-    assert "(warm@127.0.0.1 pid=" in hout and "\x1b[" not in hout, hout[-2000:]
+    # every rank's lines reach the head's log through Ray, its prefix naming the rank, without colour
+    # codes, Ray's INFO lines or its "[repeated Nx]" folding
+    for rank in range(3):
+        assert f"(rank{rank}@127.0.0.1 pid=" in hout, hout[-2000:]
+    assert "\x1b[" not in hout and "[repeated" not in hout and " INFO " not in hout, hout[-2000:]
     logs = hout + "".join(o for _, o in rest)
     assert "exporter agent" not in logs
     # what says nothing is left out: torch's c10d hostname warning, gloo's connection count (every rank

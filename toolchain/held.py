@@ -33,7 +33,7 @@ from toolchain.errors import ConfigError, ToolchainError
 from toolchain.job_inputs import given, now, parse_command, pick_run, resolve_spec
 from toolchain.images import source_keys
 from toolchain.progress import Reporter
-from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, restore_run,
+from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, read_runs, restore_run,
                                runs_before, write_cluster, write_run)
 
 CODE_DIR = "raytrain-code"  # each code version a cluster was sent, by content: <where the target unpacks>/CODE_DIR/<hash>
@@ -165,10 +165,16 @@ def status(settings: Settings, *, rep: Reporter, name: str | None = None, env: d
     by_target: dict[str, list] = {}
     for record in wanted:  # each scheduler is asked once for all its held clusters, where it can answer so
         by_target.setdefault(record.target, []).append(record)
+    runs = read_runs(settings.build_dir)
+    fileroot = load_spec(resolve_spec(settings, None)).fileroot
     for target_name, group in by_target.items():
         states = _target(target_name).held_status_many([r.handle for r in group], _context(env))
         for record, state in zip(group, states):
-            out[record.name] = {"target": record.target, "image": record.image, "started": record.started, **state}
+            last = runs.get(record.name)
+            # the last `run`'s TensorBoard event files, as the example writes them, in the cluster's fileroot
+            curves = f"{fileroot}/runs/{record.name}/{last.run_id}" if last and last.code_sha256 else None
+            out[record.name] = {"target": record.target, "image": record.image, "started": record.started,
+                                "curves": curves, **state}
     return {name: out[name] for name in (r.name for r in wanted)}
 
 

@@ -136,8 +136,8 @@ class _WorkerHost:
         rank): its log monitor renames a log file's actor when the file says `:actor_name:<name>`, the
         line Ray's own worker writes once after __init__."""
         self.label = label
-        for stream in (sys.stdout, sys.stderr):
-            print(f"{ACTOR_NAME_LINE}{self!r}", file=stream, flush=True)
+        for stream in (sys.stdout, sys.stderr):  # the node as the launcher logged it, as at __init__
+            print(f"{ACTOR_NAME_LINE}{label}@{node_ip()}", file=stream, flush=True)
 
 
 WorkerHost = ray.remote(max_concurrency=2)(_WorkerHost)
