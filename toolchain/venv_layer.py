@@ -1,26 +1,27 @@
-"""The dependency layer assembled directly: the wheelhouse installed into /opt/venv as one layer tar.
+"""The dependency layers assembled directly: each wheel installed into /opt/venv as a layer tar of its own.
 
 No builder container and no `pip install` inside one: PyPA's `installer` unpacks each wheel (the
 same library pip's own install is built on), and every file it would write goes straight into the
-layer's tar in the layer store, so the 7 GB venv is written once; the tar is hashed as it is written
-(its diff ID), and a file's RECORD line keeps the wheel's own hash, as pip keeps it, where the wheel's
-RECORD gives a sha256 for it (the member's bytes are checked against the zip's CRC-32 and size:
-toolchain/wheel_members.py); only files the install writes or changes are hashed again. The
-engine imports that tar as the layer while it is written (toolchain/layers.py `StreamedImport`).
+layer's tar in the layer store (`LayerWriter`, one per wheel or group of small wheels:
+toolchain/venv_plan.py), so the venv is written once; the tar is hashed as it is written (its diff
+ID), and a file's RECORD line keeps the wheel's own hash, as pip keeps it, where the wheel's RECORD
+gives a sha256 for it (the member's bytes are checked against the zip's CRC-32 and size:
+toolchain/wheel_members.py); only files the install writes or changes are hashed again. The .pyc of
+the wheel's modules (toolchain/bytecode.py) follow its files in the same tar.
 
-The tar is reproducible, so the same wheel set gives the same diff ID on any machine:
-  - wheels in name order, each wheel's files in its own archive order (deterministic; a sorted
-    tar would need the whole tree staged first, a second 7 GB write), parent directories listed
-    before their first file;
+A layer depends on its wheels alone, and is reproducible, so a wheel gives the same diff ID in any
+project, checkout and machine (with the same host Python for its bytecode):
+  - each wheel's files in its own archive order (deterministic; a sorted tar would need the tree
+    staged first), parent directories listed before their first file; the .pyc sorted by name;
   - mtime 0, uid/gid 0 with no names, modes 0755 (directories, executables) or 0644;
-  - no byte-compiled files (PYTHONDONTWRITEBYTECODE=1 in the image): Python compiles in memory
-    at import, whose cost the README states;
-  - the venv's own files as `python -m venv` makes them: bin/python3 -> the base's interpreter,
-    bin/python and bin/python3.X -> python3, lib64 -> lib, pyvenv.cfg; console scripts with
-    `#!/opt/venv/bin/python`. No pip and no activate scripts: PATH and VIRTUAL_ENV are set in
-    the image.
-The wheelhouse holds wheels only (toolchain/wheelhouse.py downloads `--only-binary=:all:` and builds
-the few pure-Python sdists on the host), so no compiler is ever needed here.
+  - a file two wheels ship alike (nvidia/__init__.py) is in each one's layer; other bytes are refused
+    before anything is written (`check_conflicts`).
+What all the wheels share is the venv's top layer (`top_layer`): bin/python3 -> the base's
+interpreter, bin/python and bin/python3.X -> python3, lib64 -> lib, pyvenv.cfg as `python -m venv`
+makes them, and the console scripts (`#!/opt/venv/bin/python`). No pip and no activate scripts: PATH
+and VIRTUAL_ENV are set in the image. The wheelhouse holds wheels only (toolchain/wheelhouse.py
+downloads `--only-binary=:all:` and builds the few pure-Python sdists on the host), so no compiler is
+ever needed here.
 """
 from __future__ import annotations
 
@@ -49,7 +50,6 @@ from toolchain.errors import BuildError
 from toolchain.layers import CHUNK, MTIME, TAR_END, FileLayer, Layer, tar_header, tar_padding
 from toolchain.wheel_members import Member
 
-FORMAT = 1  # bump when the tar this module writes changes, so old dependency stages are not reused
 INSTALLER_NAME = b"raytrain\n"
 
 
@@ -82,9 +82,9 @@ class _Sink(threading.Thread):
     """Writes blocks to the file and the diff ID's hash on a second core, while the installer inflates
     and hashes the next files (zlib, hashlib and file writes release the GIL)."""
 
-    def __init__(self, f: BinaryIO, tee: Optional[Callable[[bytes], None]] = None):
+    def __init__(self, f: BinaryIO):
         super().__init__(name="venv-layer-writer", daemon=True)
-        self.f, self.tee, self.hash, self.error = f, tee, hashlib.sha256(), None
+        self.f, self.hash, self.error = f, hashlib.sha256(), None
         self.blocks: queue.Queue = queue.Queue(maxsize=16)
 
     def run(self) -> None:
@@ -93,8 +93,6 @@ class _Sink(threading.Thread):
                 try:
                     self.f.write(block)
                     self.hash.update(block)
-                    if self.tee is not None:
-                        self.tee(block)
                 except Exception as e:  # a full disk, an engine that stopped reading: said once, by the producer
                     self.error = e
 
@@ -353,20 +351,10 @@ def check_conflicts(wheels: list[Path], python: Python, venv: str) -> None:
                                  "the requirements, or pin versions that agree", [])
 
 
-def unpacked_size(wheels: list[Path]) -> int:
-    """What the wheels hold uncompressed (the progress total; the tar adds headers)."""
-    total = 0
-    for w in wheels:
-        with zipfile.ZipFile(w) as z:
-            total += sum(i.file_size for i in z.infolist())
-    return total
-
-
 class LayerWriter:
     """One dependency layer (a wheel, or a group of small wheels: toolchain/venv_plan.py) written to
     STORE/<diff id hex>.tar in two steps, so the writer goes on to the next layer while this one's
-    bytecode is still being compiled: `files()` installs the wheels into the tar (each block also to
-    `tee`), `finish(pyc)` appends the .pyc of the modules written (PYC: tar name -> bytes, from
+    bytecode is still being compiled: `files()` installs the wheels into the tar, `finish(pyc)` appends the .pyc of the modules written (PYC: tar name -> bytes, from
     toolchain/bytecode.py) sorted by name, ends the tar and names it by its sha256. Only a finished
     layer is in the store; `abort()` removes the partial file."""
 
