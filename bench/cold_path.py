@@ -4,9 +4,9 @@
                         dockerfiles/deps.Dockerfile.j2): `pip install --no-index` from the wheelhouse in a builder
                         container, then `COPY --from` the venv into the final stage, built without cache;
   new build             `pipeline.build` of a scratch copy of the project from the same base and wheelhouse:
-                        the venv layer written from the wheels and imported, its bytecode compiled meanwhile, the
-                        user stage built beside them, base and user reloaded above, app and spec
-                        (toolchain/images.py, toolchain/venv_layer.py, toolchain/bytecode.py);
+                        one layer per wheel written from the wheels and loaded as they are done, each wheel's
+                        bytecode compiled meanwhile, the user stage built beside them, app and spec
+                        (toolchain/images.py, toolchain/deps_stage.py, toolchain/venv_layer.py, toolchain/bytecode.py);
   old push              the engine's `docker push` of that image to an empty registry (gzip on one core);
   new push              `pipeline.push` of the same image to another empty registry, from an empty blob cache, so
                         its compression is counted; stored layers upload while compressed (toolchain/push.py,
