@@ -91,7 +91,7 @@ class Trainer:
             self.events.add_scalar("loss", value, self.step)
             self.events.add_scalar("step_time_s", dt, self.step)
             self.events.add_scalar("samples_per_s", len(batch["x"]) / dt, self.step)
-        print(f"step {self.step} loss {value:.5f}", flush=True)
+        print(f"step {self.step} loss {loss.item():.5f}", flush=True)  # the line tests and benches edit
         return {"rank": self.rank, "step": self.step, "loss": value, "device": str(self.device),
                 "backend": torch.distributed.get_backend()}
 
