@@ -233,6 +233,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=50, help="DDP steps timed in each of the two runs (default 50).")
     args = parser.parse_args()
+    if args.steps < 6:
+        parser.error("--steps: at least 6 (the first 5 of each run are warm-up, not timed)")
     gpus = cuda_count()
     print(f"gpu_check: {gpus} CUDA device(s){'' if gpus else ' (CPU run: the CUDA checks are SKIP)'}", flush=True)
     if gpus:
