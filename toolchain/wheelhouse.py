@@ -11,7 +11,6 @@ unchanged, so a re-run works offline.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import re
@@ -24,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from toolchain.blobs import file_sha256
 from toolchain.config import Settings, TorchSettings
 from toolchain.errors import ConfigError, WheelhouseError
 from toolchain.hashing import key_of
@@ -184,7 +184,7 @@ def _fill(path: Path, full: list[str], torch_req: str, index: Optional[str], var
             os.link(pool / w, tmp / w)  # the set's view of the pool: no second copy
     new = [w for w in wheels if w not in before]
     sizes = {w: (tmp / w).stat().st_size for w in wheels}
-    digests = [_sha256_of(tmp / w) for w in wheels]
+    digests = [file_sha256(tmp / w).removeprefix("sha256:") for w in wheels]
     (tmp / LOCK).write_text("".join(f"{_pin(w)} --hash=sha256:{d}\n" for w, d in zip(wheels, digests)))
     key = key_of("wheels", list(zip(wheels, digests)), sorted(full))
     data = {"key": key, "requirements": full, "wheels": wheels, "size": sum(sizes.values()), "sha256": digests}
@@ -194,14 +194,6 @@ def _fill(path: Path, full: list[str], torch_req: str, index: Optional[str], var
     rep.detail(f"{len(wheels)} wheels, {human_bytes(data['size'])}, torch from {torch_source}; "
                f"{len(new)} downloaded ({human_bytes(sum(sizes[w] for w in new))}), the rest already in the pool")
     return Wheelhouse(path, key, full, wheels, data["size"], torch_source, tuple(digests))
-
-
-def _sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _pin(wheel: str) -> str:
