@@ -1,6 +1,6 @@
 """Run inside an image: import every top-level module of every installed distribution (read from each
 one's RECORD, as installed); prints the count of modules and distributions, then one line per failure."""
-import importlib, importlib.metadata as md, sys, os
+import importlib, importlib.metadata as md, sys
 site = [p for p in sys.path if p.endswith("site-packages")][0]
 tops = {}
 for d in md.distributions(path=[site]):
