@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import re
 import tarfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,7 @@ class CompressStats:
     layers: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # the layers' compression times summed (several run at once in a push)
 
 
 class LayerSource:
@@ -44,6 +45,7 @@ class LayerSource:
         self.client, self.cache, self.image_id, self.store = client, cache, image_id, store
         self.candidates, self.rep = list(candidates), rep
         self.stats = CompressStats()
+        self._stats_lock = threading.Lock()
         self._config: Optional[bytes] = None
 
     # -- what the push asks for ----------------------------------------------------------------------
@@ -108,10 +110,11 @@ class LayerSource:
         finally:
             self.rep.progress_done()
         dt = time.monotonic() - t0
-        self.stats.layers += 1
-        self.stats.bytes_in += blob.diff_size
-        self.stats.bytes_out += blob.size
-        self.stats.seconds += dt
+        with self._stats_lock:  # the push compresses several layers at once
+            self.stats.layers += 1
+            self.stats.bytes_in += blob.diff_size
+            self.stats.bytes_out += blob.size
+            self.stats.seconds += dt
         self.rep.detail(f"{blob.diff_id[7:19]}: compressed {human_bytes(blob.diff_size)} to {human_bytes(blob.size)} "
                         f"in {dt:.1f}s ({blob.diff_size / max(dt, 1e-6) / 1e6:.0f} MB/s) {where}")
         return blob

@@ -124,7 +124,7 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
             tags=[content_tag, human_tag], user=(image.attrs.get("Config") or {}).get("User") or "")
         path = write_push(settings.build_dir, v, record)
         mounted = f", {res.layers_mounted} mounted from another repository" if res.layers_mounted else ""
-        compressed = (f"; compressed {human_bytes(res.bytes_compressed)} in {res.compress_seconds:.1f}s"
+        compressed = (f"; {human_bytes(res.bytes_compressed)} of layers compressed"
                       if res.bytes_compressed else "")
         rep.step(f"pushed {v}: {res.repo_digest} ({res.layers_pushed} layers uploaded, "
                  f"{res.layers_existing} already there{mounted}, {human_bytes(res.bytes_uploaded)}, "
