@@ -60,3 +60,18 @@ GLOO_SHORT = (b"(rank2@10.0.3.5 pid=90) [Gloo] Rank 2 is connected to 1 peer ran
 def test_the_c10d_hostname_warning_and_gloos_all_connected_count_are_dropped_a_missing_peer_stays():
     out = relayed([OTHER[1], C10D_HOSTNAME, GLOO_ALL, *GLOO_SHORT, OTHER[2]])
     assert out == OTHER[1] + b"".join(GLOO_SHORT) + OTHER[2]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_prefixed_lines_drop_colour_codes_off_a_terminal_and_keep_them_on_one():
+    """A held `run` relays `sky exec`'s coloured lines: a pipe or a CI log gets them plain."""
+    chunks = [b"\x1b[36m(head, rank=0, pid=12311)\x1b[0m step 1", b" loss 0.5\n\x1b[1mdone\x1b[0m"]
+    piped, tty = io.StringIO(), _Tty()
+    log_relay.prefixed(iter(chunks), "run", piped)
+    log_relay.prefixed(iter(chunks), "run", tty)
+    assert piped.getvalue() == "[run] (head, rank=0, pid=12311) step 1 loss 0.5\n[run] done\n"
+    assert "\x1b[36m" in tty.getvalue()

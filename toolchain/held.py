@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from deploy import hint
 from deploy.job import job_variant
 from deploy.targets import HOLDING, TARGETS
 from deploy.targets.base import HeldContext
@@ -41,9 +42,9 @@ CODE_DIR = "raytrain-code"  # each code version a cluster was sent, by content: 
 
 def _target(name: str):
     if name not in HOLDING:
-        raise ConfigError(f"--target {name}: held clusters (invoke up/run/status/down) are available for: "
+        raise ConfigError(f"--target {name}: held clusters (up/run/status/down) are available for: "
                           f"{', '.join(HOLDING)}; "
-                          f"use `invoke deploy --target {name}` for a one-off job")
+                          f"use `{hint.cmd(f'deploy --target {name}')}` for a one-off job")
     return TARGETS[name]
 
 
@@ -55,7 +56,9 @@ def _cluster(settings: Settings, name: Optional[str]) -> ClusterRecord:
     name = settings.deploy.name if name is None else name
     record = read_clusters(settings.build_dir).get(name)
     if record is None:
-        raise ConfigError(f"no held cluster named {name!r} (build/clusters.json); start one with `invoke up --name {name}`")
+        raise ConfigError(f"no held cluster named {name!r} ({settings.build_dir / 'clusters.json'}); start one with "
+                          f"`{hint.cmd(f'up --target {settings.deploy.target} --name {name}')}` (with the target's "
+                          "flags, e.g. --sqsh for pyxis)")
     return record
 
 
@@ -63,8 +66,8 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
        nodes: int | None = None, env: dict | None = None, **flags) -> dict:
     job_name = settings.deploy.name if name is None else name
     if job_name in read_clusters(settings.build_dir):
-        raise ConfigError(f"a held cluster named {job_name!r} is already recorded; `invoke status --name {job_name}`, "
-                          f"`invoke down --name {job_name}` first, or give another --name")
+        raise ConfigError(f"a held cluster named {job_name!r} is already recorded; `{hint.cmd(f'status --name {job_name}')}`, "
+                          f"`{hint.cmd(f'down --name {job_name}')}` first, or give another --name")
     target_name = given(target, "--target") or settings.deploy.target
     held_target = _target(target_name)
     variant = None
@@ -72,8 +75,8 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
         variant = job_variant(held_target.spec_gpus(load_spec(resolve_spec(settings, spec))))
         built = read_builds(settings.build_dir).get(variant)
         if built is None or not built.below_app_key:
-            raise ToolchainError(f"build/build.json has no source keys for {variant}: run `invoke build` (this "
-                                 "toolchain records them) before `invoke up`")
+            raise ToolchainError(f"{settings.build_dir / 'build.json'} has no source keys for {variant}: run "
+                                 f"`{hint.cmd('build')}` (this toolchain records them) before `{hint.cmd('up')}`")
         keys, spec_sha = {"below_app_key": built.below_app_key, "runtime_sha256": built.runtime_sha256}, built.spec_sha256
     else:  # the nodes run this tree's environment (plain Slurm): what it is now
         keys = source_keys(settings)
@@ -86,14 +89,15 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
                            started=now(), handle=deployed.applied.held)
     write_cluster(settings.build_dir, record)
     rep.step(f"held cluster {job_name}: {deployed.job['nodes']} node(s) of {record.image or 'the nodes environment'}; "
-             f"`invoke run` sends code to it, `invoke down --name {job_name}` ends it")
+             f"`{hint.cmd(f'run --name {job_name}')}` sends code to it, `{hint.cmd(f'down --name {job_name}')}` ends it")
     return {"cluster": record.model_dump(), "out_dir": deployed.out_dir}
 
 
 def guard(settings: Settings, record: ClusterRecord, spec_file: Path, keys: dict) -> list[str]:
     """Why this tree (KEYS: toolchain.images.source_keys) cannot run on the held cluster (each with the
     fix); [] when it can."""
-    redeploy = f"rebuild and redeploy: invoke build push && invoke down --name {record.name} && invoke up"
+    redeploy = (f"rebuild and redeploy: {hint.cmd('build push')} && {hint.cmd(f'down --name {record.name}')} && "
+                f"{hint.cmd(f'up --target {record.target} --name {record.name}')}")
     problems = []
     if record.project != str(settings.root.resolve()):
         problems.append(f"the held cluster {record.name!r} was started by the project at {record.project}, not this "
@@ -123,12 +127,15 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
     state = target.held_status(record.handle, ctx)
     if not state["up"]:
         raise ToolchainError(f"the held cluster {record.name!r} is not running ({state['nodes']}); "
-                             f"`invoke down --name {record.name}` clears its record, then `invoke up`")
+                             f"`{hint.cmd(f'down --name {record.name}')}` clears its record, then "
+                             f"`{hint.cmd(f'up --target {record.target} --name {record.name}')}` (with the target's "
+                             "flags, e.g. --sqsh for pyxis)")
+    checked = time.monotonic() - t0
     spec_file = resolve_spec(settings, spec)
     keys = source_keys(settings)  # the tree hashed once: the guard's keys and the code's hash
     problems = guard(settings, record, spec_file, keys)
     if problems:
-        raise ConfigError(f"`invoke run` cannot send this code to {record.name!r}:\n  - " + "\n  - ".join(problems))
+        raise ConfigError(f"`{hint.cmd('run')}` cannot send this code to {record.name!r}:\n  - " + "\n  - ".join(problems))
     app_dir = settings.path(settings.project.app_dir)
     code_sha = keys["code_sha256"]
     rel_dir = f"{CODE_DIR}/{code_sha[:16]}"
@@ -136,7 +143,7 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
     run_id = pick_run(settings, record.name, resume=False)
     tar = code_archive(app_dir, rel_dir)
     rep.step(f"run {run_id}: code {code_sha[:12]} ({len(tar) // 1024} KiB) to {record.name} "
-             f"({time.monotonic() - t0:.2f}s to send)")
+             f"(the cluster answered in {checked:.2f}s)")
     before = runs_before(settings.build_dir)
     write_run(settings.build_dir, record.name, RunRecord(run_id=run_id, target=record.target, image=record.image,
                                                          started=now(), code_sha256=code_sha))
@@ -160,7 +167,7 @@ def status(settings: Settings, *, rep: Reporter, name: str | None = None, env: d
     elif name in records:
         wanted = [records[name]]
     else:
-        raise ConfigError(f"no held cluster named {name!r} (build/clusters.json)")
+        raise ConfigError(f"no held cluster named {name!r} ({settings.build_dir / 'clusters.json'})")
     out = {}
     by_target: dict[str, list] = {}
     for record in wanted:  # each scheduler is asked once for all its held clusters, where it can answer so

@@ -109,13 +109,17 @@ def finish(threads: list[threading.Thread], timeout_s: Optional[float] = 10) -> 
 
 def prefixed(chunks, prefix: str, out) -> None:
     """Byte chunks (a container's log, an exec's or a step's output) to OUT as text lines, each with
-    `[PREFIX] ` before it."""
+    `[PREFIX] ` before it; colour codes (SkyPilot's, Ray's) are dropped unless OUT is a terminal."""
     buf = b""
+    plain = not getattr(out, "isatty", lambda: False)()
+
+    def text(line: bytes) -> str:
+        return (ANSI.sub(b"", line) if plain else line).decode(errors="replace")
     for chunk in chunks:
         buf += chunk
         *lines, buf = buf.split(b"\n")
         for line in lines:
-            out.write(f"[{prefix}] {line.decode(errors='replace')}\n")
+            out.write(f"[{prefix}] {text(line)}\n")
             out.flush()
     if buf:
-        out.write(f"[{prefix}] {buf.decode(errors='replace')}\n")
+        out.write(f"[{prefix}] {text(buf)}\n")
