@@ -98,11 +98,13 @@ COMMON = {
 @task(help={
     "spec": "Cluster spec JSON to bake in (default: project.spec; for a whole chain set INVOKE_PROJECT_SPEC).",
     "variant": "Comma-separated variants to build: cpu, gpu (default: all in image.variants).",
+    "profile": ("default, or skypilot: the image plus sudo for its user and the tools SkyPilot's pod setup "
+                "needs, one small layer on top (for --target skypilot; default: image.profile)."),
     **COMMON,
 })
-def build(c, spec=None, variant=None, quiet=False, json=False):
+def build(c, spec=None, variant=None, profile=None, quiet=False, json=False):
     """Build the layered images (base -> deps -> app -> spec) for each variant."""
-    out = _run(c, pipeline.build, spec, variant, quiet=quiet, as_json=json)
+    out = _run(c, pipeline.build, spec, variant, quiet=quiet, as_json=json, profile=profile)
     if not json:
         for v, img in out["images"].items():
             print(f"{v}: {img['local_ref']}  {img['image_id'][:19]}")

@@ -45,6 +45,7 @@ class ImageInfo:
     spec_file: str = ""
     user: str = ""                   # the image config's USER, e.g. "1000:1000"
     registry_scheme: str = "unknown"  # https | http | unknown
+    profile: str = "default"          # the image's profile (runtime/contract.py PROFILES): skypilot adds sudo
 
     @property
     def uid_gid(self) -> tuple[Optional[int], Optional[int]]:
@@ -130,7 +131,7 @@ class JobSpec(BaseModel):
     @field_serializer("image_info")
     def _info_text(self, v: Optional[ImageInfo]) -> Optional[dict]:
         return None if v is None else {"spec_sha256": v.spec_sha256, "spec_file": v.spec_file, "user": v.user,
-                                       "registry_scheme": v.registry_scheme}
+                                       "registry_scheme": v.registry_scheme, "profile": v.profile}
 
     @property
     def uid_gid(self) -> tuple[Optional[int], Optional[int]]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from deploy import hint
 from deploy.job import DeployError, ImageInfo, JobSpec, PreflightError, job_variant, make_job
 from deploy.targets import get as get_target
 from deploy.targets.base import Artifacts, Target, TargetOptions
@@ -107,4 +108,8 @@ def plan(req: Request) -> Artifacts:
     except DeployError as e:
         raise PreflightError([str(e)]) from None
     artifacts.notes[:0] = site.notes
+    info = req.job.image_info
+    if info is not None and info.profile == C.SKYPILOT_PROFILE and req.target.name != C.SKYPILOT_PROFILE:
+        artifacts.notes.append(f"the image has the SkyPilot profile (its user may become root with sudo); for "
+                               f"--target {req.target.name} build without it: `{hint.cmd('build --profile default push')}`")
     return artifacts

@@ -21,6 +21,12 @@ VENV = "/opt/venv"
 # A layer tar this large is big (a wheel's, torch's is 1.7 GB): the store keeps only a few that are
 # not part of the image being built, and an incremental .sqsh caches it below instead of appending it.
 BIG_LAYER_BYTES = 1 << 30
+# An image profile adds what one scheduler's own setup needs, on top of the image every target runs:
+# `skypilot` lets the image's user become root (sudo) and carries the tools SkyPilot's pod setup
+# installs otherwise (toolchain/images.py). The label says which profile an image has.
+SKYPILOT_PROFILE = "skypilot"
+PROFILES = ("default", SKYPILOT_PROFILE)
+PROFILE_LABEL = "io.raytrain.profile"
 
 # How every node starts: the image's interpreter runs the runtime package.
 RUNTIME_CMD = ("python", "-m", "runtime")

@@ -124,7 +124,7 @@ from toolchain.progress import Reporter
 settings = make_settings(__import__("pathlib").Path({tmp!r}) / "p", __import__("pathlib").Path({root!r}) / "examples" / "train")
 for spec, target in [("slurm-pyxis.json", "pyxis"), ("slurm.json", "slurm"), ("kubernetes.json", "k8s"),
                      ("kubernetes.json", "skypilot"), ("local.json", "local")]:
-    record_images(settings, spec)
+    record_images(settings, spec, profile="skypilot" if target == "skypilot" else "default")
     pipeline.deploy(settings, str(SPECS / spec), target, rep=Reporter(quiet=True), dry_run=True)
 print("light ok", sorted(TARGETS))
 """

@@ -19,13 +19,15 @@ CPU = "registry.example.com:5000/raytrain-cpu@sha256:" + "1" * 64
 GPU = "registry.example.com:5000/raytrain-gpu@sha256:" + "2" * 64
 
 
-def record_images(settings, spec, registry="registry.example.com:5000", scheme="https", user="1000:1000"):
-    """build/images.json as `invoke push` writes it, for images built with SPEC."""
+def record_images(settings, spec, registry="registry.example.com:5000", scheme="https", user="1000:1000",
+                  profile="default"):
+    """build/images.json as `invoke push` writes it, for images built with SPEC (and PROFILE)."""
     sha = spec_hash(SPECS / spec)
     (settings.build_dir / "images.json").write_text(json.dumps({
         v: {"repo_digest": d.replace("registry.example.com:5000", registry), "spec_sha256": sha,
             "spec_file": f"cluster_specs/{spec}", "registry": registry, "registry_scheme": scheme, "user": user,
-            "local_ref": f"raytrain-{v}:x", "image_id": "sha256:" + "9" * 64, "digest": d.split("@")[1]}
+            "local_ref": f"raytrain-{v}:x", "image_id": "sha256:" + "9" * 64, "digest": d.split("@")[1],
+            "profile": profile}
         for v, d in (("cpu", CPU), ("gpu", GPU))}))
 
 
@@ -36,7 +38,7 @@ def settings(tmp_path):
 
 def deploy(settings, spec, target, dry_run=False, recorded=True, **kw):
     if recorded:
-        record_images(settings, spec)
+        record_images(settings, spec, profile="skypilot" if target == "skypilot" else "default")
     kw.setdefault("name", "job1")
     return pipeline.deploy(settings, str(SPECS / spec), target, rep=Reporter(quiet=True), dry_run=dry_run, **kw)
 
@@ -199,7 +201,7 @@ def test_command_flag_reaches_every_target(settings, spec, target):
 def test_submit_asks_the_registry_first_and_writes_nothing(settings, tmp_path, spec, target):
     """At --submit the nodes will pull: a registry that does not answer is named before anything is
     submitted or written (without --submit the files are written: nodes may reach what this host cannot)."""
-    record_images(settings, spec, registry="127.0.0.1:1")
+    record_images(settings, spec, registry="127.0.0.1:1", profile="skypilot" if target == "skypilot" else "default")
     out = tmp_path / "out"
     with pytest.raises(ConfigError, match="registry 127.0.0.1:1 is unreachable from here"):
         deploy(settings, spec, target, recorded=False, out=str(out), submit=True, allow_local_registry=True)

@@ -9,6 +9,7 @@ through SkyPilot's Kubernetes backend: README), so each half is checked against 
   steps in the head's own container): the nodes serve, an edited line shows in the first step on
   every rank, and the stop step ends every node with 0.
 """
+import functools
 import io
 import json
 import secrets
@@ -25,6 +26,8 @@ from deploy.targets.skypilot import held as sky_held
 from deploy.targets.skypilot.task import dump
 from deploy.targets import skypilot
 from helpers import jobs, sky_nodes
+
+sky_job = functools.partial(jobs.job, profile="skypilot")  # the image profile the target asks for
 from runtime import contract as C
 from runtime.cluster.serving import SERVING_LINE
 from runtime.spec import load_spec
@@ -54,7 +57,7 @@ def load(tmp_path, task: dict, name: str):
 
 
 def test_held_tasks_are_accepted_by_skypilots_loader(tmp_path):
-    job = jobs.job(name="held-sky", nodes=3, gpus_per_node=2, serve=True)
+    job = sky_job(name="held-sky", nodes=3, gpus_per_node=2, serve=True)
     up = up_task(job, "kubernetes.json", accelerator="A100")
     assert up["run"].count("--serve") == 2 and "train.py" not in up["run"]  # every node serves; no driver
     task = load(tmp_path, up, "up")
@@ -81,7 +84,7 @@ def test_held_tasks_are_accepted_by_skypilots_loader(tmp_path):
 def test_seeds_with_up_are_a_preflight_problem():
     spec = load_spec(ROOT / "cluster_specs" / "local.json")
     opts = skypilot.TARGET.parse_options({"seeds": "1-2"})
-    problems = skypilot.TARGET.preflight(jobs.job(serve=True), spec, opts)
+    problems = skypilot.TARGET.preflight(sky_job(serve=True), spec, opts)
     assert any("a held cluster (invoke up) is one cluster" in p for p in problems)
 
 
@@ -94,6 +97,9 @@ def test_seeds_with_up_are_a_preflight_problem():
     (sky_held.log_argv("c1", "7"), {"cluster": "c1", "job_ids": ("7",), "follow": False, "tail": sky_held.LOG_TAIL}),
     (sky_held.cancel_argv("c1", "7"), {"cluster": "c1", "jobs": (7,), "yes": True}),
     (sky_held.down_argv("c1"), {"clusters": ("c1",), "yes": True}),
+    (sky_held.launch_argv("job.yaml", "c2", down_after=True),
+     {"cluster": "c2", "yes": True, "detach_run": True, "down": True, "entrypoint": ("job.yaml",)}),
+    (sky_held.down_argv("c1", "c1-s2"), {"clusters": ("c1", "c1-s2"), "yes": True}),
 ])
 def test_sky_command_lines_parse_with_skypilots_own_cli(monkeypatch, argv, expected):
     from sky.client.cli import command
@@ -143,7 +149,7 @@ def test_held_tasks_run_in_the_image_as_skypilot_runs_them(client, pushed, tmp_p
     image = pushed["cpu"]["repo_digest"]
     run_id = secrets.token_hex(3)
     name = f"held-sky-{run_id}"
-    job = jobs.job(image, name=name, nodes=3, cpus_per_node=2, serve=True)
+    job = sky_job(image, name=name, nodes=3, cpus_per_node=2, serve=True)
     up = up_task(job, allow_local_registry=True)
     app = tmp_path / "app"
     shutil.copytree(ROOT / "examples" / "train", app, ignore=shutil.ignore_patterns("__pycache__"))

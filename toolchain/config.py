@@ -7,7 +7,7 @@ them: `check_env`), or with flags. `load_settings` validates the merged result.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -54,6 +54,9 @@ class ImageSettings(_Strict):
         "gpu": TorchSettings(requirement="torch==2.9.1")})
     user: UserSettings = Field(default_factory=UserSettings)
     python: str = Field("python3", description="Interpreter in the base image used to create /opt/venv.")
+    profile: Literal["default", "skypilot"] = Field("default", description=(
+        "default: the image every target runs; skypilot: that image plus what SkyPilot's pod setup needs "
+        "(sudo for the image's user, curl, rsync, sshd, uv), one small layer on top."))
 
 
 class RegistrySettings(_Strict):

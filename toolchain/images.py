@@ -22,8 +22,8 @@ import docker
 
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, load_spec, spec_hash
-from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, SPEC_PATH as SPEC_ENV, VENV
-from toolchain import __version__, bytecode, layers, venv_layer, venv_plan
+from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, SKYPILOT_PROFILE, SPEC_PATH as SPEC_ENV, VENV
+from toolchain import __version__, bytecode, layers, skypilot_profile, venv_layer, venv_plan
 from toolchain.bootstrap import BaseImage, ensure_base
 from toolchain.deps_stage import DepsAssembly
 from toolchain.config import Settings
@@ -293,6 +293,8 @@ class Builder:
         sources = source_keys(self.settings)  # the trees hashed once: the app layer's key and the record's
         app_ref, app_key = self.app(deps_ref, deps_key, sources, rebuilt)
         ref, human_ref, sha = self.spec_layer(app_ref, app_key, spec_file, variant, wh.torch_source, rebuilt)
+        if self.settings.image.profile == SKYPILOT_PROFILE:
+            ref, human_ref = skypilot_profile.add(self, ref, human_ref, user_ref, user_key, rebuilt)
         image = self.client.images.get(ref)
         return BuildRecord(variant=variant, local_ref=ref, human_ref=human_ref, image_id=image.id, spec_sha256=sha,
                            base_ref=base.ref, user_ref=user_ref, deps_ref=deps_ref, app_ref=app_ref, torch_source=wh.torch_source,

@@ -16,8 +16,9 @@ from toolchain.errors import ConfigError, ToolchainError
 from toolchain.images import LAYER_STORE, build_all
 from toolchain.job_inputs import given, now, parse_command, pick_run, resolve_spec
 from runtime import contract as C
-from toolchain.records import (PushRecord, RunRecord, read_builds, read_pushes, restore_run, runs_before,
-                               write_push, write_run)
+from runtime.contract import PROFILE_LABEL
+from toolchain.records import (PushRecord, RunRecord, add_launches, drop_launches, read_builds, read_launches,
+                               read_pushes, restore_run, runs_before, write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import BLOB_CACHE, push_image
 from toolchain.registry import is_local, scheme, start_local
@@ -62,7 +63,11 @@ def bootstrap_base(settings: Settings, rep: Reporter) -> dict:
     return {"base": base.ref, "image_id": base.image_id, "built": base.built}
 
 
-def build(settings: Settings, spec: str | None, variant: str | None, rep: Reporter) -> dict:
+def build(settings: Settings, spec: str | None, variant: str | None, rep: Reporter, profile: str | None = None) -> dict:
+    if given(profile, "--profile") is not None:
+        if profile not in C.PROFILES:
+            raise ConfigError(f"--profile: {profile[:40]!r} is not a profile; use one of {', '.join(C.PROFILES)}")
+        settings = settings.model_copy(update={"image": settings.image.model_copy(update={"profile": profile})})
     spec_file = resolve_spec(settings, spec)
     variants = pick_variants(settings, variant)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
@@ -121,7 +126,8 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         record = PushRecord(
             local_ref=entry.local_ref, image_id=image.id, repo_digest=res.repo_digest, digest=res.digest,
             spec_sha256=sha, spec_file=_shown(settings, spec_file), registry=address, registry_scheme=scheme(address),
-            tags=[content_tag, human_tag], user=(image.attrs.get("Config") or {}).get("User") or "")
+            tags=[content_tag, human_tag], user=(image.attrs.get("Config") or {}).get("User") or "",
+            profile=((image.attrs.get("Config") or {}).get("Labels") or {}).get(PROFILE_LABEL) or "default")
         path = write_push(settings.build_dir, v, record)
         mounted = f", {res.layers_mounted} mounted from another repository" if res.layers_mounted else ""
         compressed = (f"; {human_bytes(res.bytes_compressed)} of layers compressed"
@@ -180,7 +186,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     d = settings.deploy
     target_name = given(target, "--target") or d.target
     images = {v: ImageInfo(ref=r.ref, spec_sha256=r.spec_sha256, spec_file=r.spec_file, user=r.user,
-                           registry_scheme=r.registry_scheme) for v, r in read_pushes(settings.build_dir).items()}
+                           registry_scheme=r.registry_scheme, profile=r.profile)
+              for v, r in read_pushes(settings.build_dir).items()}
     job_name = d.name if given(name, "--name") is None else name
     run_id = pick_run(settings, job_name, resume)
     job_values = dict(name=job_name, nodes=d.nodes if nodes is None else nodes,
@@ -208,7 +215,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
                                                           image=str(job.image or ""), started=now()))
     ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env,
-                       layer_store=settings.build_dir / LAYER_STORE)
+                       layer_store=settings.build_dir / LAYER_STORE,
+                       launching=lambda names: add_launches(settings.build_dir, req.target.name, job.name, names))
     try:
         applied = req.target.apply(artifacts, job, cluster, req.options, ctx)
     except Exception:  # nothing ran (no engine for the .sqsh, sbatch refused): --resume keeps the last run
@@ -227,7 +235,11 @@ def destroy(settings: Settings, spec: str | None, target: str | None, name: str 
 
     chosen = get_target(given(target, "--target") or settings.deploy.target)
     group = settings.deploy.name if given(name, "--name") is None else name
-    out = chosen.destroy(load_spec(resolve_spec(settings, spec)), group)
+    launched = read_launches(settings.build_dir, chosen.name, group)
+    if launched:
+        rep.step(f"destroy: removing what `deploy --target {chosen.name} --name {group}` launched: {', '.join(launched)}")
+    out = chosen.destroy(load_spec(resolve_spec(settings, spec)), group, launched)  # a failure keeps the record
+    drop_launches(settings.build_dir, chosen.name, group, out.get("removed", []))
     rep.step(out["said"])
     return out
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -58,6 +59,7 @@ class PushRecord(_Record):
     registry_scheme: str = Field("unknown", pattern=r"^(https|http|unknown)$")
     tags: list[str] = Field(default_factory=list)
     user: str = ""
+    profile: str = Field("default", pattern=r"^[a-z]{1,20}$")  # the image's profile label (runtime/contract.py)
 
     @field_validator("repo_digest")
     @classmethod
@@ -98,6 +100,21 @@ class ClusterRecord(_Record):
     project: str                 # the project root that started it
     started: str
     handle: dict = Field(default_factory=dict)  # the target's own (local: containers, network)
+
+
+class LaunchRecord(_Record):
+    """What `deploy --submit` launched under a job name on a target whose launches outlive the command
+    (SkyPilot's clusters), written before each launch starts, so `destroy` removes exactly these."""
+    target: str = Field(..., pattern=r"^[a-z0-9]{1,20}$")
+    clusters: list[str] = Field(default_factory=list)
+
+    @field_validator("clusters")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        for name in v:
+            if not re.fullmatch(JOB_NAME_RE, name):
+                raise ValueError(f"{name[:60]!r} is not a cluster name this toolchain launches")
+        return v
 
 
 R = TypeVar("R", bound=_Record)
@@ -246,3 +263,35 @@ def write_cluster(build_dir: Path, record: ClusterRecord) -> Path:
 
 def drop_cluster(build_dir: Path, name: str) -> None:
     _write(clusters_file(build_dir), {k: v for k, v in read_clusters(build_dir).items() if k != name})
+
+
+def launches_file(build_dir: Path) -> Path:
+    return build_dir / "launched.json"
+
+
+def _launch_key(target: str, name: str) -> str:
+    return f"{target}/{name}"
+
+
+def read_launches(build_dir: Path, target: str, name: str) -> list[str]:
+    """The clusters `deploy --submit --target TARGET --name NAME` launched and `destroy` has not removed."""
+    record = _read(launches_file(build_dir), LaunchRecord, "invoke deploy").get(_launch_key(target, name))
+    return list(record.clusters) if record else []
+
+
+def add_launches(build_dir: Path, target: str, name: str, clusters: list[str]) -> None:
+    records = _read(launches_file(build_dir), LaunchRecord, "invoke deploy")
+    key = _launch_key(target, name)
+    had = list(records[key].clusters) if key in records else []
+    _write(launches_file(build_dir), {**records, key: LaunchRecord(target=target,
+                                                                    clusters=list(dict.fromkeys(had + clusters)))})
+
+
+def drop_launches(build_dir: Path, target: str, name: str, clusters: list[str]) -> None:
+    records = _read(launches_file(build_dir), LaunchRecord, "invoke deploy")
+    key = _launch_key(target, name)
+    if key not in records:
+        return
+    left = [c for c in records[key].clusters if c not in clusters]
+    rest = {k: r for k, r in records.items() if k != key}
+    _write(launches_file(build_dir), {**rest, **({key: LaunchRecord(target=target, clusters=left)} if left else {})})

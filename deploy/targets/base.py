@@ -17,6 +17,7 @@ from typing import Annotated, Any, Callable, ClassVar, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from deploy import hint
 from deploy.artifacts import write_all
 from deploy.job import IMAGE_WORKDIR, DeployError, JobSpec, PreflightError
 from runtime.spec import ClusterSpec
@@ -101,6 +102,9 @@ class ApplyContext:
     progress: Callable[[str], None]
     env: Optional[dict] = None                # environment for scheduler CLIs (sbatch, kubectl, sky)
     layer_store: Optional[Path] = None        # the build's assembled layers (an incremental .sqsh uses them)
+    # told the names of what is about to be launched and outlives the command (SkyPilot's clusters),
+    # before it is: `destroy` removes exactly what was recorded (build/launched.json)
+    launching: Callable[[list[str]], None] = lambda names: None
 
     def write(self, artifacts: Artifacts) -> list[Path]:
         written = write_all(self.out_dir, artifacts.texts(), {n: f.mode for n, f in artifacts.files.items()})
@@ -154,12 +158,13 @@ class Target:
     def preflight(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> list[str]:
         return []
 
-    def destroy(self, spec: ClusterSpec, name: str) -> dict:
-        """Delete what `deploy --submit` left running for the job NAME: {"said": one line, ...}. A
-        target whose jobs end by themselves has nothing to delete."""
+    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> dict:
+        """Delete what `deploy --submit` left running for the job NAME: {"said": one line, "removed":
+        the LAUNCHED names it removed, ...}. LAUNCHED: what the build directory recorded as launched under
+        NAME (ApplyContext.launching). A target whose jobs end by themselves has nothing to delete."""
         raise DeployError(f"--target {self.name}: nothing to destroy (its jobs end by themselves; a held cluster "
-                          "ends with `invoke down`); `invoke destroy --target k8s` deletes what "
-                          "`deploy --target k8s --submit` created")
+                          f"ends with `{hint.cmd('down')}`); `{hint.cmd('destroy --target k8s')}` deletes what "
+                          "`deploy --target k8s --submit` created, `--target skypilot` the clusters it launched")
 
     def site_check(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> SiteCheck:
         """Ask the live system what only it knows, after a clean pre-flight; never changes anything."""

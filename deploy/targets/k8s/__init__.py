@@ -462,7 +462,7 @@ class Kubernetes(Target):
                 out.held = held.wait_serving(job, namespace, ctx.progress, ctx.env)
         return out
 
-    def destroy(self, spec: ClusterSpec, name: str) -> dict:
+    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> dict:
         """The job's (or a fan-out's) Jobs, pods, Services and Secrets, by label."""
         if spec.kubernetes is None:
             raise DeployError("the cluster spec has no 'kubernetes' section: nothing to destroy")

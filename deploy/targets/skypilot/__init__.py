@@ -9,8 +9,14 @@
     file_mounts              the fileroot from --fileroot-store (a bucket URI, MOUNT mode)
     run                      `python -m runtime launch` on every node; SkyPilot's own variables
                              (SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS, ...) place each node; rank 0 runs the driver
-`--submit` runs `sky launch -y -d -c <name> --secret RAY_AUTH_TOKEN <file>` per task; `invoke up` launches
-the one task with every node serving and holds the cluster (deploy/targets/skypilot/held.py).
+`--submit` runs `sky launch -y -d --down -c <name> --secret RAY_AUTH_TOKEN <file>` per task: SkyPilot
+tears the cluster down once its job ends (`--down`), and `destroy` runs `sky down` for the clusters
+recorded as launched under the name (build/launched.json). A launch that fails says the `sky down` that
+removes what it left. `invoke up` launches the one task with every node serving and holds the cluster
+(deploy/targets/skypilot/held.py), which `down` removes.
+
+The image must be built with the SkyPilot profile (`build --profile skypilot`: toolchain/images.py):
+SkyPilot's pod setup needs a user that can become root and a few tools; pre-flight refuses another.
 """
 from __future__ import annotations
 
@@ -20,12 +26,14 @@ from typing import Optional
 
 from pydantic import Field
 
+from deploy import hint
+from deploy.job import DeployError, JobSpec
 from deploy.targets.skypilot import held
-from deploy.job import JobSpec
 from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
 from deploy.targets.base import AllowLocalRegistry, Applied, ApplyContext, Artifacts, File, Target, TargetOptions
 from deploy.targets.k8s import Seeds
 from runtime import contract as C
+from runtime.contract import SKYPILOT_PROFILE as PROFILE
 from runtime.spec import ClusterSpec
 
 
@@ -51,14 +59,23 @@ def accelerator_name(spec: ClusterSpec, opts: SkyFlags) -> Optional[str]:
     return types[0] if len(types) == 1 and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", types[0]) else None
 
 
+GB_PER_CPU = 4  # memory per node when the job sets none (SkyPilot's own default on Kubernetes is 1 GB a pod)
+
+
+def memory_gb(job: JobSpec) -> int:
+    """The job's memory per node in whole GB, rounded up (SkyPilot counts GB); GB_PER_CPU per CPU if unset."""
+    if not job.memory:
+        return GB_PER_CPU * job.cpus_per_node
+    unit = job.memory[-1] if job.memory[-1] in "KMGT" else ""
+    n = int(job.memory.rstrip("KMGT"))
+    return max(1, -(-n * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[unit] // 2**30))
+
+
 def task(job: JobSpec, spec: ClusterSpec, opts: SkyFlags, seed: Optional[int] = None) -> dict:
-    resources: dict = {"image_id": f"docker:{job.image.docker()}", "cpus": f"{job.cpus_per_node}+"}
+    resources: dict = {"image_id": f"docker:{job.image.docker()}", "cpus": f"{job.cpus_per_node}+",
+                       "memory": f"{memory_gb(job)}+"}
     if job.gpus_per_node:
         resources["accelerators"] = f"{accelerator_name(spec, opts)}:{job.gpus_per_node}"
-    if job.memory:  # SkyPilot counts memory in GB: at least this much
-        unit = job.memory[-1] if job.memory[-1] in "KMGT" else ""
-        n = int(job.memory.rstrip("KMGT"))
-        resources["memory"] = f"{max(1, -(-n * {'': 1, 'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}[unit] // 2**30))}+"
     envs = {**IMAGE_ENV, **job.env, C.JOB_NAME: job.name}
     if seed is not None:
         envs[C.SEED] = str(seed)
@@ -85,6 +102,12 @@ class SkyPilot(Target):
             problems.append("--seeds: a held cluster (invoke up) is one cluster; fan seeds out with `invoke deploy`")
         if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
             problems.append(f"--name {job.name!r}: too long for the seed runs' task names; use a shorter name")
+        info = job.image_info
+        if info is not None and info.profile != PROFILE:
+            problems.append(f"the pushed image {job.image.docker() if job.image else ''} has no SkyPilot profile: "
+                            "SkyPilot's pod setup needs a user that can become root (sudo) and curl, rsync, sshd; "
+                            f"build it with `{hint.cmd('build --profile skypilot push')}` (the other targets' images "
+                            "stay without it)")
         return problems
 
     def render(self, job: JobSpec, spec: ClusterSpec, opts: SkyFlags) -> Artifacts:
@@ -93,6 +116,8 @@ class SkyPilot(Target):
         tasks = [task(j, spec, opts, seed) for j, seed in runs]
         notes = [] if opts.fileroot_store else [
             f"fileroot {job.fileroot} is not mounted (no --fileroot-store): checkpoints stay on each node"]
+        if not job.memory:
+            notes.append(f"memory per node: {memory_gb(job)} GB ({GB_PER_CPU} GB per CPU; deploy.memory sets it)")
         return Artifacts({f"{t['name']}.yaml": File(dump(t)) for t in tasks}, tasks, notes)
 
     def apply(self, artifacts: Artifacts, job, spec, opts: SkyFlags, ctx: ApplyContext) -> Applied:
@@ -101,14 +126,34 @@ class SkyPilot(Target):
             launched = []
             for path in out.written:
                 name = os.path.basename(path)[:-len(".yaml")]
-                job_id = held.launch(path, name, ctx.env or dict(os.environ), need_id=job.serve)
+                if not job.serve:  # a held cluster is recorded as one (`down` removes it)
+                    ctx.launching([name])
+                job_id = held.launch(path, name, ctx.env or dict(os.environ), need_id=job.serve,
+                                     down_after=not job.serve, remove_hint=self._remove_hint(job))
                 launched.append(name)
-                ctx.progress(f"launched SkyPilot cluster {name}" + (f" (job {job_id})" if job_id else ""))
+                ctx.progress(f"launched SkyPilot cluster {name}" + (f" (job {job_id})" if job_id else "")
+                             + ("" if job.serve else "; SkyPilot removes it when its job ends"))
                 if job.serve:
                     out.held = held.wait_serving(name, job_id, job.nodes, job.name, ctx.env or dict(os.environ),
                                                     ctx.progress)
             out.launched = launched
         return out
+
+    @staticmethod
+    def _remove_hint(job: JobSpec) -> str:
+        return hint.cmd(f"down --name {job.name}") if job.serve else hint.cmd(f"destroy --target skypilot --name {job.name}")
+
+    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> dict:
+        """`sky down -y` of exactly the clusters recorded as launched under NAME (a cluster SkyPilot already
+        removed after its job is said to be gone, not an error)."""
+        if not launched:
+            raise DeployError(f"--target skypilot --name {name}: no launched clusters are recorded for this name "
+                              "(build/launched.json); `sky status` lists what SkyPilot runs, `sky down NAME` "
+                              "removes one")
+        had = held.down_clusters(launched, dict(os.environ))
+        said = (f"removed SkyPilot cluster(s) {', '.join(launched)}" if had else
+                f"SkyPilot no longer has {', '.join(launched)} (removed after their jobs ended, or by hand)")
+        return {"group": name, "removed": launched, "said": said}
 
     # a held cluster is the launched cluster and its serving job (deploy/targets/skypilot/held.py)
     holds_clusters = True

@@ -70,8 +70,10 @@ def _cli(argv: list[str], env: Optional[dict], timeout_s: float = 600) -> subpro
                         "answers, `sky api status` what it is doing")
 
 
-def launch_argv(task_file: str, cluster: str) -> list[str]:
-    return ["sky", "launch", "-y", "-d", "-c", cluster, "--secret", C.AUTH_TOKEN, task_file]
+def launch_argv(task_file: str, cluster: str, down_after: bool = False) -> list[str]:
+    """DOWN_AFTER: SkyPilot removes the cluster once its jobs end (a one-off job; a held cluster stays)."""
+    return ["sky", "launch", "-y", "-d", *(["--down"] if down_after else []), "-c", cluster,
+            "--secret", C.AUTH_TOKEN, task_file]
 
 
 def exec_argv(task_file: str, cluster: str) -> list[str]:
@@ -91,16 +93,36 @@ def cancel_argv(cluster: str, job_id: str) -> list[str]:
     return ["sky", "cancel", "-y", cluster, job_id]
 
 
-def down_argv(cluster: str) -> list[str]:
-    return ["sky", "down", "-y", cluster]
+def down_argv(*clusters: str) -> list[str]:
+    return ["sky", "down", "-y", *clusters]
 
 
-def launch(task_file: str, cluster: str, env: dict, need_id: bool = False) -> Optional[str]:
-    """Launch TASK_FILE on CLUSTER with a fresh Ray token (a secret: never in the file); its job id
-    (None if its output names none, an error when NEED_ID: a held cluster is that job)."""
-    res = _cli(launch_argv(task_file, cluster), {**env, C.AUTH_TOKEN: secrets.token_hex(32)}, timeout_s=3600)
+NONE_FOUND = "Cluster(s) not found"  # what `sky down` says (exit 0) when it has none of the names
+
+
+def down_clusters(clusters: list[str], env: Optional[dict]) -> bool:
+    """`sky down -y` of exactly CLUSTERS (names of [a-z0-9-]: no glob SkyPilot would expand); False when
+    SkyPilot had none of them any more (removed after their jobs, or by hand)."""
+    res = _cli(down_argv(*clusters), env, timeout_s=1800)
     if res.returncode != 0:
-        raise DeployError(f"sky launch {task_file} failed ({res.returncode}):\n    {_tail(res)}")
+        raise DeployError(f"sky down {' '.join(clusters)} failed ({res.returncode}); they may still run: "
+                          f"`sky status`:\n    {_tail(res)}")
+    return NONE_FOUND not in said(res)
+
+
+def launch(task_file: str, cluster: str, env: dict, need_id: bool = False, down_after: bool = False,
+           remove_hint: str = "") -> Optional[str]:
+    """Launch TASK_FILE on CLUSTER with a fresh Ray token (a secret: never in the file); its job id
+    (None if its output names none, an error when NEED_ID: a held cluster is that job). A launch that
+    fails may leave the cluster (SkyPilot keeps a failed setup for debugging): the error says how to
+    remove it (REMOVE_HINT, and `sky down`)."""
+    res = _cli(launch_argv(task_file, cluster, down_after), {**env, C.AUTH_TOKEN: secrets.token_hex(32)},
+               timeout_s=3600)
+    if res.returncode != 0:
+        remove = f"`{remove_hint}` or " if remove_hint else ""
+        raise DeployError(f"sky launch {task_file} failed ({res.returncode}):\n    {_tail(res)}\n"
+                          f"  SkyPilot keeps a cluster whose setup failed, to debug it (`sky status {cluster}`); "
+                          f"{remove}`sky down -y {cluster}` removes it")
     job_id = job_id_from(said(res))
     if job_id is None and need_id:
         raise DeployError(f"sky launch {task_file}: its output names no job ('Job ID: N'); see `sky queue "
