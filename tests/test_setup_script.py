@@ -93,3 +93,27 @@ def test_a_tool_in_sbin_counts_though_the_user_s_path_lacks_it(tmp_path):
     assert sbin and Path("/usr/sbin/useradd").exists()
     res = run_as_nobody(proj, path_dir)
     assert res.returncode == 0 and "missing" not in res.stderr, res.stdout + res.stderr
+
+
+def test_the_toolchain_says_a_socket_it_may_not_open_is_a_permission_problem(tmp_path):
+    """Not `start dockerd`: the engine runs, the user is not in its group. Run as `nobody` with the
+    system's Python and a copy of the modules it needs, against this machine's real socket."""
+    import docker
+    socket = Path("/var/run/docker.sock")
+    if not socket.exists() or socket.stat().st_mode & 0o006:
+        pytest.skip("needs the engine's socket, closed to other users")
+    site = Path(docker.__file__).parent.parent
+    lib = tmp_path / "lib"
+    for pkg in ("docker", "requests", "urllib3", "idna", "certifi", "charset_normalizer"):
+        shutil.copytree(site / pkg, lib / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    for pkg in ("toolchain", "runtime"):
+        shutil.copytree(ROOT / pkg, lib / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "a+rX", str(tmp_path)], check=True)
+    code = "from toolchain.docker_client import engine\nengine()"
+    res = subprocess.run(["/usr/bin/python3", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(lib), "HOME": str(tmp_path)},
+                         user=NOBODY, group=NOBODY, extra_groups=[])
+    assert res.returncode == 1, res.stderr
+    said = res.stderr.strip().splitlines()[-1]
+    assert "may not open it (permission denied)" in said and "`docker` group" in said, said
+    assert "start dockerd" not in said

@@ -1,10 +1,16 @@
 """One place that opens the Docker engine connection, with an actionable error."""
 from __future__ import annotations
 
+import errno
+import getpass
+import os
+
 import docker
 from docker.errors import DockerException
 
 from toolchain.errors import ToolchainError
+
+DEFAULT_SOCKET = "/var/run/docker.sock"
 
 
 def engine() -> docker.DockerClient:
@@ -13,9 +19,33 @@ def engine() -> docker.DockerClient:
         client.ping()
         return client
     except DockerException as e:
-        raise ToolchainError(
-            f"cannot reach the Docker engine ({e}); start dockerd or set DOCKER_HOST to its socket"
-        ) from None
+        raise ToolchainError(_unreachable(e)) from None
+
+
+def _unreachable(e: DockerException) -> str:
+    """What went wrong reaching the engine, and the fix: a socket the user may not open is not a
+    stopped engine."""
+    host = os.environ.get("DOCKER_HOST", "")
+    socket = host.removeprefix("unix://") if host.startswith("unix://") else ("" if host else DEFAULT_SOCKET)
+    denied = isinstance(_cause(e, PermissionError), PermissionError) or "Permission denied" in str(e)
+    if socket and denied:
+        return (f"the Docker engine's socket {socket} exists but {getpass.getuser()} may not open it (permission "
+                "denied); ask to be added to the `docker` group (then log in again), or set DOCKER_HOST to an "
+                "engine you may use")
+    if socket and not os.path.exists(socket):
+        return f"no Docker engine: {socket} does not exist; start dockerd, or set DOCKER_HOST to its socket"
+    return f"cannot reach the Docker engine ({e}); start dockerd, or set DOCKER_HOST to its socket"
+
+
+def _cause(e: BaseException, kind: type) -> BaseException | None:
+    """The first exception of KIND in E's chain of causes and contexts."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, kind) or getattr(e, "errno", None) == errno.EACCES:
+            return e
+        e = e.__cause__ or e.__context__ or (e.args[0] if e.args and isinstance(e.args[0], BaseException) else None)
+    return None
 
 
 def image_exists(client: docker.DockerClient, ref: str) -> bool:
