@@ -159,10 +159,7 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
     if json:
         return
     if dry_run:
-        for fname, text in (result.rendered or {}).items():
-            print(f"# ---- {fname} (dry run: not written)\n{text}")
-        if result.objects:
-            print(jsonlib.dumps(result.objects, indent=2, default=str))
+        pipeline.show_dry_run(result.rendered, result.objects)
         return
     if result.applied.exit_code is not None:
         print(f"job {result.job['name']} finished with exit code {result.applied.exit_code}")

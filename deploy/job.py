@@ -34,6 +34,7 @@ class PreflightError(DeployError):
 
     def __init__(self, problems: list[str]):
         self.problems = problems
+        self.artifacts = None  # a dry run's artifacts as they would be (deploy/plan.py), where they render
         super().__init__("pre-flight failed, nothing was written:\n  - " + "\n  - ".join(problems))
 
 

@@ -93,16 +93,18 @@ def registry_problem(req: Request) -> Optional[str]:
     return registry_check.check(info.ref, info.registry_scheme, registry_check.docker_credentials(info.ref.registry or ""))
 
 
-def plan(req: Request) -> Artifacts:
+def plan(req: Request, dry_run: bool = False) -> Artifacts:
+    """The artifacts, once pre-flight found nothing; else PreflightError listing every problem (with
+    DRY_RUN, carrying the artifacts as they would be, where they render, for the user to look at)."""
     problems = common_problems(req) + req.target.preflight(req.job, req.spec, req.options)
     if problems:
-        raise PreflightError(problems)
+        raise _refused(req, problems, dry_run)
     site = req.target.site_check(req.job, req.spec, req.options)
     if site.problems:
-        raise PreflightError(site.problems)
+        raise _refused(req, site.problems, dry_run)
     pulled = registry_problem(req)
     if pulled:
-        raise PreflightError([pulled])
+        raise _refused(req, [pulled], dry_run)
     try:
         artifacts = req.target.render(req.job, req.spec, req.options)
     except DeployError as e:
@@ -113,3 +115,13 @@ def plan(req: Request) -> Artifacts:
         artifacts.notes.append(f"the image has the SkyPilot profile (its user may become root with sudo); for "
                                f"--target {req.target.name} build without it: `{hint.cmd('build --profile default push')}`")
     return artifacts
+
+
+def _refused(req: Request, problems: list[str], dry_run: bool) -> PreflightError:
+    error = PreflightError(problems)
+    if dry_run:
+        try:
+            error.artifacts = req.target.render(req.job, req.spec, req.options)
+        except Exception:  # noqa: BLE001 - values pre-flight refused may not render; the problems say why
+            error.artifacts = None
+    return error

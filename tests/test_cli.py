@@ -103,6 +103,21 @@ def test_deploy_says_once_what_it_wrote(tmp_path):
     assert len(said) == 1 and said[0].strip().endswith(".sbatch"), r.stdout + r.stderr
 
 
+def test_a_dry_run_shows_its_artifacts_though_pre_flight_refuses_and_exits_2(tmp_path):
+    """The user sees what would be written beside every problem (here: the image carries another spec)."""
+    from test_deploy_targets import record_images
+    from conftest import make_settings
+    settings = make_settings(tmp_path / "p", ROOT / "examples" / "train")
+    settings.build_dir.mkdir(parents=True, exist_ok=True)
+    record_images(settings, "slurm.json")  # built with slurm.json, deployed with slurm-pyxis.json
+    r = inv("deploy", "--dry-run", "--target", "pyxis", "--spec", str(ROOT / "cluster_specs" / "slurm-pyxis.json"),
+            "--name", "dry", env={"INVOKE_PROJECT_BUILD_DIR": str(settings.build_dir)})
+    assert r.returncode == 2, r.stderr
+    assert "# ---- dry.sbatch (dry run: not written)" in r.stdout and "#SBATCH" in r.stdout, r.stdout
+    assert "pre-flight failed" in r.stderr and "was built with spec sha256" in r.stderr, r.stderr
+    assert not (settings.build_dir / "deploy").exists()
+
+
 def test_malformed_images_json_exits_2_with_the_fix(tmp_path):
     b = tmp_path / "b"
     b.mkdir()

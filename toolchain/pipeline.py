@@ -7,6 +7,7 @@ from typing import Optional
 
 from pydantic import BaseModel, ConfigDict
 
+from deploy.job import PreflightError
 from deploy.targets.base import Applied, ApplyContext
 from runtime.spec import ClusterSpec, json_schema, load_spec, spec_hash
 from toolchain.bootstrap import ensure_base
@@ -196,7 +197,13 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
                       time_limit=d.time_limit, env={C.RUN_ID: run_id}, serve=serve)
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
                        job_values, gpus, settings.path(settings.project.app_dir), settings.build_dir)
-    artifacts = plan(req)
+    try:
+        artifacts = plan(req, dry_run)
+    except PreflightError as e:
+        if dry_run and e.artifacts is not None:  # shown, then the problems and exit 2
+            rep.step("dry run: the artifacts as they would be; pre-flight found the problems below")
+            show_dry_run(e.artifacts.texts(), None if e.artifacts.files else e.artifacts.objects)
+        raise
     job = req.job
     if not serve:
         rep.step(f"run {run_id}" + (" (resumed: its checkpoints are continued)" if resume else
@@ -250,3 +257,11 @@ def _shown(settings: Settings, path: Path) -> str:
         return str(path.resolve().relative_to(settings.root.resolve()))
     except ValueError:
         return str(path)
+
+
+def show_dry_run(rendered: dict, objects) -> None:
+    """A dry run's artifacts on stdout, each file under a header (objects as JSON where there are no files)."""
+    for fname, text in (rendered or {}).items():
+        print(f"# ---- {fname} (dry run: not written)\n{text}")
+    if objects:
+        print(json.dumps(objects, indent=2, default=str))
