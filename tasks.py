@@ -20,6 +20,7 @@ from pathlib import Path
 from invoke import Collection, Exit, task
 from pydantic import BaseModel
 
+from deploy import hint
 from deploy.targets import HOLDING, TARGETS
 from deploy.targets.flags import FLAGS as TARGET_FLAGS  # the target flags, from the targets' Options models
 from runtime import numbers
@@ -163,7 +164,7 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
         return
     if result.applied.exit_code is not None:
         print(f"job {result.job['name']} finished with exit code {result.applied.exit_code}")
-    if result.applied.slurm_job_id:
+    if result.applied.slurm_job_id and quiet:  # otherwise its progress line said it, with the output file
         print(f"submitted Slurm job {result.applied.slurm_job_id}")
 
 
@@ -199,7 +200,7 @@ def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=
     flags = _target_flags(options)
     out = _run(c, held.up, spec, target, quiet=quiet, as_json=json, name=name, nodes=_count(nodes, "--nodes", 1),
                **flags)
-    if not json:
+    if quiet and not json:  # otherwise its progress line said it
         print(f"cluster {out['cluster']['name']} is up ({out['cluster']['target']}, {out['cluster']['image']})")
 
 
@@ -232,7 +233,7 @@ def held_status(c, name=None, json=False):
     out = _run(c, held.status, as_json=json, name=name)
     if not json:
         if not out:
-            print("no held clusters (invoke up starts one)")
+            print(f"no held clusters (`{hint.cmd('up')}` starts one)")
         for cname, st in out.items():
             print(f"{cname}: {'up' if st['up'] else 'NOT UP'} ({st['target']}, {st['image']}, since {st['started']})")
             for node, state in st["nodes"].items():
@@ -252,7 +253,8 @@ def held_down(c, name=None, quiet=False):
     the SkyPilot cluster."""
     from toolchain import held
     out = _run(c, held.down, quiet=quiet, name=name)
-    print(f"cluster {out['cluster']} is down")
+    if quiet:  # otherwise its progress line said it
+        print(f"cluster {out['cluster']} is down")
 
 
 # -- spec ------------------------------------------------------------------------

@@ -62,7 +62,7 @@ def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext, container: boo
     container, which runs attach to)."""
     written = ctx.write(artifacts)
     job_id = sbatch.submit(written[0], job, env=ctx.env)
-    ctx.progress(f"submitted: Slurm job {job_id}; output in {sbatch.log_dir(job)}")
+    ctx.progress(f"submitted Slurm job {job_id}; its output: {sbatch.log_dir(job) / f'{job.name}-{job_id}.out'}")
     return Applied(written=[str(w) for w in written], slurm_job_id=job_id,
                    held=held.wait_serving(job, job_id, ctx.env, ctx.progress, container=container) if job.serve else None)
 
