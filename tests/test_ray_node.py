@@ -112,11 +112,16 @@ def test_a_record_is_matched_to_rays_entry_by_port_and_address_or_machine():
     assert not rec.is_node({"NodeManagerPort": 20001, "NodeManagerAddress": "10.0.0.3", "NodeManagerHostname": "n2"})
 
 
-def test_read_all_skips_what_is_not_a_record():
+def test_the_reader_skips_what_is_not_a_record_and_reads_each_key_once():
     store = {node_records.PREFIX + b"1": record().encode().encode(), node_records.PREFIX + b"2": b"{bad",
              node_records.PREFIX + b"3": None}
-    got = node_records.read_all(lambda prefix: [k for k in store if k.startswith(prefix)], store.get)
-    assert got == [record()]
+    reader = node_records.Reader(lambda prefix: [k for k in store if k.startswith(prefix)], store.get)
+    assert reader.new() == [record()]
+    again = record(attempt=2)
+    store[again.key()] = again.encode().encode()  # the node's next attempt: a new key
+    assert reader.new() == [again]
+    assert reader.new() == [] and reader.gets == 6  # 3; the new one and the listed-but-empty one again; that one again
+    assert again.key() != record().key()
 
 
 def test_no_retry_once_stop_if_gives_a_reason(tmp_path):

@@ -35,7 +35,9 @@ class NodeRecord:
     cause: str
 
     def key(self) -> bytes:
-        return PREFIX + str(self.rank).encode()
+        """Its rank, attempt and state: a node's new state is a new key, so the head reads each key once
+        (Reader), whatever the number of polls."""
+        return PREFIX + f"{self.rank}:{self.attempt}:{self.state}".encode()
 
     def encode(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -73,15 +75,29 @@ def publish(address: str, record: NodeRecord, env: dict) -> bool:
     return done.returncode == 0
 
 
-def read_all(kv_list, kv_get) -> list[NodeRecord]:
-    """Every record in the GCS, through Ray's internal KV functions (list by prefix, get by key)."""
-    out = []
-    for key in kv_list(PREFIX) or []:
-        raw = kv_get(key)
-        if raw is None:
-            continue
-        try:
-            out.append(NodeRecord.decode(raw))
-        except ValueError:
-            continue  # not ours to judge: the barrier goes on with what it can read
-    return out
+class Reader:
+    """The records in the GCS, through Ray's internal KV functions (list by prefix, get by key): each
+    key is read once (a key names a record's rank, attempt and state), so a poll costs one listing and
+    a get per record written since the last one, not a get per record ever written."""
+
+    def __init__(self, kv_list, kv_get):
+        self.kv_list, self.kv_get = kv_list, kv_get
+        self.seen: set = set()
+        self.gets = 0
+
+    def new(self) -> list[NodeRecord]:
+        """The records written since the last call (what is not a record is skipped, once)."""
+        out = []
+        for key in self.kv_list(PREFIX) or []:
+            if key in self.seen:
+                continue
+            raw = self.kv_get(key)
+            self.gets += 1
+            if raw is None:  # listed, then gone: looked at again next time
+                continue
+            self.seen.add(key)
+            try:
+                out.append(NodeRecord.decode(raw))
+            except ValueError:
+                continue  # not ours to judge: the barrier goes on with what it can read
+        return out
