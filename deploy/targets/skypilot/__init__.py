@@ -141,7 +141,9 @@ class SkyPilot(Target):
 
     @staticmethod
     def _remove_hint(job: JobSpec) -> str:
-        return hint.cmd(f"down --name {job.name}") if job.serve else hint.cmd(f"destroy --target skypilot --name {job.name}")
+        """What removes a cluster whose launch failed: a one-off job's is recorded (destroy); a held
+        cluster is recorded only once it serves, so only `sky down` knows it."""
+        return "" if job.serve else hint.cmd(f"destroy --target skypilot --name {job.name}")
 
     def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> dict:
         """`sky down -y` of exactly the clusters recorded as launched under NAME (a cluster SkyPilot already
