@@ -316,7 +316,9 @@ def suite_python(settings: Settings) -> Optional[str]:
 def source_keys(settings: Settings) -> dict:
     """What the image's layers were made from, as `invoke run` compares it with the tree (toolchain/held.py):
     below the code (requirements, base, torch, image settings), the runtime package, and the code."""
-    return {"below_app_key": key_of("below-app", read_requirements(settings), settings.image.model_dump(mode="json")),
+    # the profile's layers go above the app's (toolchain/skypilot_profile.py): not below the code
+    below = settings.image.model_dump(mode="json", exclude={"profile"})
+    return {"below_app_key": key_of("below-app", read_requirements(settings), below),
             "runtime_sha256": tree_hash(settings.path(settings.project.runtime_dir)),
             "code_sha256": tree_hash(settings.path(settings.project.app_dir))}
 
