@@ -121,8 +121,8 @@ def launch(task_file: str, cluster: str, env: dict, need_id: bool = False, down_
     if res.returncode != 0:
         remove = f"`{remove_hint}` or " if remove_hint else ""
         raise DeployError(f"sky launch {task_file} failed ({res.returncode}):\n    {_tail(res)}\n"
-                          f"  SkyPilot keeps a cluster whose setup failed, to debug it (`sky status {cluster}`); "
-                          f"{remove}`sky down -y {cluster}` removes it")
+                          f"  if SkyPilot made the cluster (it keeps one whose setup failed, to debug it: `sky status "
+                          f"{cluster}`), {remove}`sky down -y {cluster}` removes it")
     job_id = job_id_from(said(res))
     if job_id is None and need_id:
         raise DeployError(f"sky launch {task_file}: its output names no job ('Job ID: N'); see `sky queue "
