@@ -168,14 +168,17 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
         print(f"submitted Slurm job {result.applied.slurm_job_id}")
 
 
-@task(help={"target": "The target the job was deployed to with --submit (default: deploy.target); k8s deletes "
-                      "by label, the others' jobs end by themselves.",
+@task(help={"target": "The target the job was deployed to with --submit (default: deploy.target): k8s deletes "
+                      "by label, skypilot runs `sky down` for the clusters recorded as launched (build/launched.json); "
+                      "the others' jobs end by themselves.",
             "spec": "Cluster spec JSON (default: project.spec); for k8s, its 'kubernetes' section's namespace.",
             "name": "Job name (or the fan-out's name) given to deploy (default: deploy.name)."})
 def destroy(c, target=None, spec=None, name=None):
-    """Delete what `deploy --target k8s --submit` created: its Jobs, pods, Service and Secret, by label."""
+    """Delete what `deploy --submit` left running: on k8s its Jobs, pods, Services and Secrets, by label; on
+    skypilot the clusters it launched."""
     out = _run(c, pipeline.destroy, spec, target, name)
-    print(out["kubectl"].strip() or f"nothing labelled with {out['group']} in {out['namespace']}")
+    if "kubectl" in out:  # what kubectl deleted (the progress line said the rest)
+        print(out["kubectl"].strip() or f"nothing labelled with {out['group']} in {out['namespace']}")
 
 
 # -- held clusters: code moves, the cluster stays (toolchain/held.py) ----------------

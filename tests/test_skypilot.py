@@ -197,3 +197,18 @@ def test_a_held_cluster_of_a_profile_image_takes_code_from_a_tree_built_without_
     assert source_keys(plain) == source_keys(profiled)
     other = plain.model_copy(update={"image": plain.image.model_copy(update={"python": "python3.12"})})
     assert source_keys(other)["below_app_key"] != source_keys(plain)["below_app_key"]
+
+
+def test_destroy_from_the_command_line_says_what_it_removed(tmp_path, monkeypatch):
+    """The task prints what the target's destroy returned (it printed k8s's kubectl output for every target,
+    and failed with KeyError on a real SkyPilot)."""
+    log = _stand_in(tmp_path, monkeypatch)
+    build_dir = tmp_path / "build"
+    add_launches(build_dir, "skypilot", "cli-job", ["cli-job"])
+    r = subprocess.run([str(ROOT / ".venv" / "bin" / "raytrain"), "destroy", "--target", "skypilot", "--name", "cli-job"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "INVOKE_PROJECT_BUILD_DIR": str(build_dir)})
+    assert r.returncode == 0, r.stderr
+    assert "removed SkyPilot cluster(s) cli-job" in r.stderr and "Traceback" not in r.stderr
+    assert json.loads(log.read_text().splitlines()[-1]) == ["down", "-y", "cli-job"]
+    assert read_launches(build_dir, "skypilot", "cli-job") == []

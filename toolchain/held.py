@@ -96,7 +96,8 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
 def guard(settings: Settings, record: ClusterRecord, spec_file: Path, keys: dict) -> list[str]:
     """Why this tree (KEYS: toolchain.images.source_keys) cannot run on the held cluster (each with the
     fix); [] when it can."""
-    redeploy = (f"rebuild and redeploy: {hint.cmd('build push')} && {hint.cmd(f'down --name {record.name}')} && "
+    build = "build --profile skypilot push" if record.target == C.SKYPILOT_PROFILE else "build push"  # its pre-flight
+    redeploy = (f"rebuild and redeploy: {hint.cmd(build)} && {hint.cmd(f'down --name {record.name}')} && "
                 f"{hint.cmd(f'up --target {record.target} --name {record.name}')}")
     problems = []
     if record.project != str(settings.root.resolve()):
