@@ -29,12 +29,20 @@ def _unreachable(e: DockerException) -> str:
     socket = host.removeprefix("unix://") if host.startswith("unix://") else ("" if host else DEFAULT_SOCKET)
     denied = isinstance(_cause(e, PermissionError), PermissionError) or "Permission denied" in str(e)
     if socket and denied:
-        return (f"the Docker engine's socket {socket} exists but {getpass.getuser()} may not open it (permission "
-                "denied); ask to be added to the `docker` group (then log in again), or set DOCKER_HOST to an "
-                "engine you may use")
+        return (f"cannot reach the Docker engine (Permission denied: the engine runs, but {_user()} may not open "
+                f"its socket {socket}); ask to be added to the `docker` group (then log in again), or set "
+                "DOCKER_HOST to an engine you may use")
     if socket and not os.path.exists(socket):
-        return f"no Docker engine: {socket} does not exist; start dockerd, or set DOCKER_HOST to its socket"
+        return f"cannot reach the Docker engine ({socket} does not exist); start dockerd, or set DOCKER_HOST to its socket"
     return f"cannot reach the Docker engine ({e}); start dockerd, or set DOCKER_HOST to its socket"
+
+
+def _user() -> str:
+    """The user's name, or `uid N` for a uid with no passwd entry (a container's, a batch job's)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return f"uid {os.getuid()}"
 
 
 def _cause(e: BaseException, kind: type) -> BaseException | None:
