@@ -27,7 +27,7 @@ def _unreachable(e: DockerException) -> str:
     stopped engine."""
     host = os.environ.get("DOCKER_HOST", "")
     socket = host.removeprefix("unix://") if host.startswith("unix://") else ("" if host else DEFAULT_SOCKET)
-    denied = isinstance(_cause(e, PermissionError), PermissionError) or "Permission denied" in str(e)
+    denied = _denied(e) or "Permission denied" in str(e)
     if socket and denied:
         return (f"cannot reach the Docker engine (Permission denied: the engine runs, but {_user()} may not open "
                 f"its socket {socket}); ask to be added to the `docker` group (then log in again), or set "
@@ -45,15 +45,15 @@ def _user() -> str:
         return f"uid {os.getuid()}"
 
 
-def _cause(e: BaseException, kind: type) -> BaseException | None:
-    """The first exception of KIND in E's chain of causes and contexts."""
+def _denied(e: BaseException) -> bool:
+    """Whether a PermissionError (EACCES) is in E's chain of causes, contexts or wrapped errors."""
     seen = set()
     while e is not None and id(e) not in seen:
         seen.add(id(e))
-        if isinstance(e, kind) or getattr(e, "errno", None) == errno.EACCES:
-            return e
+        if getattr(e, "errno", None) == errno.EACCES:  # PermissionError is the OSError of EACCES
+            return True
         e = e.__cause__ or e.__context__ or (e.args[0] if e.args and isinstance(e.args[0], BaseException) else None)
-    return None
+    return False
 
 
 def image_exists(client: docker.DockerClient, ref: str) -> bool:

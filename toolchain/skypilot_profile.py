@@ -30,6 +30,7 @@ import docker
 
 from runtime.contract import PROFILE_LABEL, SKYPILOT_PROFILE
 from toolchain import layers
+from toolchain.blobs import file_sha256
 from toolchain.docker_client import image_exists
 from toolchain.errors import BuildError
 from toolchain.hashing import key_of
@@ -51,7 +52,7 @@ def uv_binary(cache: Path, rep: Reporter) -> Path:
         return out
     cache.mkdir(parents=True, exist_ok=True)
     wheel = cache / UV_WHEEL
-    if not wheel.is_file() or _sha256(wheel) != UV_SHA256:
+    if not wheel.is_file() or file_sha256(wheel) != f"sha256:{UV_SHA256}":
         rep.step(f"skypilot profile: downloading {UV} for ~/.local/bin/uv")
         res = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                               "--platform", "manylinux_2_17_x86_64", "--python-version", "3.11", "-d", str(cache), UV],
@@ -59,7 +60,7 @@ def uv_binary(cache: Path, rep: Reporter) -> Path:
         if res.returncode != 0 or not wheel.is_file():
             raise BuildError("skypilot profile", UV, f"pip download {UV} failed ({res.returncode}); is PyPI "
                              "reachable (or PIP_INDEX_URL set to a mirror)?", res.stderr.splitlines()[-10:])
-    if _sha256(wheel) != UV_SHA256:
+    if file_sha256(wheel) != f"sha256:{UV_SHA256}":
         wheel.unlink()
         raise BuildError("skypilot profile", UV, f"{UV_WHEEL} from the index does not have the pinned sha256 "
                          f"{UV_SHA256[:16]}...; removed it; check the index (PIP_INDEX_URL)", [])
@@ -69,14 +70,6 @@ def uv_binary(cache: Path, rep: Reporter) -> Path:
     tmp.chmod(0o755)
     tmp.replace(out)
     return out
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            h.update(block)
-    return h.hexdigest()
 
 
 def stage(builder, user_ref: str, user_key: str) -> tuple[str, str]:
