@@ -53,7 +53,7 @@ def run_job(image: str, extra: list[str], launch_args: tuple[str, ...] = ()) -> 
                            rf"placement groups {NUM} s; group {NUM} s \(warm hosts adopted after {NUM} s, "
                            rf"hosts {NUM} s, (\d+) taken from spares, "
                            rf"torch import {NUM} s, process group {NUM} s, worker init {NUM} s\)")
-        first = wait_for(j, 0, rf"\[driver\] step 1 loss [\d.]+ at {NUM}s")
+        first = wait_for(j, 0, rf"\) step 1 loss [\d.]+ at {NUM}s")  # a rank's line: seconds since the driver started
         v = [float(x) for x in s.groups()]
         first_at = v[0] + float(first.group(1))  # step lines count from the driver's process start
         out["start_to_first_step_s"] = first_at - t0

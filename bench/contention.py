@@ -35,7 +35,7 @@ JOB_TIMEOUT_S = 900
 
 BARRIER = re.compile(r"barrier passed: \d+ node\(s\) alive ([\d.]+)s after head start; driver starts \d+ ms "
                      r"after the last node registered \(at ([\d.]+)")
-FIRST_STEP = re.compile(r"\[driver\] step 1 loss [\d.]+ at ([\d.]+)s")  # seconds after the driver's start
+FIRST_STEP = re.compile(r"\) step 1 loss [\d.]+ at ([\d.]+)s")  # a rank's line: seconds after the driver's start
 DRIVER_START = re.compile(r"\[driver\] startup: process start ([\d.]+);")
 RETRY = re.compile(r"ray start \((?:worker|--head)\) failed \(attempt \d+")
 

@@ -39,7 +39,7 @@ from toolchain.config import DeploySettings  # noqa: E402
 from toolchain.progress import Reporter  # noqa: E402
 from toolchain.registry import start_local, stop_local  # noqa: E402
 
-LINE = 'print(f"step {self.step} loss {loss.item():.5f}", flush=True)'
+LINE = 'print(f"step {self.step} loss {value:.5f}", flush=True)'
 COMMAND = "python train.py --steps 3 --cpus-per-worker 0.5 --no-spares"
 
 

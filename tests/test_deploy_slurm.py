@@ -96,7 +96,7 @@ def test_a_node_set_down_mid_run_requeues_the_job_which_resumes_its_run(cluster,
     job_id = sbatch.submit(script, job, env=cluster.env)
     log = fileroot / "logs" / f"{name}-{job_id}.out"
     deadline = time.monotonic() + 300
-    while "[driver] step 12 " not in (log.read_text() if log.exists() else ""):
+    while ") step 12 loss " not in (log.read_text() if log.exists() else ""):
         assert time.monotonic() < deadline, (log.read_text() if log.exists() else "") + cluster.logs()
         time.sleep(0.5)
     subprocess.run(["scontrol", "update", "nodename=n2", "state=down", "reason=raytrain-test"], env=cluster.env,

@@ -16,8 +16,8 @@ from toolchain.hashing import tree_hash
 from toolchain.progress import Reporter
 from toolchain.records import read_builds, read_clusters, read_runs
 
-OLD_PRINT = 'print(f"step {self.step} loss {loss.item():.5f}", flush=True)'
-NEW_PRINT = ('print(f"step {self.step} loss {loss.item():.5f} CHANGED old_module="'
+OLD_PRINT = 'print(f"step {self.step} loss {value:.5f} at {time.time() - self.started_at:.2f}s", flush=True)'
+NEW_PRINT = ('print(f"step {self.step} loss {value:.5f} CHANGED old_module="'
              ' + str(__import__("importlib.util").util.find_spec("helper_old") is not None), flush=True)')
 
 

@@ -37,8 +37,8 @@ from toolchain.held import CODE_DIR, code_archive
 
 ROOT = Path(__file__).resolve().parent.parent
 sky = pytest.importorskip("sky")  # a dev dependency: `pip install -e .[dev]`
-OLD_PRINT = 'print(f"step {self.step} loss {loss.item():.5f}", flush=True)'
-NEW_PRINT = 'print(f"step {self.step} loss {loss.item():.5f} CHANGED-ON-SKY", flush=True)'
+OLD_PRINT = 'print(f"step {self.step} loss {value:.5f} at {time.time() - self.started_at:.2f}s", flush=True)'
+NEW_PRINT = 'print(f"step {self.step} loss {value:.5f} CHANGED-ON-SKY", flush=True)'
 HANDLE = {"cluster": "held-sky", "job_id": "1", "nodes": 3, "job_name": "held-sky"}
 
 

@@ -20,8 +20,8 @@ from toolchain.records import read_clusters, read_runs
 
 pytestmark = pytest.mark.cluster  # a real Slurm and real Ray nodes
 
-OLD_PRINT = 'print(f"step {self.step} loss {loss.item():.5f}", flush=True)'
-NEW_PRINT = 'print(f"step {self.step} loss {loss.item():.5f} CHANGED-ON-SLURM", flush=True)'
+OLD_PRINT = 'print(f"step {self.step} loss {value:.5f} at {time.time() - self.started_at:.2f}s", flush=True)'
+NEW_PRINT = 'print(f"step {self.step} loss {value:.5f} CHANGED-ON-SLURM", flush=True)'
 
 
 def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):

@@ -49,7 +49,7 @@ def test_head_killed_workers_leave_on_their_own(job):
     for r in (0, 1, 2):
         j.start(r)
     deadline = time.time() + 120
-    while "[driver] step 3 " not in j.logs(0):
+    while ") step 3 loss " not in j.logs(0):  # a rank's step line
         assert time.time() < deadline, j.logs(0)[-2000:]
         time.sleep(0.5)
     j.containers[0].get_wrapped_container().kill()
@@ -107,7 +107,7 @@ def test_worker_killed_group_restarts_from_checkpoint(job):
                         "--call-timeout", "60"])
     for r in (0, 1, 2):
         j.start(r)
-    _wait_for(j, 0, "[driver] step 12 ")
+    _wait_for(j, 0, ") step 12 loss ")  # a rank's step line
     # as a deleted pod or a preempted job is stopped: SIGTERM, SIGKILL after the grace period. The node
     # leaves at once (its Ray stopped within seconds), not when the grace period ends
     t0 = time.monotonic()
@@ -127,7 +127,7 @@ def test_worker_failures_beyond_max_restarts_fail_cleanly(job):
     j = job(train_args=["--steps", "100000", "--step-delay", "0.3", "--max-restarts", "0", "--call-timeout", "60"])
     for r in (0, 1, 2):
         j.start(r)
-    _wait_for(j, 0, "[driver] step 5 ")
+    _wait_for(j, 0, ") step 5 loss ")
     j.containers[2].get_wrapped_container().kill()
     code = j.wait(0, timeout=180)
     head = j.logs(0)

@@ -53,7 +53,7 @@ def events(runs_dir: str, who: str, resumed_at: int):
 
 class Trainer:
     def __init__(self, ckpt_dir: str, lr: float, seed: int, step_delay_s: float = 0.0, use_gpu: bool = False,
-                 runs_dir: str = ""):
+                 runs_dir: str = "", started_at: float = 0.0):
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -65,6 +65,7 @@ class Trainer:
         self.model = DDP(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         self.opt = torch.optim.SGD(self.model.parameters(), lr=lr)
         self.step, self.step_delay_s = 0, step_delay_s
+        self.started_at = started_at or time.time()  # the driver's start: step lines say seconds since
         self.ckpt = os.path.join(ckpt_dir, "ckpt.pt")
         if os.path.exists(self.ckpt):
             state = torch.load(self.ckpt, weights_only=True, map_location=self.device)  # saved on either device
@@ -91,7 +92,8 @@ class Trainer:
             self.events.add_scalar("loss", value, self.step)
             self.events.add_scalar("step_time_s", dt, self.step)
             self.events.add_scalar("samples_per_s", len(batch["x"]) / dt, self.step)
-        print(f"step {self.step} loss {loss.item():.5f}", flush=True)  # the line tests and benches edit
+        # the line tests and benches edit
+        print(f"step {self.step} loss {value:.5f} at {time.time() - self.started_at:.2f}s", flush=True)
         return {"rank": self.rank, "step": self.step, "loss": value, "device": str(self.device),
                 "backend": torch.distributed.get_backend()}
 
@@ -170,7 +172,7 @@ def main(argv=None) -> int:
     placed = time.time()
     group = RayWorkerGroup(cluster, Trainer, init_kwargs=dict(ckpt_dir=ckpt_dir, lr=args.lr, seed=args.seed,
                                                               step_delay_s=args.step_delay, use_gpu=use_gpus,
-                                                              runs_dir=runs_dir),
+                                                              runs_dir=runs_dir, started_at=STARTED_AT),
                            restart_on_failure=True, max_restarts=args.max_restarts, call_timeout_s=args.call_timeout,
                            spare_workers=args.spares)
     st = group.last_start
@@ -206,7 +208,7 @@ def main(argv=None) -> int:
             first_loss = last_loss if first_loss is None else first_loss
             ranks.update(r["rank"] for r in res)
             devices.update(f"{r['device'].split(':')[0]}/{r['backend']}" for r in res)
-            print(f"[driver] step {step} loss {last_loss:.5f} at {time.time() - STARTED_AT:.2f}s", flush=True)
+            # each rank prints its own step line (Trainer.train_step); the driver prints none of its own
             if step % args.ckpt_every == 0 or step == args.steps:
                 group.run_all_workers_single_data("save")
     except WorkerFailureError as e:
@@ -220,6 +222,7 @@ def main(argv=None) -> int:
                "nodes": nodes, "ranks_reported": sorted(ranks), "restarts": group.restarts,
                "seconds": round(time.monotonic() - t0, 2), "devices": sorted(devices)}
     group.run_all_workers_single_data("close_events")
+    group.flush_output()  # the ranks' last lines before the summary, not after it
     print("SUMMARY " + json.dumps(summary), flush=True)
     print(f"[driver] curves: {runs_dir} (tensorboard --logdir {runs_dir})", flush=True)
     group.shutdown()

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from runtime.workers.comm_hooks import COMPRESSION_ENV, COMPRESSIONS
 from runtime.contract import RESTARTS
 from runtime import numbers
-from runtime.workers import transfer
+from runtime.workers import output_flush, transfer
 from runtime.workers.batched import BatchedDataDict
 from runtime.workers.rank_env import rank_env
 from runtime.workers.transfer import ShardLoader
@@ -370,6 +370,14 @@ class RayWorkerGroup:
             ray.kill(w)
         self.workers = []
         self.spares.shutdown()
+
+    def flush_output(self, timeout_s: float = 10.0) -> list[int]:
+        """Wait until every line the workers printed so far has been shown by this driver, so that what
+        it prints next (a summary) comes after the ranks' last lines: Ray forwards a worker's output a
+        moment after it was printed, seconds on a busy node. Returns the ranks whose lines were still on
+        their way after timeout_s (none, normally; every rank when ray.init(log_to_driver=False))."""
+        self._require_open()
+        return output_flush.flush(self.workers, numbers.finite(timeout_s, "timeout_s"))
 
     def _restart(self, rank: Optional[int] = None, node_lost: bool = False, attempts: int = 6,
                  pause_s: float = 0.5) -> dict:

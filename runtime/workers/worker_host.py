@@ -123,6 +123,11 @@ class _WorkerHost:
         sample, self._cpu = process_usage(self._cpu)
         return {"rank": self.rank, "node": self.node, **sample}
 
+    def mark_output(self, line: str) -> None:
+        """`line` on this process's stdout and stderr, after all it printed before (output_flush)."""
+        for stream in (sys.stdout, sys.stderr):
+            print(line, file=stream, flush=True)
+
     def shutdown(self) -> None:
         import torch.distributed as dist
         if dist.is_available() and dist.is_initialized():

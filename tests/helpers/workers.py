@@ -84,6 +84,15 @@ class Plain:
         time.sleep(seconds)
         return seconds
 
+    def say(self, n):
+        """n numbered lines on stdout and one on stderr, each naming this worker's rank."""
+        import sys
+        rank = os.environ["RANK"]
+        for i in range(n):
+            print(f"said {i} by {rank}", flush=True)
+        print(f"err said by {rank}", file=sys.stderr, flush=True)
+        return n
+
 
 class DDPWorker:
     def __init__(self):
