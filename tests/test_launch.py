@@ -69,6 +69,17 @@ def test_three_nodes_train_and_exit_together(tmp_path):
     for rank in range(3):
         assert f"(rank{rank}@127.0.0.1 pid=" in hout, hout[-2000:]
     assert "\x1b[" not in hout and "[repeated" not in hout and " INFO " not in hout, hout[-2000:]
+    # each step once per rank, with seconds since the driver started (no epoch stamp), all before the
+    # SUMMARY (the example flushes the ranks' output first), and no empty prefixed line
+    lines = hout.splitlines()
+    summary_at = next(i for i, line in enumerate(lines) if line.startswith("SUMMARY "))
+    steps = [re.search(r"\(rank(\d)@[^)]*\) step (\d+) loss [\d.]+ at (\d+\.\d\d)s$", line) for line in lines]
+    seen = sorted((int(m.group(1)), int(m.group(2))) for m in steps if m)
+    assert seen == [(r, st) for r in range(3) for st in range(1, 21)], seen
+    assert all(float(m.group(3)) < 600 for m in steps if m)
+    assert max(i for i, m in enumerate(steps) if m) < summary_at, "\n".join(lines[summary_at - 3:])
+    assert not any(re.fullmatch(r"\([^)]* pid=\d+[^)]*\)\s*", line) for line in lines)
+    assert "[driver] step" not in hout and "raytrain-output-mark" not in hout
     logs = hout + "".join(o for _, o in rest)
     assert "exporter agent" not in logs
     # what says nothing is left out: torch's c10d hostname warning, gloo's connection count (every rank

@@ -75,3 +75,11 @@ def test_prefixed_lines_drop_colour_codes_off_a_terminal_and_keep_them_on_one():
     log_relay.prefixed(iter(chunks), "run", tty)
     assert piped.getvalue() == "[run] (head, rank=0, pid=12311) step 1 loss 0.5\n[run] done\n"
     assert "\x1b[36m" in tty.getvalue()
+
+
+def test_a_workers_empty_line_is_dropped_its_text_and_the_drivers_blank_lines_stay():
+    empty = [b"(rank0@172.21.0.2 pid=112, ip=172.21.0.2) \n", b"\x1b[36m(rank2@10.0.0.4 pid=207)\x1b[0m \n",
+             b"(warm@172.18.0.3 pid=108, ip=172.18.0.3)\n"]
+    kept = [b"(rank0@172.21.0.2 pid=112, ip=172.21.0.2) step 20 loss 0.1\n", b"\n", b"(not a prefix) \n"]
+    assert relayed([*empty, *kept]) == b"".join([b"(rank0@172.21.0.2 pid=112, ip=172.21.0.2) step 20 loss 0.1\n",
+                                                 b"\n", b"(not a prefix) \n"])

@@ -6,24 +6,22 @@ import pytest
 from runtime.workers import output_flush
 
 
-def _watch(ranks=(0, 1)):
-    real = io.StringIO()
-    watch = output_flush._Watch(real, "tok", {output_flush._word(str(r)): r for r in ranks})
-    return real, watch
+def _filter():
+    real, seen = io.StringIO(), []
+    return real, seen, output_flush.MarkerFilter(real, "stdout", lambda *m: seen.append(m))
 
 
-def test_watch_passes_whole_lines_and_leaves_out_only_its_own_markers():
-    real, watch = _watch()
-    watch.write("(rank0@n pid=1) step 1")
+def test_filter_passes_whole_lines_and_leaves_out_markers():
+    real, seen, f = _filter()
+    f.write("(rank0@n pid=1) step 1")
     assert real.getvalue() == ""  # held until the line ends
-    watch.write(" loss 0.5\n(rank1@n pid=2) raytrain-output-mark tok h")  # rank 1's marker, its word "h"
-    assert real.getvalue() == "(rank0@n pid=1) step 1 loss 0.5\n" and watch.pending == {0, 1}
-    watch.write("\n(rank0@n pid=1) raytrain-output-mark other g\n")  # another flush's marker: shown
-    assert watch.pending == {0} and not watch.done.is_set()
-    watch.write("(rank0@n pid=1) raytrain-output-mark tok g\ntail without end")
-    assert watch.done.is_set() and watch.pending == set()
-    watch.release()
-    assert real.getvalue() == ("(rank0@n pid=1) step 1 loss 0.5\n(rank0@n pid=1) raytrain-output-mark other g\n"
+    f.write(" loss 0.5\n(rank1@n pid=2) raytrain-output-mark tok h")  # rank 1's marker, its word "h"
+    assert real.getvalue() == "(rank0@n pid=1) step 1 loss 0.5\n" and seen == []
+    f.write("\n(rank0@n pid=1) raytrain-output-mark other g\n(rank0@n pid=1) raytrain-output-mark 12 g\n")
+    assert seen == [("tok", "h", "stdout"), ("other", "g", "stdout")]  # digits are no token: shown
+    f.write("tail without end")
+    f.release()
+    assert real.getvalue() == ("(rank0@n pid=1) step 1 loss 0.5\n(rank0@n pid=1) raytrain-output-mark 12 g\n"
                                "tail without end")
 
 
@@ -31,6 +29,7 @@ def test_markers_of_two_ranks_differ_in_letters_not_digits():
     import re
     a, b = output_flush.marker("tok", 1), output_flush.marker("tok", 12)
     assert a != b and re.sub(r"\d", "", a) != re.sub(r"\d", "", b) and not re.search(r"\d", a + b)
+    assert output_flush.parse("(x pid=3) " + b) == ("tok", "hi")
 
 
 @pytest.mark.cluster

@@ -38,6 +38,11 @@ GLOO_CONNECTED = re.compile(rb"\[Gloo\] Rank \d+ is connected to (\d+) peer rank
                             rb"Expected number of connected peer ranks is : (\d+)")
 
 
+# Ray's prefix with nothing after it: a worker's output can hold an empty line (one showed up on rank 0
+# at its first checkpoint), and Ray prints its prefix alone for it: a line that says nothing
+EMPTY_WORKER_LINE = re.compile(rb"(?:\x1b\[[0-9;]*m)?\([^()\n]* pid=\d+(?:, ip=[^()\s]+)?\)(?:\x1b\[[0-9;]*m)?\s*")
+
+
 def dropped() -> Callable[[bytes], bool]:
     """Whether the relay leaves a line out: the lines above (the missing metrics agent's only while
     collection is off)."""
@@ -45,6 +50,8 @@ def dropped() -> Callable[[bytes], bool]:
 
     def drop(line: bytes) -> bool:
         if metrics_off and METRICS_AGENT_MISSING.search(line):
+            return True
+        if EMPTY_WORKER_LINE.fullmatch(line):
             return True
         gloo = GLOO_CONNECTED.search(line)
         return bool(C10D_HOSTNAME.search(line) or (gloo and gloo.group(1) == gloo.group(2)))

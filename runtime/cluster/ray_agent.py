@@ -46,6 +46,9 @@ def head(args, status_fd: int) -> int:
         # log_to_driver: the warm hosts belong to this process's job, and their output (once a group
         # adopts them, the ranks') is printed on the head's output, as the driver's own workers' is
         ray.init(address=args.address, log_to_driver=True, logging_level="ERROR")
+        # the ranks' markers (a driver's RayWorkerGroup.flush_output) pass here: noted in the GCS, not shown
+        from runtime.workers import output_flush
+        output_flush.watch_streams()
         # SIGTERM (the launcher going, or a scheduler that signals every process of the step, as
         # Slurm's scancel does) ends this process quietly, not through Ray's crash report
         signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM))

@@ -1,15 +1,20 @@
-"""Every line the workers printed so far, shown by the driver before what it prints next (its summary).
+"""Every line the workers printed so far, shown before what the driver prints next (its summary).
 
-Ray forwards a worker's output to the driver through its log monitor, which tails the worker's log
-files on its node and publishes them in batches: a worker's line reaches the driver a moment after
-it was printed (seconds, on a busy node), while the driver's own prints appear at once. So a
-summary printed right after the last step comes before the ranks' last steps, which then trail it.
+Ray forwards a worker's output through its log monitor, which tails the worker's log files on its
+node and publishes them in batches: a worker's line is shown a moment after it was printed (seconds,
+on a busy node), while the driver's own prints appear at once. So a summary printed right after the
+last step comes before the ranks' last steps, which then trail it.
 
-flush() has each worker print a marker line on its stdout and its stderr, then watches the
-driver's own two streams until every marker has come through, and leaves the markers out. A
-worker's log file is read in order, so its marker arriving means every line it printed before did.
-The marker is letters only: Ray's log deduplication, where it is on, folds lines that differ only
-in their digits, and would fold the markers of different ranks into one. (With it on, the user's own
+Ray shows a worker's lines in the process whose job started the worker: the driver for hosts it
+started, the launcher's Ray agent for the warm hosts it started and a group adopted (most ranks of
+a job, runtime.cluster.ray_agent). flush() has each rank print a marker line on its stdout and its
+stderr and waits until every marker has been shown: seen on the driver's own streams, or recorded in
+the GCS by the agent, whose streams watch for markers the whole job (watch_streams). A worker's log
+file is read in order, so its marker shown means every line it printed before was. Markers are left
+out wherever they pass.
+
+The marker is letters only: Ray's log deduplication, where it is on, folds lines that differ only in
+their digits, and would fold the markers of different ranks into one. (With it on, the user's own
 repeated lines are held back for seconds and shown folded later whatever this does: the launcher
 turns it off, RAY_DEDUP_LOGS=0, for every driver it starts.)
 """
@@ -19,11 +24,13 @@ import secrets
 import sys
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import ray
 
 MARK = "raytrain-output-mark"
+KV_PREFIX = "raytrain:output-mark:"
+STREAMS = ("stdout", "stderr")
 _LETTERS = str.maketrans("0123456789abcdef", "ghijklmnopqrstuv")
 
 
@@ -36,29 +43,23 @@ def marker(token: str, rank: int) -> str:
     return f"{MARK} {token} {_word(str(rank))}"
 
 
-def forwarding() -> Optional[bool]:
-    """Whether Ray forwards the workers' output to this driver (ray.init's log_to_driver); None when
-    this Ray does not say (then the markers are waited for, up to the timeout)."""
-    worker = getattr(getattr(ray, "_private", None), "worker", None)
-    global_worker = getattr(worker, "global_worker", None)
-    if global_worker is None or not ray.is_initialized():
+def parse(line: str) -> Optional[tuple[str, str]]:
+    """(token, rank word) of a marker line (after Ray's prefix), else None."""
+    at = line.find(MARK + " ")
+    if at < 0:
         return None
-    return getattr(global_worker, "logger_thread", None) is not None
+    parts = line[at + len(MARK) + 1:].split()
+    return (parts[0], parts[1]) if len(parts) == 2 and parts[0].isalpha() and parts[1].isalpha() else None
 
 
-class _Watch:
-    """Stands in for one of the driver's streams while the markers are awaited: whole lines pass
-    through to the real stream, marker lines of this flush are noted and left out."""
+class MarkerFilter:
+    """A stream's stand-in: whole lines pass to the real stream; a marker line is left out and given to
+    seen(token, rank word, stream name)."""
 
-    def __init__(self, real, token: str, ranks: dict[str, int]):
-        self.real, self._token = real, f"{MARK} {token} "
-        self._ranks = ranks  # a rank's word -> the rank
-        self.pending = set(ranks.values())
-        self.done = threading.Event()
+    def __init__(self, real, name: str, seen: Callable[[str, str, str], None]):
+        self.real, self.name, self._seen = real, name, seen
         self._buf = ""
         self._lock = threading.Lock()
-        if not self.pending:
-            self.done.set()
 
     def write(self, text: str) -> int:
         with self._lock:
@@ -68,14 +69,15 @@ class _Watch:
                 return len(text)
             shown = []
             for line in (whole + end).splitlines(keepends=True):
-                at = line.find(self._token)
-                if at < 0:
+                mark = parse(line)
+                if mark is None:
                     shown.append(line)
                     continue
-                rank = self._ranks.get(line[at + len(self._token):].strip())
-                self.pending.discard(rank)
-                if not self.pending:
-                    self.done.set()
+                # the lines before the marker leave this process first (a pipe's buffer would hold them)
+                self.real.write("".join(shown))
+                self.real.flush()
+                shown = []
+                self._seen(*mark, self.name)
             if shown:
                 self.real.write("".join(shown))
         return len(text)
@@ -95,29 +97,63 @@ class _Watch:
         return getattr(self.real, name)
 
 
-def flush(hosts: list, timeout_s: float = 10.0) -> list[int]:
-    """Wait until the lines every host (rank i = hosts[i]) printed before this call have been shown by
-    this driver. Returns the ranks whose lines were still on their way after timeout_s (none,
-    normally; every rank when the workers' output is not forwarded here, without waiting)."""
+def _kv_key(token: str, word: str, stream: str) -> bytes:
+    return f"{KV_PREFIX}{token}:{word}:{stream}".encode()
+
+
+def watch_streams() -> None:
+    """For a process that shows the output of workers it started for others (the launcher's Ray agent):
+    from now on its stdout and stderr leave markers out and record each in the GCS, for the driver
+    that waits for it."""
+    from ray.experimental import internal_kv
+
+    def seen(token: str, word: str, stream: str) -> None:
+        try:
+            internal_kv._internal_kv_put(_kv_key(token, word, stream), b"1", overwrite=True)
+        except Exception:  # the GCS going away: the driver's wait ends at its timeout
+            pass
+    sys.stdout, sys.stderr = MarkerFilter(sys.stdout, "stdout", seen), MarkerFilter(sys.stderr, "stderr", seen)
+
+
+def flush(hosts: list, timeout_s: float = 10.0, poll_s: float = 0.05) -> list[int]:
+    """Wait until the lines every host (rank i = hosts[i]) printed before this call have been shown.
+    Returns the ranks whose lines were still on their way after timeout_s (none, normally)."""
     if not hosts:
         return []
-    if forwarding() is False:
-        return list(range(len(hosts)))
+    from ray.experimental import internal_kv
     token = _word(secrets.token_hex(6))
-    ranks = {_word(str(r)): r for r in range(len(hosts))}
-    watches = {"stdout": _Watch(sys.stdout, token, ranks), "stderr": _Watch(sys.stderr, token, ranks)}
-    sys.stdout, sys.stderr = watches["stdout"], watches["stderr"]
+    rank_of = {_word(str(r)): r for r in range(len(hosts))}
+    pending = {(w, s) for w in rank_of for s in STREAMS}
+    here: set = set()
+
+    def seen(tok: str, word: str, stream: str) -> None:
+        if tok == token:
+            here.add((word, stream))
+    filters = [MarkerFilter(sys.stdout, "stdout", seen), MarkerFilter(sys.stderr, "stderr", seen)]
+    sys.stdout, sys.stderr = filters
     deadline = time.monotonic() + timeout_s
+    prefix = f"{KV_PREFIX}{token}:"
     try:
         refs = [h.mark_output.remote(marker(token, r)) for r, h in enumerate(hosts)]
         try:
             ray.get(refs, timeout=timeout_s)
         except Exception:  # a lost or stuck host: its marker never comes, and it is reported late below
             pass
-        for watch in watches.values():
-            watch.done.wait(max(0.0, deadline - time.monotonic()))
+        while True:
+            pending -= here
+            if pending:  # shown by the agent (one listing a round, whatever the number of ranks)
+                for key in internal_kv._internal_kv_list(prefix):
+                    word, _, stream = key.decode()[len(prefix):].partition(":")
+                    pending.discard((word, stream))
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
     finally:
-        sys.stdout, sys.stderr = watches["stdout"].real, watches["stderr"].real
-        for watch in watches.values():
-            watch.release()
-    return sorted(set().union(*(w.pending for w in watches.values())))
+        sys.stdout, sys.stderr = filters[0].real, filters[1].real
+        for f in filters:
+            f.release()
+        try:
+            internal_kv._internal_kv_del(prefix, del_by_prefix=True)
+        except Exception:
+            pass
+    return sorted({rank_of[w] for w, _ in pending})
