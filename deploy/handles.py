@@ -14,6 +14,7 @@ from typing import Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
 from runtime import contract as C
+from deploy import hint
 from runtime.errors import InputError
 
 JOB_ID = r"^[0-9]{1,12}$"                                      # Slurm and SkyPilot job ids: digits
@@ -84,5 +85,5 @@ def check(target: str, raw: object, where: str, name: str | None = None) -> dict
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "handle"
         raise InputError(f"{where}: handle.{field}: {err['msg']} (got {str(err.get('input'))[:80]!r}); it is written "
-                         "by `invoke up`: correct it, or delete that entry (what the cluster runs is then yours to "
+                         f"by `{hint.cmd('up')}`: correct it, or delete that entry (what the cluster runs is then yours to "
                          "end)") from None

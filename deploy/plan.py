@@ -47,7 +47,7 @@ def make_request(target_name: str, flags: dict, spec: ClusterSpec, spec_file: st
         info = images.get(job_variant(gpus_per_node))
         if info is None:
             problems.append(f"image: no pushed {job_variant(gpus_per_node)} image recorded (build/images.json); "
-                            "run `invoke build push` first")
+                            f"run `{hint.cmd('build push')}` first")
     job = None
     try:
         job = make_job(**job_values, gpus_per_node=gpus_per_node, image=info.ref if info else None, image_info=info,
@@ -69,7 +69,7 @@ def common_problems(req: Request) -> list[str]:
                 f"--spec {req.spec_file}: the image {job.image} was built with spec sha256 {info.spec_sha256[:12]} "
                 f"({info.spec_file or 'another file'}), not this one (sha256 {req.spec_sha256[:12]}); the job would run "
                 f"with the baked-in spec. Build and push with this spec, for the whole chain: "
-                f"INVOKE_PROJECT_SPEC={req.spec_file} invoke build push deploy --target {req.target.name}")
+                f"INVOKE_PROJECT_SPEC={req.spec_file} {hint.cmd('build push deploy --target ' + req.target.name)}")
         if req.target.pulls_from_registry(opts) and job.image.loopback and not getattr(opts, "allow_local_registry", False):
             problems.append(
                 f"image: {job.image} is in the loopback registry {job.image.registry}, which compute nodes cannot pull "

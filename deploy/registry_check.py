@@ -16,6 +16,7 @@ from typing import Optional
 import requests
 
 from runtime.imageref import ImageRef
+from deploy import hint
 
 ACCEPT = ", ".join(["application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
                     "application/vnd.docker.distribution.manifest.list.v2+json",
@@ -82,5 +83,5 @@ def check(ref: ImageRef, scheme: str = "https", auth: Optional[tuple[str, str]] 
                 f"image_pull_secret). {ENROOT_HTTP2}")
     if r.status_code == 404:
         return (f"image: registry {registry} has no manifest {ref.digest} in {ref.repository} (manifest unknown): "
-                f"push it there (`invoke push`), or deploy the digest that registry holds")
+                f"push it there (`{hint.cmd('push')}`), or deploy the digest that registry holds")
     return f"image: registry {registry} answered {r.status_code} for {ref}; check the registry's logs"

@@ -47,6 +47,7 @@ def test_up_run_status_down(client, registry, project, capfd):
         with pytest.raises(ConfigError, match="already recorded"):
             held.up(s, str(SPEC), "local", rep=Reporter(), name=name, nodes=3)
         assert held.status(s, rep=Reporter(), name=name)[name]["up"]
+        assert read_clusters(s.build_dir)[name].up_args == "--nodes 3"  # what hints repeat
         app = s.path(s.project.app_dir)
         train = app / "train.py"
         train.write_text(train.read_text().replace(OLD_PRINT, NEW_PRINT))
@@ -60,6 +61,11 @@ def test_up_run_status_down(client, registry, project, capfd):
         # every rank's own first step: a held run does not fold the lines ranks print alike into one
         assert sorted(re.search(r"\(rank(\d+)@", line).group(1) for line in first) == ["0", "1", "2"], logs[-3000:]
         assert all("CHANGED old_module=False" in line for line in first), "\n".join(first)  # new code; the image's gone
+        # each step once per rank (the driver prints none of its own), all before the SUMMARY
+        lines = logs.splitlines()
+        steps = [i for i, line in enumerate(lines) if re.search(r"\) step \d+ loss ", line)]
+        assert len(steps) == 3 * 3 and "[driver] step" not in logs, logs[-3000:]
+        assert max(steps) < next(i for i, line in enumerate(lines) if "SUMMARY " in line), logs[-3000:]
         assert '"trained_steps": 3' in logs
         run = read_runs(s.build_dir)[name]
         assert run.code_sha256 == tree_hash(app) == out["code_sha256"] and run.image == image

@@ -17,6 +17,7 @@ hash); a failed run leaves the file as it was.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from pathlib import Path
 from typing import Optional
@@ -50,6 +51,24 @@ def _target(name: str):
 
 def _context(env: dict | None, out=None):
     return HeldContext(engine=engine, env=dict(os.environ if env is None else env), out=out)
+
+
+def _up_args(spec: str | None, nodes: int | None, flags: dict) -> str:
+    """The flags `up` was given beyond --target and --name, as a user types them (quoted for a shell)."""
+    given_flags = {"spec": spec, "nodes": nodes, **flags}
+    words = []
+    for key, value in given_flags.items():
+        if value is None or value is False:
+            continue
+        words.append(f"--{key.replace('_', '-')}")
+        if value is not True:
+            words.append(shlex.quote(str(value)))
+    return " ".join(words)
+
+
+def _up_again(record: ClusterRecord) -> str:
+    """The `up` that starts this cluster again, with the flags it was started with."""
+    return hint.cmd(" ".join(filter(None, (f"up --target {record.target} --name {record.name}", record.up_args))))
 
 
 def _cluster(settings: Settings, name: Optional[str]) -> ClusterRecord:
@@ -86,7 +105,7 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
     record = ClusterRecord(name=job_name, target=target_name, image=deployed.job["image"] or "", variant=variant or "",
                            spec_sha256=spec_sha, below_app_key=keys["below_app_key"],
                            runtime_sha256=keys["runtime_sha256"], project=str(settings.root.resolve()),
-                           started=now(), handle=deployed.applied.held)
+                           started=now(), handle=deployed.applied.held, up_args=_up_args(spec, nodes, flags))
     write_cluster(settings.build_dir, record)
     rep.step(f"held cluster {job_name}: {deployed.job['nodes']} node(s) of {record.image or 'the nodes environment'}; "
              f"`{hint.cmd(f'run --name {job_name}')}` sends code to it, `{hint.cmd(f'down --name {job_name}')}` ends it")
@@ -97,8 +116,7 @@ def guard(settings: Settings, record: ClusterRecord, spec_file: Path, keys: dict
     """Why this tree (KEYS: toolchain.images.source_keys) cannot run on the held cluster (each with the
     fix); [] when it can."""
     build = "build --profile skypilot push" if record.target == C.SKYPILOT_PROFILE else "build push"  # its pre-flight
-    redeploy = (f"rebuild and redeploy: {hint.cmd(build)} && {hint.cmd(f'down --name {record.name}')} && "
-                f"{hint.cmd(f'up --target {record.target} --name {record.name}')}")
+    redeploy = f"rebuild and redeploy: {hint.cmd(build)} && {hint.cmd(f'down --name {record.name}')} && {_up_again(record)}"
     problems = []
     if record.project != str(settings.root.resolve()):
         problems.append(f"the held cluster {record.name!r} was started by the project at {record.project}, not this "
@@ -128,9 +146,7 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
     state = target.held_status(record.handle, ctx)
     if not state["up"]:
         raise ToolchainError(f"the held cluster {record.name!r} is not running ({state['nodes']}); "
-                             f"`{hint.cmd(f'down --name {record.name}')}` clears its record, then "
-                             f"`{hint.cmd(f'up --target {record.target} --name {record.name}')}` (with the target's "
-                             "flags, e.g. --sqsh for pyxis)")
+                             f"`{hint.cmd(f'down --name {record.name}')}` clears its record, then `{_up_again(record)}`")
     checked = time.monotonic() - t0
     spec_file = resolve_spec(settings, spec)
     keys = source_keys(settings)  # the tree hashed once: the guard's keys and the code's hash

@@ -26,6 +26,7 @@ import docker
 from toolchain.blobs import Blob, BlobCache, LayerMismatch
 from toolchain.errors import ToolchainError
 from toolchain.progress import Reporter, human_bytes
+from deploy import hint
 
 _OCI_BLOB = re.compile(r"blobs/sha256/([0-9a-f]{64})")
 _LEGACY_CONFIG = re.compile(r"([0-9a-f]{64})\.json")
@@ -142,7 +143,7 @@ class LayerSource:
             what = f"layer(s) {', '.join(d[7:19] for d in lost)}" if lost else "the image config"
             raise ToolchainError(f"{what} of image {self.image_id[7:19]} are neither in the blob cache "
                                  f"({self.cache.root}), the layer store ({self.store}) nor in a local image "
-                                 f"({', '.join(refs)}); build it again: invoke build")
+                                 f"({', '.join(refs)}); build it again: {hint.cmd('build')}")
         return found
 
     def _config_missing(self) -> bool:

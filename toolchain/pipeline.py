@@ -23,6 +23,7 @@ from toolchain.records import (PushRecord, RunRecord, add_launches, drop_launche
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import BLOB_CACHE, push_image
 from toolchain.registry import is_local, scheme, start_local
+from deploy import hint
 
 
 def check_spec(path: Path) -> dict:
@@ -95,9 +96,9 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
     missing = [v for v in variants if v not in built]
     if missing:
         have = [v for v in settings.image.variants if v in built]
-        instead = f", or push what was built: invoke push --variant {','.join(have)}" if have else ""
+        instead = f", or push what was built: {hint.cmd('push --variant ' + ','.join(have))}" if have else ""
         raise ConfigError(f"no build recorded for {', '.join(missing)} in {settings.build_dir / 'build.json'}; "
-                          f"build it: invoke build --variant {','.join(missing)}{instead}")
+                          f"build it: {hint.cmd('build --variant ' + ','.join(missing))}{instead}")
     client = engine()
     results = {}
     pushed_to = {(r.registry, r.ref.repository) for r in read_pushes(settings.build_dir).values()}  # blobs to mount from
@@ -108,11 +109,11 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         entry = built[v]
         if entry.spec_sha256 != sha:
             raise ConfigError(f"the {v} build was made from another spec (sha256 {entry.spec_sha256[:12]}, now {sha[:12]}); "
-                              f"build with this spec: INVOKE_PROJECT_SPEC={_shown(settings, spec_file)} invoke build push")
+                              f"build with this spec: INVOKE_PROJECT_SPEC={_shown(settings, spec_file)} {hint.cmd('build push')}")
         try:
             image = client.images.get(entry.local_ref)
         except Exception:
-            raise ToolchainError(f"image {entry.local_ref} from build.json is not in the engine; run `invoke build` again") from None
+            raise ToolchainError(f"image {entry.local_ref} from build.json is not in the engine; run `{hint.cmd('build')}` again") from None
         repo, content_tag = entry.local_ref.rsplit(":", 1)
         _, human_tag = entry.human_ref.rsplit(":", 1)
         target = f"{address}/{repo}"
@@ -145,7 +146,7 @@ def _built_for(settings: Settings, built: dict, sha: str, spec_file: Path, rep: 
     chosen = [v for v in settings.image.variants if v in built and built[v].spec_sha256 == sha]
     if not chosen:
         raise ConfigError(f"no build recorded for spec {_shown(settings, spec_file)} in {settings.build_dir / 'build.json'}; "
-                          f"run `invoke build` first (with INVOKE_PROJECT_SPEC={_shown(settings, spec_file)} if it is not "
+                          f"run `{hint.cmd('build')}` first (with INVOKE_PROJECT_SPEC={_shown(settings, spec_file)} if it is not "
                           "the default)")
     stale = [v for v in settings.image.variants if v in built and v not in chosen]
     if stale:

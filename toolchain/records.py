@@ -21,6 +21,7 @@ from runtime import strict_json
 from runtime.contract import JOB_NAME_RE
 from runtime.errors import InputError
 from runtime.imageref import ImageRef, ImageRefError
+from deploy import hint
 
 SHA256 = r"^[0-9a-f]{64}$"
 
@@ -100,6 +101,7 @@ class ClusterRecord(_Record):
     project: str                 # the project root that started it
     started: str
     handle: dict = Field(default_factory=dict)  # the target's own (local: containers, network)
+    up_args: str = ""            # the flags `up` was given beyond --target and --name (hints repeat them)
 
 
 class LaunchRecord(_Record):
@@ -179,7 +181,7 @@ def _write(path: Path, records: dict[str, _Record]) -> Path:
 
 
 def read_builds(build_dir: Path) -> dict[str, BuildRecord]:
-    return _read(build_file(build_dir), BuildRecord, "invoke build")
+    return _read(build_file(build_dir), BuildRecord, hint.cmd("build"))
 
 
 def write_builds(build_dir: Path, built: list[BuildRecord]) -> Path:
@@ -188,7 +190,7 @@ def write_builds(build_dir: Path, built: list[BuildRecord]) -> Path:
 
 
 def read_pushes(build_dir: Path) -> dict[str, PushRecord]:
-    return _read(images_file(build_dir), PushRecord, "invoke push")
+    return _read(images_file(build_dir), PushRecord, hint.cmd("push"))
 
 
 def write_push(build_dir: Path, variant: str, record: PushRecord) -> Path:
@@ -200,7 +202,7 @@ def runs_file(build_dir: Path) -> Path:
 
 
 def read_runs(build_dir: Path) -> dict[str, RunRecord]:
-    return _read(runs_file(build_dir), RunRecord, "invoke deploy")
+    return _read(runs_file(build_dir), RunRecord, hint.cmd("deploy"))
 
 
 def write_run(build_dir: Path, name: str, record: RunRecord) -> Path:
@@ -218,8 +220,8 @@ def runs_before(build_dir: Path) -> RunsBefore:
     """build/runs.json, read once and checked before a run is recorded (a malformed file is refused
     before anything starts), for restore_run."""
     path = runs_file(build_dir)
-    raw = _raw(path, "invoke deploy")
-    return RunsBefore(raw, _parse(raw, path, RunRecord, "invoke deploy"))
+    raw = _raw(path, hint.cmd("deploy"))
+    return RunsBefore(raw, _parse(raw, path, RunRecord, hint.cmd("deploy")))
 
 
 def restore_run(build_dir: Path, name: str, before: RunsBefore) -> None:
@@ -245,10 +247,10 @@ def read_clusters(build_dir: Path) -> dict[str, ClusterRecord]:
     from deploy import handles
     path = clusters_file(build_dir)
     out = {}
-    for key, rec in _read(path, ClusterRecord, "invoke up").items():
+    for key, rec in _read(path, ClusterRecord, hint.cmd("up")).items():
         if key != rec.name:
             raise InputError(f"{path}: the record under {key[:40]!r} is named {rec.name!r}; it is written by "
-                             "`invoke up`: correct it, or delete that entry")
+                             f"`{hint.cmd('up')}`: correct it, or delete that entry")
         out[key] = rec.model_copy(update={"handle": handles.check(rec.target, rec.handle, f"{path} [{key}]",
                                                                         rec.name)})
     return out
@@ -275,12 +277,12 @@ def _launch_key(target: str, name: str) -> str:
 
 def read_launches(build_dir: Path, target: str, name: str) -> list[str]:
     """The clusters `deploy --submit --target TARGET --name NAME` launched and `destroy` has not removed."""
-    record = _read(launches_file(build_dir), LaunchRecord, "invoke deploy").get(_launch_key(target, name))
+    record = _read(launches_file(build_dir), LaunchRecord, hint.cmd("deploy")).get(_launch_key(target, name))
     return list(record.clusters) if record else []
 
 
 def add_launches(build_dir: Path, target: str, name: str, clusters: list[str]) -> None:
-    records = _read(launches_file(build_dir), LaunchRecord, "invoke deploy")
+    records = _read(launches_file(build_dir), LaunchRecord, hint.cmd("deploy"))
     key = _launch_key(target, name)
     had = list(records[key].clusters) if key in records else []
     _write(launches_file(build_dir), {**records, key: LaunchRecord(target=target,
@@ -288,7 +290,7 @@ def add_launches(build_dir: Path, target: str, name: str, clusters: list[str]) -
 
 
 def drop_launches(build_dir: Path, target: str, name: str, clusters: list[str]) -> None:
-    records = _read(launches_file(build_dir), LaunchRecord, "invoke deploy")
+    records = _read(launches_file(build_dir), LaunchRecord, hint.cmd("deploy"))
     key = _launch_key(target, name)
     if key not in records:
         return

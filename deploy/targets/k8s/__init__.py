@@ -52,6 +52,7 @@ from runtime.contract import EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START
 from runtime.cluster.ports import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
 from runtime.errors import RaytrainError
+from deploy import hint
 
 TOKEN_KEY = "token"
 
@@ -417,7 +418,7 @@ class Kubernetes(Target):
                             f"{job.image_info.user if job.image_info else None!r}); a kubelet cannot verify "
                             "runAsNonRoot. Build and push again")
         if opts.seeds and job.serve:
-            problems.append("--seeds: a held cluster (invoke up) is one cluster; fan seeds out with `invoke deploy`")
+            problems.append(f"--seeds: a held cluster ({hint.cmd('up')}) is one cluster; fan seeds out with `{hint.cmd('deploy')}`")
         if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
             problems.append(f"--name {job.name!r}: too long for the seed runs' object names; use a shorter name")
         if k is not None:
@@ -454,7 +455,7 @@ class Kubernetes(Target):
         if opts.submit:
             namespace = spec.kubernetes.namespace
             out.kubectl, applied = launch(artifacts.objects, namespace, lambda: _secrets.token_hex(32))
-            remove = "invoke down" if job.serve else "invoke destroy --target k8s"  # a held cluster is ended as one
+            remove = hint.cmd("down") if job.serve else hint.cmd("destroy --target k8s")  # a held cluster is ended as one
             kinds = Counter(a.partition("/")[0] for a in applied)
             ctx.progress(f"applied {len(applied)} object(s) ({', '.join(f'{n} {k}' for k, n in kinds.items())}); "
                          f"remove them with `{remove} --name {job.name}`")

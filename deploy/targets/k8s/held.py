@@ -19,6 +19,7 @@ from deploy.targets.k8s import kubectl
 from deploy.job import DeployError, JobSpec
 from runtime.cluster.serving import SERVING_LINE
 from runtime.wait import wait_until
+from deploy import hint
 
 CONTAINER = "ray"  # the pods' one container (deploy/targets/k8s/)
 
@@ -70,7 +71,7 @@ def wait_serving(job: JobSpec, namespace: str, progress: Callable[[str], None], 
         try:
             kubectl.destroy(kubectl.group_selector(job.name), namespace, env=env)
         except DeployError as e:
-            progress(f"k8s: could not delete what up applied ({e}); `invoke destroy --target k8s --name {job.name}` does")
+            progress(f"k8s: could not delete what up applied ({e}); `{hint.cmd('destroy --target k8s --name ' + job.name)}` does")
         raise
     return {"namespace": namespace, "job_name": job.name, "head_pod": pod}
 

@@ -16,6 +16,7 @@ from deploy.job import DeployError
 from deploy.targets.pyxis import diskspace
 from deploy.targets.pyxis import enroot_incremental as inc
 from deploy.targets.pyxis.enroot import ENROOT_DEFAULT_OPTIONS, make_rootfs, mksquashfs, sqsh_name
+from deploy import hint
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
     try:
         img = client.images.get(image)
     except Exception as e:
-        raise DeployError(f"image {image!r} is not in the local engine ({e}); run `invoke build` (or pull it) first") from None
+        raise DeployError(f"image {image!r} is not in the local engine ({e}); run `{hint.cmd('build')}` (or pull it) first") from None
     out = Path(out_dir) / sqsh_name(image, digest or img.id)
     if out.exists():
         return SquashResult(out, True, time.monotonic() - t0, how="cached")

@@ -99,7 +99,7 @@ class SkyPilot(Target):
             problems.append("--accelerator: the job has GPUs and the spec's gpu_type_from_node_name does not name "
                             "exactly one GPU type SkyPilot can take; pass --accelerator (e.g. A100)")
         if opts.seeds and job.serve:
-            problems.append("--seeds: a held cluster (invoke up) is one cluster; fan seeds out with `invoke deploy`")
+            problems.append(f"--seeds: a held cluster ({hint.cmd('up')}) is one cluster; fan seeds out with `{hint.cmd('deploy')}`")
         if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
             problems.append(f"--name {job.name!r}: too long for the seed runs' task names; use a shorter name")
         info = job.image_info
