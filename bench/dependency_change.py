@@ -71,7 +71,7 @@ class Registry:
         self.proc = subprocess.Popen([shutil.which("docker-registry") or "registry", "serve", str(workdir / "config.yml")],
                                      stdout=subprocess.DEVNULL, stderr=open(self.log, "wb"), stdin=subprocess.DEVNULL)
         from runtime.wait import wait_until
-        from toolchain.registry import ping
+        from deploy.registry.address import ping
         wait_until(lambda: ping(self.address, 0.5), timeout_s=30, what=f"docker-registry on {self.address}")
 
     def blob_bytes_since(self, offset: int) -> tuple[int, int]:

@@ -89,8 +89,8 @@ def registry_problem(req: Request) -> Optional[str]:
     info = req.job.image_info
     if not (getattr(req.options, "submit", False) and req.target.pulls_from_registry(req.options) and info):
         return None
-    from deploy import registry_check
-    return registry_check.check(info.ref, info.registry_scheme, registry_check.docker_credentials(info.ref.registry or ""))
+    from deploy.registry import check
+    return check.check(info.ref, info.registry_scheme)
 
 
 def plan(req: Request, dry_run: bool = False) -> Artifacts:

@@ -63,6 +63,17 @@ def private_registry(tmp_path):
     reg.stop()
 
 
+@pytest.fixture
+def trusted_ca(private_registry):
+    """The registry's CA where the engine and the registry client look for it: /etc/docker/certs.d/<host:port>/ca.crt."""
+    from deploy.registry.client import CERTS_D
+    d = CERTS_D / private_registry.address
+    d.mkdir(parents=True, exist_ok=False)
+    shutil.copy(private_registry.ca, d / "ca.crt")
+    yield d / "ca.crt"
+    shutil.rmtree(d, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def session_dir(tmp_path_factory):
     return tmp_path_factory.mktemp("project")

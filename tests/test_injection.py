@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_settings
-from deploy import registry_check
+from deploy.registry import check as registry_check
 from runtime.errors import InputError
 from runtime.spec import spec_hash
 from toolchain import pipeline

@@ -18,7 +18,7 @@ from runtime.spec import KubernetesOptions, spec_hash
 from toolchain import pipeline
 from toolchain.errors import RegistryError
 from toolchain.progress import Reporter
-from toolchain.registry_api import CERTS_D
+from deploy.registry.client import CERTS_D
 
 
 def _record(s, local: str, image_id: str) -> None:
@@ -27,16 +27,6 @@ def _record(s, local: str, image_id: str) -> None:
               "image_id": image_id, "spec_sha256": spec_hash(SPEC), "base_ref": "-", "deps_ref": "-",
               "app_ref": "-", "torch_source": "-"}
     (s.build_dir / "build.json").write_text(json.dumps({"cpu": record}))
-
-
-@pytest.fixture
-def trusted_ca(private_registry):
-    """The registry's CA where the engine and the push look for it: /etc/docker/certs.d/<host:port>/ca.crt."""
-    d = CERTS_D / private_registry.address
-    d.mkdir(parents=True, exist_ok=False)
-    shutil.copy(private_registry.ca, d / "ca.crt")
-    yield d / "ca.crt"
-    shutil.rmtree(d, ignore_errors=True)
 
 
 def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private_registry, trusted_ca, tmp_path, app_dir,
@@ -164,7 +154,7 @@ def test_push_to_a_registry_that_asks_for_bearer_tokens(client, tmp_path, monkey
 def test_logins_are_read_as_the_docker_cli_stores_them(tmp_path, monkeypatch):
     """auths (any spelling of the host), a credHelpers entry for the host, a credsStore: the helper
     program is run with the host on stdin, as the Docker CLI runs it."""
-    from toolchain.registry_api import credentials
+    from deploy.registry.auth import credentials
     bin_dir, config = tmp_path / "bin", tmp_path / "docker-config"
     bin_dir.mkdir()
     config.mkdir()

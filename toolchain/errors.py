@@ -30,9 +30,5 @@ class BuildError(ToolchainError):
         super().__init__(f"building the {stage} layer ({tag}) failed: {message}" + (f"\n  last build output:{tail}" if tail else ""))
 
 
-class RegistryError(ToolchainError):
-    """The registry could not be started, reached, or refused the push."""
-
-
-class TransientRegistryError(RegistryError):
-    """A failure worth retrying (5xx, connection reset)."""
+# the registry's errors are the registry package's (typed by status and code), one class each
+from deploy.registry.errors import RegistryError, TransientRegistryError  # noqa: E402,F401 (re-exported)

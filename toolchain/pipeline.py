@@ -22,7 +22,8 @@ from toolchain.records import (PushRecord, RunRecord, add_launches, drop_launche
                                read_pushes, restore_run, runs_before, write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import BLOB_CACHE, push_image
-from toolchain.registry import is_local, scheme, start_local
+from deploy.registry.address import is_local, scheme
+from toolchain.registry import start_local
 from deploy import hint
 
 

@@ -3,7 +3,7 @@
 The project pushes, not the engine (whose push gzips every layer on one core: 7.1 GiB took
 370-643 s): each layer is compressed once, on all cores, into the blob cache (toolchain/blobs.py,
 from the layer store or `docker save`: toolchain/layer_sources.py), and sent by
-toolchain/registry_api.py: a HEAD per blob (present: not sent; in another repository of the
+the registry package's client (deploy/registry/client.py): a HEAD per blob (present: not sent; in another repository of the
 registry: mounted), an upload of each missing one, the config, and a schema2 manifest per tag. A
 layer compressed from the layer store is uploaded while it is compressed (a chunked PATCH fed as the
 blob is written, then the PUT with its digest, as the engine's own push does), so the upload does not
@@ -38,9 +38,9 @@ from toolchain.blobs import Blob, BlobCache, BlobHomes, LayerMismatch
 from toolchain.errors import RegistryError, TransientRegistryError
 from toolchain.layer_sources import LayerSource
 from toolchain.progress import Reporter, human_bytes
-from toolchain.registry_api import FileBody, RegistryClient, RegistryGone, StalledPush, classify, manifest
+from deploy.registry.client import FileBody, RegistryClient, manifest
 
-__all__ = ["PushResult", "push_image", "classify", "RegistryGone", "StalledPush", "BLOB_CACHE"]
+__all__ = ["PushResult", "push_image", "BLOB_CACHE"]
 
 BLOB_CACHE = "blobs"  # <build_dir>/blobs/<diff id hex>.gz: each layer compressed once
 DIGEST_INDEX = "blob-digests"  # ~/.cache/raytrain/blob-digests/<diff id hex>.json: every build directory's digests

@@ -131,7 +131,7 @@ class PlainRegistry:
         binary = shutil.which("docker-registry") or shutil.which("registry")
         self.proc = subprocess.Popen([binary, "serve", str(self.dir / "config.yml")], stdout=subprocess.DEVNULL,
                                      stderr=open(self.dir / "registry.log", "wb"), stdin=subprocess.DEVNULL)
-        from toolchain.registry import ping
+        from deploy.registry.address import ping
         from runtime.wait import wait_until
         wait_until(lambda: ping(self.address, 0.5), timeout_s=30, what=f"docker-registry on {self.address}",
                    logs=lambda: (self.dir / "registry.log").read_text(errors="replace")[-2000:])

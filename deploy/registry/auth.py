@@ -1,0 +1,134 @@
+"""Who the registry is told we are: the Docker CLI's login for a host, and the answer to its challenge.
+
+    login      the Docker CLI's config ($DOCKER_CONFIG/config.json, else ~/.docker/config.json):
+               credHelpers[host], then auths[host].auth, then credsStore, as the engine's client reads it
+    challenge  a 401's WWW-Authenticate header (RFC 7235: a scheme, then comma-separated name=value
+               parameters whose values may be quoted strings holding commas and escaped quotes):
+               Basic is answered with the login, Bearer with a token from its realm
+"""
+from __future__ import annotations
+
+import base64
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Mapping, Optional
+
+from deploy.registry.errors import RegistryError
+
+_TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
+_PARAM = re.compile(rf'\s*({_TOKEN})\s*=\s*(?:"((?:[^"\\]|\\.)*)"|({_TOKEN}))\s*')
+_ESCAPE = re.compile(r"\\(.)")
+
+
+def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
+    """(scheme in lower case, parameters) of a WWW-Authenticate value. A part that is not name=value
+    is skipped, as clients skip what they do not know; the first value of a repeated name is kept."""
+    header = header.strip()
+    scheme, _, rest = header.partition(" ")
+    params: dict[str, str] = {}
+    pos = 0
+    while pos < len(rest):
+        m = _PARAM.match(rest, pos)
+        if m:
+            params.setdefault(m.group(1).lower(), _ESCAPE.sub(r"\1", m.group(2)) if m.group(2) is not None
+                              else m.group(3))
+            pos = m.end()
+            if pos < len(rest) and rest[pos] != ",":  # text after a value that is not the next part
+                nxt = rest.find(",", pos)
+                pos = len(rest) if nxt < 0 else nxt
+        else:  # not name=value (a token68, stray text): skip to the next comma outside quotes
+            nxt = _next_comma(rest, pos)
+            pos = len(rest) if nxt < 0 else nxt
+        if pos < len(rest) and rest[pos] == ",":
+            pos += 1
+    return scheme.lower(), params
+
+
+def _next_comma(text: str, pos: int) -> int:
+    quoted = False
+    i = pos
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and quoted:
+            i += 2
+            continue
+        if c == '"':
+            quoted = not quoted
+        elif c == "," and not quoted:
+            return i
+        i += 1
+    return -1
+
+
+def docker_config(env: Optional[Mapping[str, str]] = None) -> tuple[Path, dict]:
+    env = os.environ if env is None else env
+    d = env.get("DOCKER_CONFIG")
+    home = Path(env.get("HOME") or Path.home())
+    path = Path(d) / "config.json" if d else home / ".docker" / "config.json"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        return path, {}
+    except (OSError, ValueError) as e:
+        raise RegistryError(f"{path}: not readable as the Docker config ({type(e).__name__}); fix it, or remove it "
+                            "and log in again (`docker login <registry>`)") from None
+    if not isinstance(doc, dict):
+        raise RegistryError(f"{path}: the Docker config is not a JSON object; fix it, or remove it and log in again")
+    return path, doc
+
+
+def _helper(name: str, host: str) -> Optional[tuple[str, str]]:
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
+        raise RegistryError(f"the Docker config names the credential helper {name[:40]!r}, which is not a helper name")
+    binary = f"docker-credential-{name}"
+    try:
+        out = subprocess.run([binary, "get"], input=host, capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        raise RegistryError(f"the Docker config names the credential helper {name!r} but {binary} is not on PATH; "
+                            f"install it or remove it from the config") from None
+    except subprocess.TimeoutExpired:
+        raise RegistryError(f"{binary} get did not answer within 60 s for {host}") from None
+    if out.returncode != 0:
+        if "not found" in (out.stdout + out.stderr).lower():
+            return None
+        raise RegistryError(f"{binary} get failed for {host} (exit {out.returncode}); run `docker login {host}`")
+    try:
+        doc = json.loads(out.stdout)
+        user, secret = doc["Username"], doc["Secret"]
+    except (ValueError, KeyError, TypeError):
+        raise RegistryError(f"{binary} get gave no Username/Secret for {host}") from None
+    if not isinstance(user, str) or not isinstance(secret, str):
+        raise RegistryError(f"{binary} get gave no Username/Secret for {host}")
+    return user, secret
+
+
+def credentials(host: str, env: Optional[Mapping[str, str]] = None) -> Optional[tuple[str, str]]:
+    """(user, password) for a registry host from the Docker CLI's config, as the engine's client gets them."""
+    path, cfg = docker_config(env)
+    helpers = cfg.get("credHelpers")
+    helper = helpers.get(host) if isinstance(helpers, dict) else None
+    if isinstance(helper, str) and helper:
+        return _helper(helper, host)
+    auths = cfg.get("auths")
+    for key, entry in (auths.items() if isinstance(auths, dict) else ()):
+        if key.split("://")[-1].split("/")[0] == host and isinstance(entry, dict) and isinstance(entry.get("auth"), str):
+            try:
+                user, sep, password = base64.b64decode(entry["auth"], validate=True).decode().partition(":")
+            except (ValueError, UnicodeDecodeError):
+                user, sep = "", ""
+            if not sep:
+                raise RegistryError(f"{path}: the login for {host} is not base64 of user:password; "
+                                    f"run `docker login {host}` again")
+            return user, password
+    store = cfg.get("credsStore")
+    if isinstance(store, str) and store:
+        return _helper(store, host)
+    return None
+
+
+def basic(creds: tuple[str, str]) -> str:
+    """The Authorization value of a Basic login."""
+    return "Basic " + base64.b64encode(f"{creds[0]}:{creds[1]}".encode()).decode()
