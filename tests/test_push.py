@@ -179,7 +179,9 @@ def test_auth_denied_is_clear(client, proxied):
     s, proxy = proxied("PUT", 403, failures=100, retries=3, body=body)
     with pytest.raises(RegistryError, match="docker login"):
         pipeline.push(s, str(SPEC), "cpu", Reporter())
-    assert proxy.count == 1  # not retried
+    # not retried: each layer in flight when the first refusal came asked once (a retry asks again)
+    from toolchain.push import UPLOADS_AT_ONCE
+    assert 1 <= proxy.count <= UPLOADS_AT_ONCE
     assert read_pushes(s.build_dir) == {}
 
 

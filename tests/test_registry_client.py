@@ -286,10 +286,15 @@ def test_challenges_as_registries_send_them():
         "bearer", {"realm": "https://auth.docker.io/token", "service": "registry.docker.io",
                    "scope": "repository:samalba/my-app:pull,push"})
     assert auth.parse_challenge('Basic realm="Registry Realm"') == ("basic", {"realm": "Registry Realm"})
-    # a part without '=', an escaped quote, spaces around '=', a bare token value, a repeated name
-    assert auth.parse_challenge('Bearer garbage, realm = "a\\"b" , error=insufficient_scope,realm="second"') == (
+    # an escaped quote, spaces around '=', a bare token value, a repeated name
+    assert auth.parse_challenge('Bearer realm = "a\\"b" , error=insufficient_scope,realm="second"') == (
         "bearer", {"realm": 'a"b', "error": "insufficient_scope"})
     assert auth.parse_challenge("") == ("", {})
+    # a part without '=', and text after a value, are refused saying so
+    with pytest.raises(ValueError, match="not name=value: 'garbage'"):
+        auth.parse_challenge('Bearer garbage, realm="x"')
+    with pytest.raises(ValueError, match="text after the value of 'realm'"):
+        auth.parse_challenge('Bearer realm="x" y')
 
 
 _names = st.from_regex(r"[a-z][a-z0-9_]{0,8}", fullmatch=True)
@@ -305,6 +310,17 @@ def test_any_quoted_parameters_come_back_as_sent(params):
 
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200))
-def test_any_header_parses_without_an_error(header):
-    kind, params = auth.parse_challenge(header)
+def test_any_header_is_read_or_refused_saying_why(header):
+    try:
+        kind, params = auth.parse_challenge(header)
+    except ValueError as e:
+        assert "name=value" in str(e) or "text after the value" in str(e)
+        return
     assert isinstance(kind, str) and all(isinstance(v, str) for v in params.values())
+
+
+def test_a_challenge_with_a_stray_part_is_one_error_naming_the_registry(servers, tmp_path):
+    reg = servers(lambda h: (401, {"WWW-Authenticate": 'Bearer garbage, realm="http://x/t"'}, b""))
+    client = RegistryClient(reg.address, "repo", stall_s=5, scheme="http", env=_env(tmp_path))
+    with pytest.raises(RegistryError, match=f"{reg.address} asked for a login with a challenge that cannot be read"):
+        client.check()

@@ -1,12 +1,18 @@
-"""Where a registry is and how it is spoken to: loopback or not, TLS or plain HTTP, up or not."""
+"""Where a registry is and how it is spoken to: loopback or not, TLS or plain HTTP, up or not, and
+which certificates its TLS is checked against (the engine's /etc/docker/certs.d). Nothing here turns
+certificate checks off: a handshake that fails on an untrusted certificate still says the registry
+speaks TLS and is up."""
 from __future__ import annotations
 
-import warnings
+from pathlib import Path
+from typing import Optional
 
 import requests
 
 from runtime.errors import InputError
 from runtime.imageref import ImageRef
+
+CERTS_D = Path("/etc/docker/certs.d")
 
 
 def is_local(address: str) -> bool:
@@ -17,32 +23,54 @@ def is_local(address: str) -> bool:
         return False
 
 
+def tls_settings(host: str) -> tuple[object, Optional[tuple[str, str]]]:
+    """(requests' verify, client certificate) for a registry host, from /etc/docker/certs.d like the engine:
+    its ca.crt, else the system store; a loopback registry without one is not verified (the engine treats
+    127.0.0.0/8 as an insecure registry by default)."""
+    d = CERTS_D / host
+    cert = (str(d / "client.cert"), str(d / "client.key")) if (d / "client.cert").is_file() else None
+    if (d / "ca.crt").is_file():
+        return str(d / "ca.crt"), cert
+    return (not is_local(host)), cert
+
+
+def _untrusted(e: requests.exceptions.SSLError) -> bool:
+    """A TLS handshake that got as far as the certificate (the registry speaks TLS)."""
+    text = str(e).lower()
+    return "certificate" in text or "hostname" in text
+
+
+def _tls(host: str, timeout: float) -> Optional[int]:
+    """The status of GET https://HOST/v2/ (TLS checked as the engine checks it); 0 when TLS was spoken
+    but its certificate is not trusted here; None when no TLS answered."""
+    verify, cert = tls_settings(host)
+    try:
+        return requests.get(f"https://{host}/v2/", timeout=timeout, verify=verify, cert=cert,
+                            allow_redirects=False).status_code
+    except requests.exceptions.SSLError as e:
+        return 0 if _untrusted(e) else None
+    except requests.RequestException:
+        return None
+
+
 def ping(address: str, timeout: float = 2.0) -> bool:
     """A registry answers /v2/ (200, or 401 when it wants a login), over TLS or plain HTTP."""
     host = address.split("/")[0]
-    for url in (f"http://{host}/v2/", f"https://{host}/v2/"):
-        try:
-            with warnings.catch_warnings():  # liveness only: the engine checks the certificate when it pushes
-                warnings.simplefilter("ignore")
-                if requests.get(url, timeout=timeout, verify=False, allow_redirects=False).status_code in (200, 401):
-                    return True
-        except requests.RequestException:
-            pass
-    return False
+    try:
+        if requests.get(f"http://{host}/v2/", timeout=timeout, allow_redirects=False).status_code in (200, 401):
+            return True
+    except requests.RequestException:
+        pass
+    return _tls(host, timeout) in (0, 200, 401)
 
 
 def scheme(address: str, timeout: float = 3.0) -> str:
-    """'https' when the registry completes a TLS handshake on /v2/, else 'http' (what the engine fell back to).
+    """'https' when the registry speaks TLS on /v2/, else 'http' (what the engine fell back to), or
+    'unknown' when nothing answers.
 
     Recorded with each push: enroot refuses plain-HTTP registries unless the site allows them.
     """
     host = address.split("/")[0]
-    try:
-        with warnings.catch_warnings():  # a self-signed certificate still means TLS; only the scheme is asked
-            warnings.simplefilter("ignore")
-            requests.get(f"https://{host}/v2/", timeout=timeout, verify=False, allow_redirects=False)
+    if _tls(host, timeout) is not None:
         return "https"
-    except requests.exceptions.SSLError:
-        return "http"
-    except requests.RequestException:
-        return "http" if ping(address, timeout) else "unknown"
+    return "http" if ping(address, timeout) else "unknown"

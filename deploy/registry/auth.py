@@ -24,26 +24,25 @@ _ESCAPE = re.compile(r"\\(.)")
 
 
 def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
-    """(scheme in lower case, parameters) of a WWW-Authenticate value. A part that is not name=value
-    is skipped, as clients skip what they do not know; the first value of a repeated name is kept."""
+    """(scheme in lower case, parameters) of a WWW-Authenticate value; the first value of a repeated
+    name is kept. ValueError, saying what, for a part that is not name=value or text after a value."""
     header = header.strip()
     scheme, _, rest = header.partition(" ")
     params: dict[str, str] = {}
     pos = 0
     while pos < len(rest):
-        m = _PARAM.match(rest, pos)
-        if m:
-            params.setdefault(m.group(1).lower(), _ESCAPE.sub(r"\1", m.group(2)) if m.group(2) is not None
-                              else m.group(3))
-            pos = m.end()
-            if pos < len(rest) and rest[pos] != ",":  # text after a value that is not the next part
-                nxt = rest.find(",", pos)
-                pos = len(rest) if nxt < 0 else nxt
-        else:  # not name=value (a token68, stray text): skip to the next comma outside quotes
-            nxt = _next_comma(rest, pos)
-            pos = len(rest) if nxt < 0 else nxt
-        if pos < len(rest) and rest[pos] == ",":
+        if rest[pos] in " \t,":
             pos += 1
+            continue
+        m = _PARAM.match(rest, pos)
+        if not m:
+            end = _next_comma(rest, pos)
+            raise ValueError(f"a part that is not name=value: {rest[pos:end if end >= 0 else None][:60]!r}")
+        params.setdefault(m.group(1).lower(), _ESCAPE.sub(r"\1", m.group(2)) if m.group(2) is not None
+                          else m.group(3))
+        pos = m.end()
+        if pos < len(rest) and rest[pos] != ",":
+            raise ValueError(f"text after the value of {m.group(1)!r}: {rest[pos:pos + 60]!r}")
     return scheme.lower(), params
 
 

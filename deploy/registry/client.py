@@ -31,7 +31,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 
 from deploy.registry import auth
-from deploy.registry.address import is_local, ping, scheme as probe_scheme
+from deploy.registry.address import CERTS_D, is_local, ping, scheme as probe_scheme, tls_settings
 from deploy.registry.errors import (RegistryError, RegistryGone, Stalled, TransientRegistryError, Unauthorized,
                                     kind_of)
 
@@ -40,7 +40,6 @@ CONFIG_V1 = "application/vnd.docker.container.image.v1+json"
 LAYER_GZIP = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 ACCEPT_MANIFESTS = ", ".join(["application/vnd.oci.image.index.v1+json", "application/vnd.oci.image.manifest.v1+json",
                               "application/vnd.docker.distribution.manifest.list.v2+json", MANIFEST_V2])
-CERTS_D = Path("/etc/docker/certs.d")
 CONNECT_S = 10.0
 MAX_ANSWER = 1 << 20  # bytes of a registry's or token service's answer read (an error, a token): never more
 MAX_REDIRECTS = 5
@@ -52,15 +51,6 @@ _TOKEN_CHARS = re.compile(r"[!-~]+")  # printable ASCII, no space: what goes int
 def shown(text: object, limit: int = 300) -> str:
     """A registry's words as they may be printed: no control characters (ANSI escapes, CR LF), bounded."""
     return _CONTROL.sub(" ", str(text))[:limit].strip()
-
-
-def tls_settings(host: str) -> tuple[object, Optional[tuple[str, str]]]:
-    """(requests' verify, client certificate) for a registry host, from /etc/docker/certs.d like the engine."""
-    d = CERTS_D / host
-    cert = (str(d / "client.cert"), str(d / "client.key")) if (d / "client.cert").is_file() else None
-    if (d / "ca.crt").is_file():
-        return str(d / "ca.crt"), cert
-    return (not is_local(host)), cert
 
 
 @dataclass
@@ -228,7 +218,11 @@ class RegistryClient:
 
     def _authenticate(self, r: Answer) -> None:
         """Answer a 401 challenge (Basic or Bearer); without usable credentials, the auth error with the fix."""
-        kind, params = auth.parse_challenge(r.headers.get("WWW-Authenticate", ""))
+        try:
+            kind, params = auth.parse_challenge(r.headers.get("WWW-Authenticate", ""))
+        except ValueError as e:
+            raise RegistryError(f"{self.host} asked for a login with a challenge that cannot be read ({shown(e, 120)}); "
+                                "check the registry's auth settings", r.status_code) from None
         creds = auth.credentials(self.host, self.env)
         if kind == "basic":
             if creds is None:
