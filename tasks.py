@@ -21,6 +21,7 @@ from invoke import Collection, Exit, task
 from pydantic import BaseModel
 
 from deploy import hint
+from deploy.job import MAX_NODES
 from deploy.targets import HOLDING, TARGETS
 from deploy.targets.flags import FLAGS as TARGET_FLAGS  # the target flags, from the targets' Options models
 from runtime import numbers
@@ -72,12 +73,12 @@ def _run(c, fn, *args, quiet=False, as_json=False, **kwargs):
     return summary
 
 
-def _count(value, flag: str, low: int = 0):
+def _count(value, flag: str, low: int = 0, high: int = numbers.COUNT_MAX):
     """A whole-number flag, or a clean error naming it."""
     if value is None:
         return None
     try:
-        return numbers.whole(str(value), flag, low, numbers.COUNT_MAX)
+        return numbers.whole(str(value), flag, low, high)
     except InputError as e:
         raise Exit(f"error: {e}", code=2) from None
 
@@ -156,7 +157,7 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
     """
     flags = _target_flags(options)
     result = _run(c, pipeline.deploy, spec, target, quiet=quiet, as_json=json, dry_run=dry_run, resume=resume,
-                  command=command, name=name, nodes=_count(nodes, "--nodes", 1), gpus=_count(gpus, "--gpus"), out=out, **flags)
+                  command=command, name=name, nodes=_count(nodes, "--nodes", 1, MAX_NODES), gpus=_count(gpus, "--gpus"), out=out, **flags)
     if json:
         return
     if dry_run:
@@ -201,7 +202,7 @@ def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=
     """
     from toolchain import held
     flags = _target_flags(options)
-    out = _run(c, held.up, spec, target, quiet=quiet, as_json=json, name=name, nodes=_count(nodes, "--nodes", 1),
+    out = _run(c, held.up, spec, target, quiet=quiet, as_json=json, name=name, nodes=_count(nodes, "--nodes", 1, MAX_NODES),
                **flags)
     if quiet and not json:  # otherwise its progress line said it
         print(f"cluster {out['cluster']['name']} is up ({out['cluster']['target']}, {out['cluster']['image']})")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 
 from runtime import contract as C
 from deploy import hint
+from deploy.job import MAX_NODES
 from runtime.errors import InputError
 
 JOB_ID = r"^[0-9]{1,12}$"                                      # Slurm and SkyPilot job ids: digits
@@ -47,7 +48,7 @@ class K8sHandle(Handle):
 class SkyHandle(Handle):
     cluster: str = Field(..., pattern=SKY_CLUSTER)
     job_id: str = Field(..., pattern=JOB_ID)
-    nodes: int = Field(..., ge=1, le=100_000)
+    nodes: int = Field(..., ge=1, le=MAX_NODES)
     job_name: str = Field(..., pattern=C.JOB_NAME_RE)
 
 

@@ -75,12 +75,17 @@ def time_limit_seconds(text: str) -> int:
     return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
+# a job's nodes (head, workers and spares), bounded here only: the CLI flag, the settings, the job model
+# and the held-cluster handles read this one number
+MAX_NODES = 10_000
+
+
 class JobSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True, arbitrary_types_allowed=True)
 
     name: str = Field(..., pattern=JOB_NAME_RE,
                       description="Job name: a DNS-1035 label (lowercase letter first, then letters, digits, '-'; <= 40).")
-    nodes: int = Field(..., ge=1, le=4096)
+    nodes: int = Field(..., ge=1, le=MAX_NODES)
     gpus_per_node: int = Field(0, ge=0, le=64)
     cpus_per_node: int = Field(..., ge=1, le=4096)
     image: Optional[ImageRef] = Field(None, description="Pinned image; None = the nodes' own environment (plain sbatch).")

@@ -70,7 +70,8 @@ def test_uncastable_invoke_variables_exit_2_without_a_traceback(env, needle):
 
 @pytest.mark.parametrize("args,needle", [
     (["--nodes", "abc"], "--nodes: 'abc' is not a whole number"),
-    (["--nodes", "0"], "--nodes: '0' is not a whole number between 1 and 999999999"),
+    (["--nodes", "0"], "--nodes: '0' is not a whole number between 1 and 10000"),
+    (["--nodes", "10001"], "--nodes: '10001' is not a whole number between 1 and 10000"),  # deploy.job.MAX_NODES
     (["--port-stride", "x"], "--port-stride"),
     (["--target", "k8s", "--spec", "cluster_specs/kubernetes.json", "--port-stride", "10"], "not an option of the k8s"),
 ])

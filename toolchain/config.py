@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
+from deploy.job import MAX_NODES
 from runtime import numbers
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import InputError
@@ -72,7 +73,7 @@ class DeploySettings(_Strict):
     """Defaults of `invoke deploy`; the job's values are validated again as a JobSpec (deploy/job.py)."""
     name: str = "example"
     target: str = "local"
-    nodes: int = Field(3, ge=1, le=100_000, description="Head + workers.")
+    nodes: int = Field(3, ge=1, le=MAX_NODES, description="Head + workers.")
     cpus_per_node: int = Field(2, ge=1, le=100_000)
     memory: Optional[str] = Field(None, description=(
         "Memory per node, e.g. 64G (sbatch --mem, a pod's memory request, SkyPilot's memory); checked as the job's."))
