@@ -128,6 +128,8 @@ class JobSpec(BaseModel):
     def _no_nul(cls, v: list[str]) -> list[str]:
         if any("\x00" in a for a in v):
             raise ValueError("an argument contains NUL, which no exec can pass")
+        if v and v[0].startswith("-"):  # it would follow a scheduler tool's own options, and be read as one
+            raise ValueError(f"{v[0][:40]!r} is an option, not a program: the command starts with the program to run")
         return v
 
     @field_serializer("image")

@@ -401,3 +401,20 @@ def test_a_job_name_that_is_no_dns_label_never_reaches_the_serving_socket_path(n
     with pytest.raises(InputError, match="RAYTRAIN_JOB_NAME"):
         socket_path({JOB_NAME: name})
     assert socket_path({JOB_NAME: "ok-job"}).name == "raytrain-serving-ok-job.sock"
+
+
+@pytest.mark.parametrize("command", ["--foo --uid=0", "-w n2 python train.py", "--export=ALL,LD_PRELOAD=/x.so id"])
+def test_a_command_that_starts_with_an_option_is_refused_before_any_tool_sees_it(command):
+    """Whatever follows a scheduler tool's own options (srun, kubectl exec, sky exec) starts with a program:
+    a command that starts with an option is refused where it is parsed (--command) and in the job model
+    (deploy.command from a settings file)."""
+    from deploy.job import make_job
+    from deploy.plan import PreflightError
+    from toolchain.errors import ConfigError
+    from toolchain.job_inputs import parse_command
+    with pytest.raises(ConfigError, match="is an option, not a program"):
+        parse_command(command)
+    import shlex
+    with pytest.raises(PreflightError, match="is an option, not a program"):
+        make_job(name="job", nodes=2, cpus_per_node=2, command=shlex.split(command))
+    assert parse_command("python train.py --uid=0") == ["python", "train.py", "--uid=0"]

@@ -36,6 +36,9 @@ def parse_command(text: str) -> list[str]:
         raise ConfigError(f"--command: {text[:80]!r} cannot be split as a shell would ({e}); close the quotes") from None
     if not argv:
         raise ConfigError("--command: empty; give the driver command, e.g. \"python train.py --steps 200\"")
+    if argv[0].startswith("-"):  # it would follow a scheduler tool's own options (srun, kubectl exec, sky)
+        raise ConfigError(f"--command: {argv[0][:40]!r} is an option, not a program; the command starts with the "
+                          "program to run, e.g. \"python train.py --steps 200\"")
     return argv
 
 
