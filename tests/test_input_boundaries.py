@@ -418,3 +418,22 @@ def test_a_command_that_starts_with_an_option_is_refused_before_any_tool_sees_it
     with pytest.raises(PreflightError, match="is an option, not a program"):
         make_job(name="job", nodes=2, cpus_per_node=2, command=shlex.split(command))
     assert parse_command("python train.py --uid=0") == ["python", "train.py", "--uid=0"]
+
+
+def test_the_build_directorys_files_are_never_written_through_a_planted_link(tmp_path):
+    """runs.json, clusters.json and the blob cache's sidecars go through toolchain.atomic: a link planted
+    under the old temporary name, or at the file itself, is not followed."""
+    from toolchain.atomic import write_atomic
+    from toolchain.records import _write
+    outside = tmp_path / "outside.txt"
+    outside.write_text("keep")
+    build = tmp_path / "build"
+    build.mkdir()
+    for name in ("runs.json.tmp", "clusters.json.tmp", ".runs.json.partial"):
+        (build / name).symlink_to(outside)
+    _write(build / "runs.json", {})  # the records' own writer
+    assert outside.read_text() == "keep" and (build / "runs.json").read_bytes() == b"{}\n"
+    (build / "clusters.json").symlink_to(outside)
+    write_atomic(build / "clusters.json", "{}\n")
+    assert outside.read_text() == "keep" and not (build / "clusters.json").is_symlink()
+    assert not list(build.glob(".*.partial*")) or all(p.is_symlink() for p in build.glob(".*.partial*"))

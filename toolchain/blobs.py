@@ -42,6 +42,7 @@ from typing import BinaryIO, Callable, Optional
 
 from isal import isal_zlib
 
+from toolchain.atomic import write_atomic
 from toolchain.errors import ToolchainError
 
 LEVEL = 2  # ISA-L's levels are 0-3; 2 measured best here: see above
@@ -235,10 +236,10 @@ class BlobCache:
             gz, side = self._paths(z.diff_id)
             tmp.replace(gz)
             blob = Blob(z.digest, z.size, z.diff_id, z.diff_size, self.level, self.chunk, gz)
-            _write_atomic(side, json.dumps(blob.sidecar(), sort_keys=True))
+            write_atomic(side, json.dumps(blob.sidecar(), sort_keys=True))
             if self.index is not None:
                 self.index.mkdir(parents=True, exist_ok=True)
-                _write_atomic(self.index / side.name, json.dumps(blob.sidecar(), sort_keys=True))
+                write_atomic(self.index / side.name, json.dumps(blob.sidecar(), sort_keys=True))
             return blob
         finally:
             tmp.unlink(missing_ok=True)
@@ -262,12 +263,6 @@ def _read_sidecar(side: Path, diff_id: str, gz: Path) -> Optional[Blob]:
     ok = (blob.diff_id == diff_id and isinstance(blob.digest, str) and blob.digest.startswith("sha256:")
           and isinstance(blob.size, int))
     return blob if ok else None
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 class BlobHomes:
@@ -295,5 +290,5 @@ class BlobHomes:
         self.root.mkdir(parents=True, exist_ok=True)
         for digest in digests:
             homes = [h for h in self.of(digest) if h != (address, repo)] + [(address, repo)]
-            _write_atomic(self.root / f"{digest.removeprefix('sha256:')}.json",
+            write_atomic(self.root / f"{digest.removeprefix('sha256:')}.json",
                           json.dumps([list(h) for h in homes[-self.MAX:]]))

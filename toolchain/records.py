@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from runtime import strict_json
 from runtime.contract import JOB_NAME_RE
 from runtime.errors import InputError
+from toolchain.atomic import write_atomic
 from runtime.imageref import ImageRef, ImageRefError
 from deploy import hint
 
@@ -167,11 +168,8 @@ def _read(path: Path, model: type[R], made_by: str) -> dict[str, R]:
 
 
 def _replace(path: Path, data: bytes) -> None:
-    """Write PATH whole or not at all (a crash leaves the old file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    """Write PATH whole or not at all, never through a link (toolchain.atomic)."""
+    write_atomic(path, data)
 
 
 def _write(path: Path, records: dict[str, _Record]) -> Path:
