@@ -437,3 +437,23 @@ def test_the_build_directorys_files_are_never_written_through_a_planted_link(tmp
     write_atomic(build / "clusters.json", "{}\n")
     assert outside.read_text() == "keep" and not (build / "clusters.json").is_symlink()
     assert not list(build.glob(".*.partial*")) or all(p.is_symlink() for p in build.glob(".*.partial*"))
+
+
+@pytest.mark.parametrize("pid_text", ["-1", "0", "1", "-{pid}", "{pid}", "{pid}\n", "99999999999"])
+def test_registry_stop_signals_only_the_registry_it_started(tmp_path, app_dir, pid_text):
+    """registry.pid naming another process (here a `sleep`), a process group, every process (-1) or
+    garbage: `registry.stop` signals nothing and removes the file."""
+    from conftest import make_settings
+    from toolchain.registry import _paths, stop_local
+    s = make_settings(tmp_path / "w", app_dir)
+    bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        _, _, pidfile = _paths(s)
+        pidfile.parent.mkdir(parents=True, exist_ok=True)
+        pidfile.write_text(pid_text.format(pid=bystander.pid))
+        assert stop_local(s) is False
+        assert bystander.poll() is None  # not signalled
+        assert not pidfile.exists()
+    finally:
+        bystander.kill()
+        bystander.wait()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from deploy.registry.address import is_local, ping
 from toolchain.config import Settings
+from toolchain.atomic import write_atomic
 from toolchain.errors import RegistryError
 from runtime.wait import WaitTimeout, holds_within, wait_until
 from toolchain.progress import Reporter
@@ -53,7 +54,7 @@ def start_local(settings: Settings, rep: Reporter, timeout: float = 30.0) -> Reg
     log = open(data / "registry.log", "ab")
     proc = subprocess.Popen([binary, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, start_new_session=True)
-    pidfile.write_text(str(proc.pid))
+    write_atomic(pidfile, str(proc.pid))
     rep.step(f"registry: started {binary} on {address} (pid {proc.pid}, data in {data})")
     def log_tail() -> str:
         return " | ".join((data / "registry.log").read_text(errors="replace").strip().splitlines()[-5:])
@@ -71,17 +72,32 @@ def start_local(settings: Settings, rep: Reporter, timeout: float = 30.0) -> Reg
 
 
 def _read_pid(settings: Settings) -> int | None:
+    """The pid registry.pid names: a whole number above 1 (never 0, -1 or a group), else None."""
     _, _, pidfile = _paths(settings)
     try:
-        return int(pidfile.read_text())
-    except (OSError, ValueError):
+        text = pidfile.read_text(errors="replace").strip()
+    except OSError:
         return None
+    return int(text) if text.isascii() and text.isdigit() and 1 < int(text) < 1 << 22 else None
+
+
+def _is_ours(pid: int, config: Path) -> bool:
+    """Whether PID is the registry this project started: `<docker-registry> serve <this config>`."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return False
+    return (len(argv) == 3 and os.path.basename(argv[0]) in (b"docker-registry", b"registry")
+            and argv[1] == b"serve" and argv[2] == str(config).encode())
 
 
 def stop_local(settings: Settings) -> bool:
+    """Stop the registry this project started (registry.pid), and only that process: a pid file naming
+    any other process (reused, or written by someone else) is removed without a signal."""
     pid = _read_pid(settings)
-    _, _, pidfile = _paths(settings)
-    if pid is None:
+    _, config, pidfile = _paths(settings)
+    if pid is None or not _is_ours(pid, config):
+        pidfile.unlink(missing_ok=True)
         return False
     try:
         os.kill(pid, signal.SIGTERM)

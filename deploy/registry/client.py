@@ -30,6 +30,7 @@ from urllib.parse import urljoin, urlsplit
 
 import requests
 
+from deploy import hint
 from deploy.registry import auth
 from deploy.registry.address import CERTS_D, is_local, ping, scheme as probe_scheme, tls_settings
 from deploy.registry.errors import (RegistryError, RegistryGone, Stalled, TransientRegistryError, Unauthorized,
@@ -190,7 +191,7 @@ class RegistryClient:
                 raise self._stalled(what) from None
             if _refused(reason) or not ping(self.host, timeout=2):  # it went away mid-transfer
                 raise RegistryGone(f"{what}: {reason} — the registry {self.host} is not reachable; start it "
-                                   "(`registry.start`) or fix registry.address") from None
+                                   f"(`{hint.cmd('registry.start')}`) or fix registry.address") from None
             raise TransientRegistryError(f"{what}: {reason}") from None
         except requests.RequestException as e:  # a broken answer (bad chunking, decoding)
             raise TransientRegistryError(f"{what}: {self.host} sent a broken answer ({type(e).__name__})") from None
