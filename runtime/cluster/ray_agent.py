@@ -34,6 +34,29 @@ from runtime.cluster.node_log import LaunchError, log
 from runtime.wait import holds_within, wait_until
 
 EXIT_KEY = b"raytrain:driver_exit"
+# "1": each agent says, as it ends, the GCS key-value operations it made (bench/scale.py counts them
+# per job; off by default: a line per node says nothing to a user)
+KV_STATS_ENV = "RAYTRAIN_KV_STATS"
+
+
+class KvCount:
+    """The GCS key-value operations this agent made, counted where they are made."""
+
+    def __init__(self):
+        self.put = self.get = self.list = 0
+
+    def counted(self, kind: str, fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            setattr(self, kind, getattr(self, kind) + 1)
+            return fn(*args, **kwargs)
+        return call
+
+    def say(self, ident: Optional[NodeIdentity], role: str) -> None:
+        if os.environ.get(KV_STATS_ENV) == "1":
+            log(ident, f"{role} agent kv operations: {self.put} put, {self.get} get, {self.list} list")
+
+
+KV = KvCount()
 
 
 def head(args, status_fd: int) -> int:
@@ -65,9 +88,11 @@ def head(args, status_fd: int) -> int:
     say(status_fd, BARRIER, f"{time.monotonic() - last:.6f}")
     word, _, code = sys.stdin.readline().strip().partition(" ")  # `exit N`, or EOF when the launcher is gone
     if word != EXIT or not code:
+        KV.say(ident, "head")
         return 0
     from ray.experimental import internal_kv
-    internal_kv._internal_kv_put(EXIT_KEY, code.split()[0].encode(), overwrite=True)
+    KV.counted("put", internal_kv._internal_kv_put)(EXIT_KEY, code.split()[0].encode(), overwrite=True)
+    KV.say(ident, "head")
     _wait_workers_left(deadline=time.monotonic() + args.leave_timeout)
     ray.shutdown()  # before the GCS goes, or Ray's core worker ends this process with its own code
     say(status_fd, PUBLISHED)
@@ -96,7 +121,8 @@ def barrier(ident: NodeIdentity, address: str, timeout_s: float,
     from ray.experimental import internal_kv
     alive: list = []
     dead_since: dict = {}
-    reader = node_records.Reader(internal_kv._internal_kv_list, internal_kv._internal_kv_get)
+    reader = node_records.Reader(KV.counted("list", internal_kv._internal_kv_list),
+                                 KV.counted("get", internal_kv._internal_kv_get))
     latest: dict = {}  # rank -> its newest record
 
     def records() -> list:
@@ -187,12 +213,14 @@ def follow(args, status_fd: int) -> int:
     slurmd on one host) and unreachable when their /tmp is private (containers)."""
     from ray._raylet import GcsClient
     gcs = GcsClient(address=args.address)
+    get = KV.counted("get", gcs.internal_kv_get)
     lost_since = None
     while True:
         try:
-            val = gcs.internal_kv_get(EXIT_KEY, None, timeout=2)
+            val = get(EXIT_KEY, None, timeout=2)
             lost_since = None
             if val is not None:
+                KV.say(None, "follow")
                 say(status_fd, EXIT, int(val))
                 return 0
         except Exception as e:
@@ -207,7 +235,9 @@ def report(args) -> int:
     """Write one node record in the head's GCS (best effort: the launcher goes on either way)."""
     from ray._raylet import GcsClient
     rec = node_records.NodeRecord.decode(args.record)
-    GcsClient(address=args.address).internal_kv_put(rec.key(), rec.encode().encode(), True, None, timeout=10)
+    KV.counted("put", GcsClient(address=args.address).internal_kv_put)(rec.key(), rec.encode().encode(), True, None,
+                                                                        timeout=10)
+    KV.say(None, f"node {rec.rank} report")
     return 0
 
 
