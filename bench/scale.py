@@ -6,7 +6,8 @@ head's barrier modelled to 1,000 nodes and more without Ray processes.
 
 The rehearsal starts munged (if needed), slurmctld and N `slurmd -N nK` on one host, as the tests'
 fixture does with 3 (tests/helpers/slurm.py), submits the plain `slurm` target's sbatch script of the
-example (1 worker per node, the project's venv on every node, `--port-stride` for the shared host),
+example (1 worker per node, the venv running this script on every node with this checkout first on
+its path, `--port-stride` for the shared host),
 and watches the job's output file and the launchers' processes. For each N it prints one line:
 
     N=<n>: sbatch -> every node's launcher started, -> barrier passed, -> first step, -> SUMMARY (s);
@@ -92,7 +93,7 @@ def rehearse(n: int, work: Path, venv: Path, steps: int, port_base: int) -> dict
     try:
         cluster.start(timeout_s=120)
         job = JobSpec(name=name, nodes=n, cpus_per_node=2, fileroot=str(fileroot), workdir=str(ROOT / "examples" / "train"),
-                      port_base=port_base, time_limit="30:00",
+                      port_base=port_base, time_limit="30:00", env={"RAYTRAIN_KV_STATS": "1", "PYTHONPATH": str(ROOT)},
                       command=["python", "train.py", "--steps", str(steps), "--workers-per-node", "1",
                                "--cpus-per-worker", "0.5", "--no-spares", "--fileroot", str(fileroot)])
         script = work / f"{name}.sbatch"

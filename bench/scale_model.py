@@ -48,14 +48,15 @@ def real_node_entry() -> dict:
 class StandIn:
     """`ray` and `ray.experimental.internal_kv` as the barrier calls them; nodes join on a clock."""
 
-    def __init__(self, n: int, join_s: float, retrying: float, template: dict):
+    def __init__(self, n: int, join_s: float, retrying: float, template: dict, held_back: tuple[int, ...] = ()):
         self.n, self.join_s, self.t0 = n, join_s, time.monotonic()
+        self.held_back = set(held_back)  # ranks that never join (a node that never came up)
         self.kv: dict[bytes, bytes] = {}
         self.ops = {"nodes": 0, "kv_list": 0, "kv_get": 0}
         self.entries = []
         for i in range(n):
             e = dict(template)
-            e.update(NodeID=f"{i:056x}", Alive=True, NodeManagerAddress=f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}",
+            e.update(NodeID=f"{i:056x}", Alive=True, NodeManagerAddress=address(i),
                      NodeManagerHostname=f"node{i:05d}", NodeManagerPort=20001)
             self.entries.append(e)
         self.retry_ranks = set(range(1, n, max(1, round(1 / retrying)))) if retrying > 0 else set()
@@ -67,12 +68,13 @@ class StandIn:
     def nodes(self) -> list:
         self.ops["nodes"] += 1
         k = self.joined()
+        joined = [e for i, e in enumerate(self.entries[:k]) if i not in self.held_back]
         for rank in self.retry_ranks:  # a worker that failed once says so before it joins
             if rank >= k and node_records.PREFIX + str(rank).encode() not in self.kv:
                 rec = node_records.NodeRecord(rank, f"node{rank:05d}", f"node{rank:05d}", "10.0.0.1", 20001,
                                               node_records.RETRYING, 1, "GCS not reachable yet")
                 self.kv[rec.key()] = rec.encode().encode()
-        return self.entries[:k]
+        return joined
 
     def kv_list(self, prefix: bytes):
         self.ops["kv_list"] += 1
@@ -93,11 +95,19 @@ class StandIn:
         sys.modules.update({"ray": ray, "ray.experimental": experimental, "ray.experimental.internal_kv": kv})
 
 
-def one(n: int, join_s: float, retrying: float, template: dict) -> dict:
+def address(i: int) -> str:
+    return f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}"
+
+
+def one(n: int, join_s: float, retrying: float, template: dict, held_back: tuple[int, ...] = (),
+        timeout_s: float | None = None) -> dict:
+    """The barrier with N nodes joining over join_s (those in held_back never do: then it raises the
+    launcher's LaunchError naming them, after timeout_s)."""
     from runtime.cluster import ray_agent
-    stand_in = StandIn(n, join_s, retrying, template)
+    stand_in = StandIn(n, join_s, retrying, template, held_back)
     stand_in.install()
-    ident = NodeIdentity(source="model", node_rank=0, num_nodes=n, head_address="10.0.0.1", hostname="node00000")
+    ident = NodeIdentity(source="model", node_rank=0, num_nodes=n, head_address=address(0), hostname="node00000",
+                         node_addresses=tuple(address(i) for i in range(n)))
     seen = {"calls": 0, "started": set()}
 
     def on_alive(nodes):  # what the Warmer does per poll: look at every alive node once
@@ -108,7 +118,7 @@ def one(n: int, join_s: float, retrying: float, template: dict) -> dict:
     stdout, stderr, sys.stdout, sys.stderr = sys.stdout, sys.stderr, quiet, quiet  # its log: a line a retrying node
     try:
         wall0, cpu0 = time.monotonic(), time.process_time()
-        ray_agent.barrier(ident, "10.0.0.1:6379", timeout_s=join_s * 4 + 60, on_alive=on_alive)
+        ray_agent.barrier(ident, "10.0.0.1:6379", timeout_s=timeout_s or join_s * 4 + 60, on_alive=on_alive)
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
     finally:
         sys.stdout, sys.stderr = stdout, stderr
