@@ -34,9 +34,6 @@ from runtime.cluster.node_log import LaunchError, log
 from runtime.wait import holds_within, wait_until
 
 EXIT_KEY = b"raytrain:driver_exit"
-# "1": each agent says, as it ends, the GCS key-value operations it made (bench/scale.py counts them
-# per job; off by default: a line per node says nothing to a user)
-KV_STATS_ENV = "RAYTRAIN_KV_STATS"
 
 
 class KvCount:
@@ -52,7 +49,7 @@ class KvCount:
         return call
 
     def say(self, ident: Optional[NodeIdentity], role: str) -> None:
-        if os.environ.get(KV_STATS_ENV) == "1":
+        if os.environ.get(C.KV_STATS) == "1":  # off by default: a line per node says nothing to a user
             log(ident, f"{role} agent kv operations: {self.put} put, {self.get} get, {self.list} list")
 
 
