@@ -191,7 +191,8 @@ def main() -> int:
     ap.add_argument("--simulate", type=int, metavar="N", help="run only the barrier model with N simulated nodes")
     ap.add_argument("--join-s", type=float, default=5.0, help="--simulate: seconds over which the nodes join")
     ap.add_argument("--steps", type=int, default=20, help="training steps of each job (default 20)")
-    ap.add_argument("--port-base", type=int, default=30000, help="the jobs' first port (node k: + k x 200)")
+    ap.add_argument("--port-base", type=int, default=20000,
+                    help="the jobs' first port (node k: + k x 200; the last must stay below the ephemeral range)")
     ap.add_argument("--keep", action="store_true", help="keep the work directory (job logs) for a look after")
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT / "bench"))
@@ -199,6 +200,12 @@ def main() -> int:
         return simulate(args.simulate, args.join_s, 0.01)
     venv = Path(sys.executable).parent.parent
     counts = [int(x) for x in args.nodes.split(",")]
+    ephemeral = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    top = args.port_base + max(counts) * 200
+    if top > ephemeral:
+        print(f"--port-base {args.port_base}: {max(counts)} nodes 200 ports apart reach {top}, past the kernel's "
+              f"ephemeral range (from {ephemeral}); give a lower one", file=sys.stderr)
+        return 2
     need = max(counts) * MEM_PER_NODE_GIB
     meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
     free = int(meminfo["MemAvailable"].split()[0]) / 2**20
