@@ -93,7 +93,7 @@ def rehearse(n: int, work: Path, venv: Path, steps: int, port_base: int) -> dict
     try:
         cluster.start(timeout_s=120)
         job = JobSpec(name=name, nodes=n, cpus_per_node=2, fileroot=str(fileroot), workdir=str(ROOT / "examples" / "train"),
-                      port_base=port_base, time_limit="30:00", env={"RAYTRAIN_KV_STATS": "1", "PYTHONPATH": str(ROOT)},
+                      port_base=port_base, time_limit="30:00", env={C.KV_STATS: "1", "PYTHONPATH": str(ROOT)},
                       command=["python", "train.py", "--steps", str(steps), "--workers-per-node", "1",
                                "--cpus-per-worker", "0.5", "--no-spares", "--fileroot", str(fileroot)])
         script = work / f"{name}.sbatch"

@@ -40,3 +40,13 @@ def test_a_node_held_back_fails_the_barrier_naming_it():
     r = model(held_back=(57,))
     assert not r["passed"], r
     assert "only 199/200 nodes joined" in r["error"] and "missing: 10.0.0.57" in r["error"], r["error"]
+
+
+def test_the_polls_that_last_the_whole_job_keep_the_heads_load_bounded():
+    """A worker's poll for the exit code goes on for the whole job: past 100 nodes it slows in proportion,
+    so the head's GCS answers about the same number of gets a second at 100 and at 1,000 nodes."""
+    from runtime.cluster.ray_agent import follow_interval, poll_interval
+    assert follow_interval(3) == follow_interval(100) == 0.3
+    rate = {n: n / follow_interval(n) for n in (100, 1000)}
+    assert abs(rate[1000] - rate[100]) < 1 and follow_interval(100_000) == 5.0
+    assert poll_interval(3) == 0.1 and poll_interval(1000) == 0.5

@@ -296,7 +296,7 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
     log(ident, f"joined: this node's Ray is up at {ip}:{ports.node_manager}")
     agent: Optional[RayAgent] = None
     try:
-        agent = RayAgent(gcs, env, "follow", "--lost-after", str(GCS_RECONNECT_S))
+        agent = RayAgent(gcs, env, "follow", "--lost-after", str(GCS_RECONNECT_S), "--nodes", str(ident.num_nodes))
         line = agent.next_line(node, None)
         kind, _, rest = line.partition(" ")
         if kind == EXIT:

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from dataclasses import asdict, dataclass
 
+from runtime import contract as C
 from runtime import strict_json
 
 PREFIX = b"raytrain:node:"
@@ -69,7 +70,8 @@ def publish(address: str, record: NodeRecord, env: dict) -> bool:
     argv = [sys.executable, "-m", "runtime.cluster.ray_agent", "--address", address, "report", record.encode()]
     try:
         done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, timeout=REPORT_TIMEOUT_S)
+                              stderr=None if env.get(C.KV_STATS) == "1" else subprocess.DEVNULL,  # its KV count
+                              timeout=REPORT_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0

@@ -36,6 +36,26 @@ from runtime.wait import holds_within, wait_until
 EXIT_KEY = b"raytrain:driver_exit"
 
 
+class KvCount:
+    """The GCS key-value operations this agent made, counted where they are made."""
+
+    def __init__(self):
+        self.put = self.get = self.list = 0
+
+    def counted(self, kind: str, fn: Callable) -> Callable:
+        def call(*args, **kwargs):
+            setattr(self, kind, getattr(self, kind) + 1)
+            return fn(*args, **kwargs)
+        return call
+
+    def say(self, ident: Optional[NodeIdentity], role: str) -> None:
+        if os.environ.get(C.KV_STATS) == "1":  # off by default: a line per node says nothing to a user
+            log(ident, f"{role} agent kv operations: {self.put} put, {self.get} get, {self.list} list")
+
+
+KV = KvCount()
+
+
 def head(args, status_fd: int) -> int:
     import ray
 
@@ -65,9 +85,11 @@ def head(args, status_fd: int) -> int:
     say(status_fd, BARRIER, f"{time.monotonic() - last:.6f}")
     word, _, code = sys.stdin.readline().strip().partition(" ")  # `exit N`, or EOF when the launcher is gone
     if word != EXIT or not code:
+        KV.say(ident, "head")
         return 0
     from ray.experimental import internal_kv
-    internal_kv._internal_kv_put(EXIT_KEY, code.split()[0].encode(), overwrite=True)
+    KV.counted("put", internal_kv._internal_kv_put)(EXIT_KEY, code.split()[0].encode(), overwrite=True)
+    KV.say(ident, "head")
     _wait_workers_left(deadline=time.monotonic() + args.leave_timeout)
     ray.shutdown()  # before the GCS goes, or Ray's core worker ends this process with its own code
     say(status_fd, PUBLISHED)
@@ -75,6 +97,18 @@ def head(args, status_fd: int) -> int:
 
 
 DEAD_GRACE_S = 10  # a node that died with no word from its launcher: time for the word to come
+
+
+FOLLOW_POLL_S = 0.3     # a worker's poll for the driver's exit code, up to FOLLOW_NODES nodes
+FOLLOW_NODES = 100      # beyond, each polls less often: the head's GCS answers about 330 gets a second in all
+FOLLOW_POLL_MAX_S = 5.0
+
+
+def follow_interval(num_nodes: int) -> float:
+    """A worker's poll for the exit code: 0.3 s up to 100 nodes, then in proportion (3 s at 1,000, at
+    most 5 s): the polls go on for the whole job, so at a fixed 0.3 s a 1,000-node job would ask the
+    head's GCS 3,300 times a second until it ends. A worker learns the code at most one poll late."""
+    return min(FOLLOW_POLL_MAX_S, FOLLOW_POLL_S * max(1.0, num_nodes / FOLLOW_NODES))
 
 
 def poll_interval(num_nodes: int) -> float:
@@ -96,7 +130,8 @@ def barrier(ident: NodeIdentity, address: str, timeout_s: float,
     from ray.experimental import internal_kv
     alive: list = []
     dead_since: dict = {}
-    reader = node_records.Reader(internal_kv._internal_kv_list, internal_kv._internal_kv_get)
+    reader = node_records.Reader(KV.counted("list", internal_kv._internal_kv_list),
+                                 KV.counted("get", internal_kv._internal_kv_get))
     latest: dict = {}  # rank -> its newest record
 
     def records() -> list:
@@ -187,12 +222,15 @@ def follow(args, status_fd: int) -> int:
     slurmd on one host) and unreachable when their /tmp is private (containers)."""
     from ray._raylet import GcsClient
     gcs = GcsClient(address=args.address)
+    get = KV.counted("get", gcs.internal_kv_get)
+    interval = follow_interval(args.nodes)
     lost_since = None
     while True:
         try:
-            val = gcs.internal_kv_get(EXIT_KEY, None, timeout=2)
+            val = get(EXIT_KEY, None, timeout=2)
             lost_since = None
             if val is not None:
+                KV.say(None, "follow")
                 say(status_fd, EXIT, int(val))
                 return 0
         except Exception as e:
@@ -200,14 +238,16 @@ def follow(args, status_fd: int) -> int:
             if time.monotonic() - lost_since > args.lost_after:
                 say(status_fd, LOST, f"no answer from the head's GCS for {args.lost_after:.0f}s ({type(e).__name__})")
                 return 0
-        time.sleep(0.3)
+        time.sleep(interval)
 
 
 def report(args) -> int:
     """Write one node record in the head's GCS (best effort: the launcher goes on either way)."""
     from ray._raylet import GcsClient
     rec = node_records.NodeRecord.decode(args.record)
-    GcsClient(address=args.address).internal_kv_put(rec.key(), rec.encode().encode(), True, None, timeout=10)
+    KV.counted("put", GcsClient(address=args.address).internal_kv_put)(rec.key(), rec.encode().encode(), True, None,
+                                                                        timeout=10)
+    KV.say(None, f"node {rec.rank} report")
     return 0
 
 
@@ -223,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     hd.add_argument("--leave-timeout", type=numbers.arg_finite(0, 7 * 86400), required=True)
     fo = sub.add_parser("follow", help="Wait for the driver's exit code that the head publishes.")
     fo.add_argument("--lost-after", type=numbers.arg_finite(0, 7 * 86400, low_open=True), required=True)
+    fo.add_argument("--nodes", type=numbers.arg_whole(1, numbers.COUNT_MAX), default=1,
+                    help="The job's nodes: past 100, each worker polls for the exit code less often.")
     rp = sub.add_parser("report", help="Write a worker's record of its start in the head's GCS.")
     rp.add_argument("record", help="The record, as runtime.cluster.node_records.NodeRecord.encode() writes it.")
     args = parser.parse_args(argv)
