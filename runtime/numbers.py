@@ -50,7 +50,10 @@ def finite(value, what: str, low: float = 0.0, high: float = 7 * 86400.0, *, low
             raise InputError(f"{what}: {value[:40]!r} is not a number; give a finite number {bound} "
                              "(ASCII digits, e.g. 30 or 2.5)")
         value = float(value)
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:  # an int past a float's range (10**400)
+        raise InputError(f"{what}: {str(value)[:40]}... is out of range; give a finite number {bound}") from None
     if not math.isfinite(value) or value < low or value > high or (low_open and value == low):
         raise InputError(f"{what}: {value!r} is out of range; give a finite number {bound}")
     return value

@@ -457,3 +457,21 @@ def test_registry_stop_signals_only_the_registry_it_started(tmp_path, app_dir, p
     finally:
         bystander.kill()
         bystander.wait()
+
+
+@pytest.mark.parametrize("values,fault", [(None, "is not a list"), ("ab", "is not a list"), (b"ab", "is not a list"),
+                                          ({"a": 1, "b": 2}, "is not a list"), ([1, 2, 3], "3 items for 2 workers")])
+def test_per_worker_data_is_a_list_with_one_item_per_worker(values, fault):
+    """run_all_workers_multiple_data (the core's data_list, the NeMo RL face's keywords): text is not split
+    into characters, None is not a TypeError, a wrong length names both numbers."""
+    from runtime.workers.transfer import per_worker
+    with pytest.raises(InputError, match=fault):
+        per_worker(values, "data", 2)
+    per_worker([1, 2], "data", 2)
+    per_worker((1, 2), "data")
+
+
+@pytest.mark.parametrize("value", [10 ** 400, -10 ** 400])
+def test_a_number_past_a_floats_range_is_out_of_range_not_an_overflow(value):
+    with pytest.raises(InputError, match="call_timeout_s: .* is out of range"):
+        numbers.finite(value, "call_timeout_s")

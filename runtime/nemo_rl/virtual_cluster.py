@@ -182,9 +182,11 @@ class RayVirtualCluster(_CoreCluster):
         if self._pgs:
             return list(self._pgs)
         strategy = strategy or self.placement_group_strategy
-        max_retries = int(os.environ.get(MAX_RETRIES_ENV, 6))
-        if max_retries <= 0:
-            raise AssertionError(f"{MAX_RETRIES_ENV}={max_retries} must be an integer greater than 0")
+        raw = os.environ.get(MAX_RETRIES_ENV, "6")
+        if not (raw.isascii() and raw.isdigit() and 0 < int(raw) <= 20):
+            raise AssertionError(f"{MAX_RETRIES_ENV}={raw[:40]!r} must be an integer greater than 0 (at most 20: "
+                                 "the waits between attempts double)")
+        max_retries = int(raw)
         for attempt in range(max_retries):
             try:
                 return self._create_placement_groups_internal(strategy, use_unified_pg)

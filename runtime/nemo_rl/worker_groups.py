@@ -44,6 +44,7 @@ from runtime.nemo_rl.ray_actor_environment_registry import get_actor_python_env
 from runtime.nemo_rl.virtual_cluster import RAY_PRIVATE_ENV, RayVirtualCluster
 from runtime.workers.failures import WorkerFailureError, WorkerGroupRestarted, death_cause
 from runtime.workers.rank_env import rank_env
+from runtime.workers.transfer import per_worker
 
 __all__ = ["MultiWorkerFuture", "RayWorkerBuilder", "RayWorkerGroup"]
 
@@ -460,6 +461,8 @@ class RayWorkerGroup:
         if not kwargs:
             raise AssertionError("run_all_workers_multiple_data needs per-worker data (name=[one value per worker]); "
                                  "use run_all_workers_single_data to send every worker the same")
+        for name, values in kwargs.items():
+            per_worker(values, name)
         counts = {len(v) for v in kwargs.values()}
         if len(counts) != 1:
             raise AssertionError(f"every keyword must hold the same number of items, got "

@@ -20,7 +20,7 @@ import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import ray
 import torch
@@ -31,6 +31,7 @@ try:  # not a dependency of the images; arrays are only recognised where it is i
 except ImportError:
     _ARRAYS = ()
 
+from runtime.errors import InputError
 from runtime.workers.batched import BatchedDataDict
 
 _lock = threading.Lock()
@@ -115,3 +116,14 @@ class ShardLoader:
 
     def __call__(self, rank: int, world_size: int):
         return self.fn(rank, world_size, *self.args, **self.kwargs)
+
+
+def per_worker(values: Any, name: str, count: Optional[int] = None) -> None:
+    """VALUES holds one item per worker: a list or tuple (not text, which would be split into its
+    characters, nor None or a mapping), COUNT items long when given; else one line naming NAME."""
+    from collections.abc import Sequence
+    if isinstance(values, (str, bytes, bytearray)) or not isinstance(values, Sequence):
+        raise InputError(f"{name}: a {type(values).__name__} ({str(values)[:40]!r}) is not a list with one item "
+                         "per worker")
+    if count is not None and len(values) != count:
+        raise InputError(f"{name}: {len(values)} items for {count} workers; give one item per worker")

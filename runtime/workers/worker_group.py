@@ -45,7 +45,7 @@ from runtime import numbers
 from runtime.workers import output_flush, transfer
 from runtime.workers.batched import BatchedDataDict
 from runtime.workers.rank_env import rank_env
-from runtime.workers.transfer import ShardLoader
+from runtime.workers.transfer import ShardLoader, per_worker
 from runtime.workers.failures import (Failure, FailureDetector, GroupView, WorkerFailureError, WorkerGroupRestarted,
                                       WorkerProcess, format_phases)
 from runtime.workers.host_pool import HostPool
@@ -479,8 +479,7 @@ class RayWorkerGroup:
         """Worker i gets data_list[i] (each item put in the object store once, CPU tensors zero-copy;
         ObjectRefs are passed through and resolved on the worker); results in rank order (a future
         when async_communication)."""
-        if len(data_list) != self.world_size:
-            raise ValueError(f"data_list has {len(data_list)} items for {self.world_size} workers")
+        per_worker(data_list, "data_list", self.world_size)
         refs = transfer.put_each(list(data_list))
         kwargs = {k: transfer.put(v) for k, v in kwargs.items()}
         return self._call(lambda: [w.execute.remote(method_name, d, **kwargs) for w, d in zip(self.workers, refs)])
