@@ -77,6 +77,7 @@ BAD = {
     "cut inside a member": (good()[:-(10240 - 1024)][:1500], "cut short"),
     "cut at a member boundary": (cut_at_member_boundary(), "cut short"),
     "not a tar": (b"junk" * 100, "not a tar archive"),
+    "a tree deeper than 64": (tar_of((f"{REL}/" + "d/" * 65 + "x.py", tarfile.REGTYPE, b"1")), "directories deep"),
     "nothing under the directory": (tar_of(("raytrain-code", tarfile.DIRTYPE, None)), "holds nothing under"),
 }
 

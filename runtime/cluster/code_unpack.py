@@ -5,7 +5,7 @@ and directories only, uncompressed, under one relative directory). Anything else
 byte is written: links of either kind (a chain of symlinks, each harmless alone, wrote outside the
 root together), devices, FIFOs, sparse members, names that are absolute, climb with `..`, are empty
 or lie outside the run's directory, one name given twice or as both a file and a directory, more
-than MAX_MEMBERS members or MAX_BYTES of contents, and a stream that ends early (a tar cut at a
+than MAX_MEMBERS members, MAX_DEPTH directories deep or MAX_BYTES of contents, and a stream that ends early (a tar cut at a
 member boundary reads as a shorter valid tar: the end-of-archive blocks must be there).
 
 Every file is written by this module (O_EXCL|O_NOFOLLOW, in directories it made itself, modes
@@ -27,6 +27,7 @@ from runtime.errors import InputError, os_message
 
 MAX_BYTES = 1 << 30      # the most a run's code may be (the app layer is code, not data)
 MAX_MEMBERS = 50_000     # files and directories
+MAX_DEPTH = 64           # directories in a member's name: each file's checks and writes walk them
 BLOCK = tarfile.BLOCKSIZE
 
 
@@ -38,6 +39,9 @@ def _name(member: tarfile.TarInfo, prefix: PurePosixPath) -> PurePosixPath:
                          "send the code with `invoke run`")
     if "\0" in raw:
         raise InputError(f"the code tar's member {raw[:200]!r} has a NUL byte in its name")
+    if raw.rstrip("/").count("/") > MAX_DEPTH:
+        raise InputError(f"the code tar's member {raw[:120]!r}... is {raw.rstrip('/').count('/')} directories deep; "
+                         f"the code's tree is at most {MAX_DEPTH} deep")
     if path != prefix and prefix not in path.parents and path not in prefix.parents:
         raise InputError(f"the code tar's member {raw[:200]!r} lies outside {prefix}/")
     return path
