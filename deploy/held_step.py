@@ -31,7 +31,8 @@ def stream(step: list[str], env: Optional[dict], code_tar: bytes, out=None, miss
     """Run STEP with CODE_TAR on its stdin and its output relayed to OUT (prefixed `run`); its exit code."""
     out = out or sys.stdout
     try:
-        proc = subprocess.Popen(step, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([commands.resolve(step[0], env), *step[1:]], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     except FileNotFoundError:
         raise commands.not_on_path(step[0], missing) from None
     try:

@@ -92,3 +92,24 @@ def test_deploy_without_a_pushed_image_names_build_push(cli):
     r = cli("deploy", "--target", "local", "--dry-run")
     assert r.returncode == 2, r.stdout + r.stderr
     assert f"run `{cli.program} build push` first" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+def test_a_tool_in_the_toolchains_own_venv_runs_without_the_venv_on_path(tmp_path, monkeypatch):
+    """`sky` from the `skypilot` extra lives in .venv/bin: a user who runs .venv/bin/raytrain without
+    activating the venv still reaches it (it was `sky is not on PATH`); a tool on PATH wins."""
+    from deploy import commands
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    (venv_bin / "sky").write_text("#!/bin/sh\necho venv-sky \"$@\"\n")
+    (venv_bin / "sky").chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(venv_bin / "python"))
+    env = {"PATH": "/usr/bin:/bin"}
+    assert commands.run(["sky", "status"], "install it", env).stdout.strip() == "venv-sky status"
+    on_path = tmp_path / "bin"
+    on_path.mkdir()
+    (on_path / "sky").write_text("#!/bin/sh\necho path-sky\n")
+    (on_path / "sky").chmod(0o755)
+    assert commands.run(["sky"], "install it", {"PATH": f"{on_path}:/usr/bin"}).stdout.strip() == "path-sky"
+    from deploy.job import DeployError
+    with pytest.raises(DeployError, match="kubectl-missing is not on PATH"):
+        commands.run(["kubectl-missing"], "install it", env)
