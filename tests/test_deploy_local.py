@@ -1,5 +1,6 @@
 """`invoke deploy --target local`: the job runs from the pushed digest as containers, cleans up after."""
 import json
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -47,6 +48,17 @@ def test_local_job_runs_from_digest_and_cleans_up(client, pushed, settings, capf
     assert "Failed to initialize NumPy" not in logs and "exporter agent" not in logs and "\x1b[" not in logs
     # noise a user would learn to ignore: torch's c10d hostname warning, gloo's connection lines, an abort
     assert "[c10d]" not in logs and "[Gloo]" not in logs and "Fatal Python error" not in logs, logs[-3000:]
+    # the output a person follows: no Ray INFO line, no "[repeated Nx]" folding, step lines in seconds since
+    # the driver started (no epoch stamp), each step once per rank, every rank's last step before SUMMARY
+    assert " INFO " not in logs and "[repeated" not in logs and "raytrain-output-mark" not in logs, logs[-3000:]
+    lines = logs.splitlines()
+    steps = [(i, re.search(r"\(rank(\d)@[^)]*\) step (\d+) loss [\d.]+ at (\d+\.\d\d)s$", line))
+             for i, line in enumerate(lines)]
+    steps = [(i, m) for i, m in steps if m]
+    assert sorted((int(m.group(1)), int(m.group(2))) for _, m in steps) == [(r, k) for r in range(3)
+                                                                           for k in range(1, 21)], logs[-3000:]
+    assert all(float(m.group(3)) < 600 for _, m in steps) and "[driver] step" not in logs
+    assert max(i for i, _ in steps) < next(i for i, line in enumerate(lines) if "SUMMARY " in line), logs[-3000:]
     assert job_containers(client, name) == []
     assert not [n for n in client.networks.list() if n.name.startswith(f"{name}-")]
     # the checkpoint went to the host's fileroot, through the spec's default_mount, under this run's id
