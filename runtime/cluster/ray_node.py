@@ -12,6 +12,7 @@ Stopping a node stops exactly its processes (its own process group), so several 
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import tempfile
@@ -131,7 +132,9 @@ def start(ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, w
         final = stop_if() if stop_if else None
         if final:
             raise StartFailed(f"{what} failed ({cause}); not trying again: {final}")
-        pause = BACKOFF_S[min(attempt, len(BACKOFF_S)) - 1]
+        # jittered (between the step and twice it): nodes whose starts failed together (a GCS or a host
+        # too busy for Ray's own start-up deadlines) do not all come back at the same moment again
+        pause = round(BACKOFF_S[min(attempt, len(BACKOFF_S)) - 1] * random.uniform(1.0, 2.0), 1)
         left = deadline - time.monotonic()
         if left < pause + 5:  # no time left for another attempt to come up
             raise StartFailed(f"{what} failed {attempt} time(s) within {timeout_s:.0f}s; the last: {cause}")
