@@ -106,7 +106,7 @@ def test_the_toolchain_says_a_socket_it_may_not_open_is_a_permission_problem(tmp
     lib = tmp_path / "lib"
     for pkg in ("docker", "requests", "urllib3", "idna", "certifi", "charset_normalizer"):
         shutil.copytree(site / pkg, lib / pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    for pkg in ("toolchain", "runtime"):
+    for pkg in ("toolchain", "deploy", "runtime"):
         shutil.copytree(ROOT / pkg, lib / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run(["chmod", "-R", "a+rX", str(tmp_path)], check=True)
     code = "from toolchain.docker_client import engine\nengine()"
