@@ -137,3 +137,30 @@ def test_the_unpack_root_and_code_dir_must_be_directories(tmp_path):
     assert r.returncode == 2 and "something other than a directory is there" in r.stderr.decode(), r.stderr
     r = cli(root, good(), code_dir=tmp_path / "elsewhere")
     assert r.returncode == 2 and "must lie below" in r.stderr.decode(), r.stderr
+
+
+def test_a_sender_that_keeps_the_stream_open_is_not_waited_for(tmp_path):
+    """After a whole tar the stream may stay open (a tool that does not close its stdin): the unpack stops
+    at the end-of-archive blocks and the run goes on; a sender that stops sending is timed out, named."""
+    root = tmp_path / "root"
+    root.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    proc = subprocess.Popen([sys.executable, "-m", "runtime", "run", "--code-dir", str(root / REL), "--unpack-stdin",
+                             str(root), "--", "true"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    try:
+        proc.stdin.write(good())
+        proc.stdin.flush()  # and not closed
+        proc.wait(timeout=60)  # it went on past the unpack (here to ask for a serving cluster, which there is not)
+        assert b"no cluster is serving" in proc.stderr.read()
+        assert (root / REL / "train.py").read_text() == "print('hi')\n"
+    finally:
+        proc.kill()
+        proc.stdin.close()
+    r, w = os.pipe()
+    try:
+        os.write(w, good()[:1024])  # a header and a part of its member, then nothing
+        with open(r, "rb", buffering=0) as stream, pytest.raises(InputError, match="stalled: no byte came for 1 s"):
+            code_unpack.read_tar(stream, stall_s=1)
+    finally:
+        os.close(w)

@@ -33,8 +33,24 @@ def test_consecutive_ports_cursor_clamp_boundary_and_exhaustion():
         free_ports.consecutive_ports(15400, 15403, 5)
     with pytest.raises(RuntimeError, match="consecutive free ports"):
         free_ports.consecutive_ports(15400, 15450, 1, start=15500)
-    with pytest.raises(ValueError, match="consecutive must be >= 1"):
+    with pytest.raises(ValueError, match="consecutive: 0 is not a whole number between 1 and 65535"):
         free_ports.consecutive_ports(15400, 15450, 0)
+
+
+@pytest.mark.parametrize("low,high,fault", [(15450, 15400, "is empty"), (15400, 15400, "is empty"),
+                                            (0, 100, "low: 0 is not"), (15400, 70000, "high: 70000 is not"),
+                                            (15400.5, 15450, "low: '15400.5' is not a whole number"),
+                                            ("15400", 15450, None), ("abc", 15450, "low: 'abc' is not")])
+def test_a_port_range_is_checked_once_naming_the_bound(low, high, fault):
+    """Inverted, empty, out-of-range, float or text ranges: one line naming the bound, not a raw error
+    from random.randint or range()."""
+    from runtime.errors import InputError
+    for call in (lambda: free_ports.port_in_range(low, high), lambda: free_ports.consecutive_ports(low, high, 1)):
+        if fault is None:
+            assert 15400 <= call() < 15450  # digits as text are read as the number they spell
+        else:
+            with pytest.raises(InputError, match=fault):
+                call()
 
 
 def test_a_port_in_range_skips_excluded_and_held_ports():

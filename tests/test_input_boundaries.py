@@ -475,3 +475,32 @@ def test_per_worker_data_is_a_list_with_one_item_per_worker(values, fault):
 def test_a_number_past_a_floats_range_is_out_of_range_not_an_overflow(value):
     with pytest.raises(InputError, match="call_timeout_s: .* is out of range"):
         numbers.finite(value, "call_timeout_s")
+
+
+@pytest.mark.parametrize("text,value", [("010", 10), ("020000", 20000), ("+12", 12), ("0o17", 15), ("0x1F", 31),
+                                        ("1_0", "1_0"), ("1:20", "1:20"), ("1e3", 1000.0), ("007.5", 7.5)])
+def test_yaml_numbers_are_read_as_yaml_1_2_says(tmp_path, text, value):
+    """One reading of a number, the same as an INVOKE_* variable's: decimal digits (no leading-zero octal),
+    no `_` separators, no base 60; what is not a number stays text for the settings to refuse."""
+    from toolchain import config_files
+    (tmp_path / "c.yaml").write_text(f"x: {text}\n")
+    got = config_files.load_yaml(tmp_path / "c.yaml")["x"]
+    assert got == value and type(got) is type(value)
+
+
+def test_a_bom_inside_and_aliases_that_expand_past_the_bound_are_refused(tmp_path):
+    from toolchain import config_files
+    from toolchain.boundary import ConfigFileError
+    (tmp_path / "bom.yaml").write_text("deploy:\n  nodes: 2\n\ufeffproject: {}\n")
+    with pytest.raises(ConfigFileError, match="line 3: a byte-order mark inside the text"):
+        config_files.load_yaml(tmp_path / "bom.yaml")
+    (tmp_path / "start.yaml").write_text("\ufeffdeploy:\n  nodes: 2\n")  # at the very start: allowed
+    assert config_files.load_yaml(tmp_path / "start.yaml") == {"deploy": {"nodes": 2}}
+    # 19 aliases (under the cap of 20), each doubling a 5,000-item list: 2.5 million values once expanded
+    doubling = "a: &a [" + ",".join(["1"] * 5000) + "]\nb0: &b0 [*a, *a]\n" + "".join(
+        f"b{i}: &b{i} [*b{i - 1}, *b{i - 1}]\n" for i in range(1, 9))
+    (tmp_path / "doubling.yaml").write_text(doubling)
+    t0 = time.monotonic()
+    with pytest.raises(ConfigFileError, match="aliases expand to more than 20000 values"):
+        config_files.load_yaml(tmp_path / "doubling.yaml")
+    assert time.monotonic() - t0 < 5

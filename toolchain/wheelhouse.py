@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -23,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from toolchain.atomic import write_atomic
 from toolchain.blobs import file_sha256
 from toolchain.config import Settings, TorchSettings
 from toolchain.errors import ConfigError, WheelhouseError
 from toolchain.hashing import key_of
 from toolchain.progress import Reporter, human_bytes
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST = "manifest.json"
 LOCK = "requirements.lock"
@@ -38,7 +41,39 @@ _PIP_FILE = re.compile(r"\s*(?:Saved|File was already downloaded) (.+\.whl)\s*")
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(36, 16, -1)] + ["manylinux2014_x86_64", "linux_x86_64"]
 
 
-@dataclass(frozen=True)
+class _Manifest(BaseModel):
+    """A wheel set's manifest.json as _fill writes it; anything else is a damaged set, filled again."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    key: str = Field(..., pattern=r"^[0-9a-f]{16,64}$")
+    requirements: list[str] = Field(..., max_length=10_000)
+    wheels: list[str] = Field(..., min_length=1, max_length=10_000)
+    size: int = Field(..., ge=0)
+    sha256: list[str] = Field(..., max_length=10_000)
+
+
+class _TorchChoice(BaseModel):
+    """The torch memo: which requirement and source were chosen (never an option: checked on reading)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    requirement: str
+    source: str
+
+
+def _own_json(path: Path, model: type[BaseModel]) -> Optional[BaseModel]:
+    """A JSON file this toolchain wrote, parsed as MODEL; None when it is missing, a link or not a regular
+    file, too big, or damaged (the caller then makes it again)."""
+    try:
+        st = os.lstat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
+            return None
+        return model.model_validate_json(path.read_bytes())
+    except (OSError, ValueError, ValidationError, RecursionError):
+        return None
+
+
+_WHEEL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\.whl")
+
+
+@dataclass
 class Wheelhouse:
     path: Path
     key: str
@@ -86,9 +121,10 @@ def choose_torch(settings: Settings, variant: str, python_version: str, rep: Rep
         return torch.requirement, "default index"
     wanted = torch.index_requirement or torch.requirement
     memo = settings.build_dir / "wheelhouse" / f"torch-{key_of(python_version, torch.model_dump())[:16]}.json"
-    if memo.is_file():
-        data = json.loads(memo.read_text())
-        return data["requirement"], data["source"]
+    known = {(wanted, torch.index_url), (torch.requirement, "default index (fallback)")}  # the only two choices
+    remembered = _own_json(memo, _TorchChoice)
+    if remembered is not None and (remembered.requirement, remembered.source) in known:
+        return remembered.requirement, remembered.source
     rep.step(f"wheelhouse[{variant}]: looking for {wanted} on {torch.index_url}")
     with tempfile.TemporaryDirectory() as tmp:
         res = _pip_download(Path(tmp), [wanted], python_version, ["--no-deps", "--index-url", torch.index_url])
@@ -98,8 +134,7 @@ def choose_torch(settings: Settings, variant: str, python_version: str, rep: Rep
         rep.warn(f"variant {variant}: {torch.index_url} gave no {wanted} ({_last_line(res.stderr)}); "
                  f"using {torch.requirement} from pip's default index instead")
         choice = {"requirement": torch.requirement, "source": "default index (fallback)"}
-    memo.parent.mkdir(parents=True, exist_ok=True)
-    memo.write_text(json.dumps(choice))
+    write_atomic(memo, json.dumps(choice))
     return choice["requirement"], choice["source"]
 
 
@@ -119,16 +154,16 @@ def ensure_wheelhouse(settings: Settings, variant: str, python_version: str, rep
 
 
 def _reuse(path: Path, variant: str, torch_source: str, rep: Reporter) -> Optional[Wheelhouse]:
-    manifest = path / MANIFEST
-    if not manifest.is_file():
+    data = _own_json(path / MANIFEST, _Manifest)
+    if data is None:  # missing, a link, or damaged: filled again
         return None
-    data = json.loads(manifest.read_text())
-    digests = data.get("sha256") or []
-    if len(digests) != len(data["wheels"]):  # a set written before the pool: filled again
+    if len(data.sha256) != len(data.wheels) or not all(re.fullmatch(r"[0-9a-f]{64}", d) for d in data.sha256):
+        return None  # a set written before the pool, or damaged: filled again
+    if not all(_WHEEL_FILE.fullmatch(w) and os.path.isfile(path / w) and not os.path.islink(path / w)
+               for w in data.wheels):
         return None
-    rep.step(f"wheelhouse[{variant}]: reusing {path} ({len(data['wheels'])} wheels, {human_bytes(data['size'])})")
-    return Wheelhouse(path, data["key"], data["requirements"], data["wheels"], data["size"], torch_source,
-                      tuple(digests))
+    rep.step(f"wheelhouse[{variant}]: reusing {path} ({len(data.wheels)} wheels, {human_bytes(data.size)})")
+    return Wheelhouse(path, data.key, data.requirements, data.wheels, data.size, torch_source, tuple(data.sha256))
 
 
 @contextmanager

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import os
+import select
 import shutil
 import tarfile
 import tempfile
@@ -28,6 +29,7 @@ from runtime.errors import InputError, os_message
 MAX_BYTES = 1 << 30      # the most a run's code may be (the app layer is code, not data)
 MAX_MEMBERS = 50_000     # files and directories
 MAX_DEPTH = 64           # directories in a member's name: each file's checks and writes walk them
+STALL_S = 60.0           # the sender gave no byte for this long: it stalled
 BLOCK = tarfile.BLOCKSIZE
 
 
@@ -94,6 +96,58 @@ def read_members(data: bytes, prefix: PurePosixPath) -> list[tuple[tarfile.TarIn
     return out
 
 
+def _read_block(stream, n: int, stall_s: float) -> bytes:
+    """Up to N bytes (fewer only at the stream's end); InputError when the sender gives none for STALL_S."""
+    out = bytearray()
+    try:
+        fd = stream.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        fd = None
+    while len(out) < n:
+        if fd is None:
+            chunk = stream.read(n - len(out))
+        else:
+            ready, _, _ = select.select([fd], [], [], stall_s)
+            if not ready:
+                raise InputError(f"the code on stdin stalled: no byte came for {stall_s:.0f} s (the sender stopped "
+                                 "sending without closing the stream)")
+            chunk = os.read(fd, n - len(out))
+        if not chunk:
+            break
+        out += chunk
+    return bytes(out)
+
+
+def read_tar(stream, stall_s: float = STALL_S) -> bytes:
+    """The tar on STREAM, read up to its end-of-archive blocks and no further (a sender that keeps the
+    stream open after a whole tar is not waited for), bounded by MAX_BYTES; a stream that ends before
+    them is returned as it is (read_members then says it was cut short)."""
+    data = bytearray()
+    limit = MAX_BYTES + 64 * BLOCK
+    while True:
+        header = _read_block(stream, BLOCK, stall_s)
+        data += header
+        if len(header) < BLOCK:
+            return bytes(data)
+        if header == bytes(BLOCK):  # a zero block: the end when the next one is zero too
+            second = _read_block(stream, BLOCK, stall_s)
+            data += second
+            if len(second) < BLOCK or second == bytes(BLOCK):
+                return bytes(data)
+            header = second
+        try:
+            size = tarfile.TarInfo.frombuf(header, "utf-8", "surrogateescape").size
+        except tarfile.TarError:
+            return bytes(data)  # not a tar header: read_members says what is wrong
+        need = -(-size // BLOCK) * BLOCK
+        if len(data) + need > limit:
+            raise InputError(f"the code on stdin is over {MAX_BYTES >> 20} MiB; keep data out of project.app_dir")
+        body = _read_block(stream, need, stall_s)
+        data += body
+        if len(body) < need:
+            return bytes(data)
+
+
 def _made_parents(path: Path) -> list[Path]:
     """The missing directories above PATH, outermost first."""
     missing = []
@@ -113,9 +167,7 @@ def unpack(root: Path, code_dir: Path, stream) -> None:
     code_dir = Path(os.path.abspath(code_dir))
     if code_dir == root or root not in code_dir.parents:
         raise InputError(f"--code-dir {code_dir}: must lie below --unpack-stdin {root}")
-    data = stream.read(MAX_BYTES + 64 * BLOCK + 1)
-    if len(data) > MAX_BYTES + 64 * BLOCK:
-        raise InputError(f"the code on stdin is over {MAX_BYTES >> 20} MiB; keep data out of project.app_dir")
+    data = read_tar(stream)  # read whole even when this version is there: the sender writes it all first
     if code_dir.is_symlink() or (code_dir.exists() and not code_dir.is_dir()):
         raise InputError(f"--code-dir {code_dir}: something other than a directory is there; remove it")
     if code_dir.is_dir():

@@ -14,6 +14,20 @@ import random
 import socket
 from typing import Optional
 
+from runtime import numbers
+from runtime.errors import InputError
+
+PORT_MAX = 65535
+
+
+def _range(low, high, what: str) -> tuple[int, int]:
+    """[low, high) as whole numbers within 1..65536 with low < high; else one line naming the bounds."""
+    low = numbers.integer(low, f"{what}: low", 1, PORT_MAX)
+    high = numbers.integer(high, f"{what}: high", 1, PORT_MAX + 1)
+    if low >= high:
+        raise InputError(f"{what}: the range [{low}, {high}) is empty; give low < high")
+    return low, high
+
 
 def _bindable(port: int) -> Optional[socket.socket]:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -30,6 +44,9 @@ def bind_in_range(sock: socket.socket, low: int, high: int, max_retries: Optiona
                   excluded: Optional[set] = None) -> int:
     """Bind SOCK to a port in [low, high) and return it. max_retries=None: every port of the range (not
     excluded) once, in random order; else up to max_retries random picks. RuntimeError when none binds."""
+    low, high = _range(low, high, "bind_in_range")
+    if max_retries is not None:
+        max_retries = numbers.integer(max_retries, "bind_in_range: max_retries", 1, 1_000_000)
     excluded = excluded or set()
     if max_retries is None:
         candidates = [p for p in range(low, high) if p not in excluded]
@@ -68,8 +85,10 @@ def consecutive_ports(low: int, high: int, consecutive: int = 1, start: Optional
     """The lowest base at or above START (clamped to LOW) whose CONSECUTIVE ports, all below HIGH, this
     host can bind at once just now; RuntimeError when the range holds no such block. START is a
     caller's cursor, so that successive blocks (one per engine on a node) do not overlap."""
-    if consecutive < 1:
-        raise ValueError(f"consecutive must be >= 1, got {consecutive}")
+    low, high = _range(low, high, "consecutive_ports")
+    consecutive = numbers.integer(consecutive, "consecutive_ports: consecutive", 1, PORT_MAX)
+    if start is not None:
+        start = numbers.integer(start, "consecutive_ports: start", 0, PORT_MAX + 1)
     base = low if start is None else max(start, low)
     while base + consecutive <= high:
         held: list[socket.socket] = []
