@@ -33,6 +33,7 @@ from typing import Optional
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from runtime.errors import InputError
 from runtime.workers import free_ports
 from runtime.workers.virtual_cluster import RayVirtualCluster as _CoreCluster
 
@@ -183,7 +184,9 @@ class RayVirtualCluster(_CoreCluster):
             return list(self._pgs)
         strategy = strategy or self.placement_group_strategy
         raw = os.environ.get(MAX_RETRIES_ENV, "6")
-        if not (raw.isascii() and raw.isdigit() and 0 < int(raw) <= 20):
+        if not (raw.isascii() and raw.isdigit()):  # NeMo RL's tests: a ValueError for a non-integer
+            raise InputError(f"{MAX_RETRIES_ENV}={raw[:40]!r} is not a whole number; give an integer from 1 to 20")
+        if not 0 < int(raw) <= 20:  # ... and an AssertionError for one out of range
             raise AssertionError(f"{MAX_RETRIES_ENV}={raw[:40]!r} must be an integer greater than 0 (at most 20: "
                                  "the waits between attempts double)")
         max_retries = int(raw)
