@@ -43,7 +43,7 @@ def user(client):
 def assemble(client, user, wheelhouse: Path, store: Path) -> tuple[dict, DepsAssembly]:
     """The deps stage of the wheelhouse's wheels on the user stage, as the build assembles it."""
     ref, made = user
-    wheels = wheels_of(wheelhouse)
+    wheels = wheels_of(wheelhouse, "3.11")
     sha = {w.name: hashlib.sha256(w.read_bytes()).hexdigest() for w in wheels}
     planned, _ = venv_plan.plan(wheels, sha, "/opt/venv", PY.minor, ["test"])
     job: Future = Future()

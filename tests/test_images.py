@@ -120,7 +120,7 @@ def test_the_container_compile_agrees_with_the_host_compile(client, built, tmp_p
     user = client.images.get(built["cpu"]["user_ref"]).attrs
     tag = sys.implementation.cache_tag
     py = Python("3.11.2", "/usr/bin/python3")
-    wheels = wheels_of(wh)
+    wheels = wheels_of(wh, "3.11")
     compiler = bytecode.HostCompiler(workers=1, planned=planned_modules(wheels, py, "/opt/venv"))
     try:
         compiled = compiler.of(wheels)

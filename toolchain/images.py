@@ -176,7 +176,7 @@ class Builder:
         Python, downloaded while the base was made (`build`)."""
         wh = early.result() if early is not None else ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
         compiler = bytecode.identity(python.magic, python.cache_tag)
-        wheels = venv_layer.wheels_of(wh.path)
+        wheels = venv_layer.wheels_of(wh.path, python.minor)
         planned, overflow = venv_plan.plan(wheels, dict(zip(wh.wheels, wh.sha256)), VENV, python.minor, compiler)
         key = key_of("deps", user_key, [p.key for p in planned], python.version, python.executable, VENV,
                      venv_plan.FORMAT, layers.LAYER_FORMAT, compiler or bytecode.COMPILE)

@@ -48,6 +48,7 @@ from installer.sources import WheelFile
 
 from toolchain.errors import BuildError
 from toolchain.layers import CHUNK, MTIME, TAR_END, FileLayer, Layer, tar_header, tar_padding
+from toolchain.wheel_checks import MAX_COMPILED, MAX_SCRIPT, check_wheel
 from toolchain.wheel_members import Member
 
 INSTALLER_NAME = b"raytrain\n"
@@ -171,24 +172,23 @@ class _TarOut:
         self.write(tar_header(info))
 
     def file(self, name: str, stream, size: int, executable: bool, recorded: Optional[bytes] = None) -> tuple[bytes, int]:
-        """Copy `size` bytes of stream in; returns (sha256 digest of the content, size): RECORDED when the
-        wheel's RECORD gives it (as pip keeps a wheel's RECORD line for a file it does not change), else
-        hashed here."""
+        """Copy `size` bytes of stream in, in pieces; returns (sha256 digest of the content, size). RECORDED:
+        the sha256 the wheel's RECORD gives for it, checked against the bytes (as installer's
+        `validate_record` does); a mismatch refuses the wheel."""
         if name in self.files:  # two wheels of one group layer (or a wheel twice): the same bytes, once
             return self._again(name, stream, size)
         self.parents(name)
         info = self._info(name, 0o755 if executable else 0o644)
         info.size = size
         self.write(tar_header(info))
-        digest, left = (hashlib.sha256() if recorded is None else None), size
-        module = name.endswith(".py") and name.startswith(self.lib)
+        digest, left = hashlib.sha256(), size
+        module = name.endswith(".py") and name.startswith(self.lib) and size <= MAX_COMPILED
         source = [] if module and name not in self.planned else None
         while left:
             block = stream.read(min(CHUNK, left))
             if not block:
                 raise BuildError("deps", name, f"the wheel gave {size - left} of the {size} bytes its archive lists", [])
-            if digest is not None:
-                digest.update(block)
+            digest.update(block)
             self.write(block)
             if source is not None:
                 source.append(block)
@@ -196,19 +196,26 @@ class _TarOut:
         if stream.read(1):
             raise BuildError("deps", name, f"the wheel gave more than the {size} bytes its archive lists", [])
         self.write(tar_padding(size))
+        sha = digest.digest()
+        if recorded is not None and sha != recorded:
+            raise BuildError("deps", self.wheel, f"{self.wheel}: /{name} does not match the sha256 its RECORD gives; "
+                             "the wheel is damaged or altered: delete it from the wheelhouse and build again", [])
         if module:
             self.modules.append(name)
         if source is not None:
             self.unforeseen[name] = b"".join(source)
-        sha = recorded if digest is None else digest.digest()
         self.files[name] = (sha, size)
         return sha, size
 
     def _again(self, name: str, stream, size: int) -> tuple[bytes, int]:
         """A path this layer already holds: the same bytes are not written twice (the engine refuses a path
         twice in one layer); other bytes were refused before any layer was written (`check_conflicts`)."""
-        digest = hashlib.sha256(stream.read()).digest()
-        if (digest, size) != self.files[name]:
+        h, n = hashlib.sha256(), 0
+        while block := stream.read(CHUNK):
+            h.update(block)
+            n += len(block)
+        digest = h.digest()
+        if (digest, n) != self.files[name]:
             raise BuildError("deps", name, f"{self.wheel} installs /{name} with other contents than a wheel before "
                              "it in the same layer; remove one of the two from the requirements", [])
         return digest, size
@@ -229,6 +236,9 @@ class _SizedWheel(WheelFile):
                 stream = Member(f, item, os.path.basename(self._zipfile.filename))
                 record = records.get(item.filename, (item.filename, "", ""))
                 if ".data/scripts/" in item.filename:  # installer seeks in a script to rewrite its #!python
+                    if item.file_size > MAX_SCRIPT:
+                        raise BuildError("deps", stream.wheel, f"{stream.wheel}: the script {item.filename[:120]!r} "
+                                         f"is {item.file_size} bytes (at most {MAX_SCRIPT})", [])
                     stream = io.BytesIO(stream.read())
                 else:
                     stream.recorded = _recorded_sha256(record, item.file_size)
@@ -254,10 +264,7 @@ class _TarDestination(SchemeDictionaryDestination):
         self.out = out
 
     def write_to_fs(self, scheme, path, stream, is_executable: bool) -> RecordEntry:
-        name = os.path.join(self.scheme_dict[scheme], path).lstrip("/")
-        if not posixpath.normpath(name).startswith(self.out.root + "/"):  # a member named ../../etc/x
-            raise BuildError("deps", self.out.wheel, f"the wheel installs {path!r} outside {self.out.root}; "
-                             "it is not a wheel to trust: remove it from the requirements", [])
+        name = in_scheme(self.scheme_dict[scheme], path, self.out.wheel)
         size, recorded = getattr(stream, "size", None), getattr(stream, "recorded", None)
         if size is None or scheme == "scripts":  # generated or rewritten (RECORD, a shebang): small
             data = stream.read()
@@ -268,12 +275,28 @@ class _TarDestination(SchemeDictionaryDestination):
     def write_script(self, name: str, module: str, attr: str, section) -> RecordEntry:
         """A console script goes to the venv's top layer (`write_top_layer`); its RECORD line stays here."""
         script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
-        if "/" in script_name or script_name in ("", ".", ".."):
-            raise BuildError("deps", self.out.wheel, f"the console script name {script_name!r} is not a plain file "
-                             "name; remove the wheel from the requirements", [])
+        if not _SCRIPT_NAME.fullmatch(script_name) or _PYTHON_NAME.fullmatch(script_name):
+            raise BuildError("deps", self.out.wheel, f"{self.out.wheel}: the console script name {script_name[:80]!r} is "
+                             "not a plain file name the venv may take (letters, digits, '.', '_', '+', '-'; not "
+                             "python*); remove the wheel from the requirements", [])
         self.out.scripts.append((script_name, data))
         digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).decode().rstrip("=")
         return RecordEntry(script_name, Hash("sha256", digest), len(data))
+
+
+_SCRIPT_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]{0,199}")
+_PYTHON_NAME = re.compile(r"python(3(\.[0-9]+)?)?")  # the top layer's links to the interpreter
+
+
+def in_scheme(scheme_dir: str, path: str, wheel: str) -> str:
+    """The tar name of PATH installed into SCHEME_DIR, normalised; a member that climbs out of its scheme's
+    directory (`pkg/../../../bin/python3`, `.data/scripts/../lib/x.pth`) refuses the wheel."""
+    root = posixpath.normpath(scheme_dir.strip("/"))
+    name = posixpath.normpath(posixpath.join(root, path))
+    if not name.startswith(root + "/"):
+        raise BuildError("deps", wheel, f"{wheel}: the member {path[:120]!r} climbs out of {'/' + root}, where its "
+                         "scheme installs; it is not a wheel to trust: remove it from the requirements", [])
+    return name
 
 
 class _Bytes:
@@ -291,11 +314,13 @@ def dist_name(wheel: Path) -> str:
     return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
 
 
-def wheels_of(wheelhouse: Path) -> list[Path]:
-    """The wheelhouse's wheels in name order; two versions of one distribution is an error."""
+def wheels_of(wheelhouse: Path, minor: str) -> list[Path]:
+    """The wheelhouse's wheels in name order, each checked for the image's Python MINOR
+    (toolchain/wheel_checks.py); two versions of one distribution is an error."""
     wheels = sorted(wheelhouse.glob("*.whl"))
     seen: dict[str, Path] = {}
     for w in wheels:
+        check_wheel(w, minor)
         dist = dist_name(w)
         if dist in seen:
             raise BuildError("deps", str(wheelhouse), f"two wheels of {dist}: {seen[dist].name} and {w.name}; "
@@ -323,7 +348,10 @@ def _installed(wheel: Path, python: Python, venv: str) -> Iterator[tuple[zipfile
             if m.endswith("/"):
                 continue
             scheme, _, rest = m[len(data_dir):].partition("/") if m.startswith(data_dir) else ("purelib", "", m)
-            yield info, posixpath.normpath(f"{to.get(scheme, '-')}/{rest}")
+            if scheme not in to:
+                raise BuildError("deps", wheel.name, f"{wheel.name}: the member {m[:120]!r} is in no scheme installer "
+                                 f"knows ({', '.join(sorted(to))}); remove the wheel from the requirements", [])
+            yield info, in_scheme(to[scheme], rest, wheel.name)
 
 
 def planned_modules(wheels: list[Path], python: Python, venv: str) -> list[tuple[Path, list[tuple[str, str]]]]:
@@ -331,7 +359,7 @@ def planned_modules(wheels: list[Path], python: Python, venv: str) -> list[tuple
     `compileall <venv>/lib` compiles), from the zip's directory alone."""
     lib = f"{venv.strip('/')}/lib/"
     return [(w, [(info.filename, name) for info, name in _installed(w, python, venv)
-                 if name.endswith(".py") and name.startswith(lib)]) for w in wheels]
+                 if name.endswith(".py") and name.startswith(lib) and info.file_size <= MAX_COMPILED]) for w in wheels]
 
 
 def check_conflicts(wheels: list[Path], python: Python, venv: str) -> None:
