@@ -330,3 +330,95 @@ def test_a_challenge_with_a_stray_part_is_one_error_naming_the_registry(servers,
     client = RegistryClient(reg.address, "repo", stall_s=5, scheme="http", env=_env(tmp_path))
     with pytest.raises(RegistryError, match=f"{reg.address} asked for a login with a challenge that cannot be read"):
         client.check()
+
+
+# -- answers that trickle: the whole answer within the stall timeout --------------------------------
+
+class Trickle:
+    """A raw stand-in that reads a request, then sends its answer a piece at a time, 0.2 s apart, for up
+    to 60 s: MODE "headers" (header lines that never end) or "body" (a 100 kB body a byte at a time).
+    PATH_OK: requests whose path starts with it get a normal 401 Bearer challenge pointing at REALM."""
+
+    def __init__(self, mode: str, challenge: str = ""):
+        import socket
+        self.mode, self.challenge = mode, challenge
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(8)
+        self.address = f"127.0.0.1:{self.sock.getsockname()[1]}"
+        self.stop = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn):
+        import time
+        try:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(4096) or b"\r\n\r\n"
+            if self.challenge and data.startswith(b"GET /v2/ "):
+                conn.sendall(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\nWWW-Authenticate: "
+                             + self.challenge.encode() + b"\r\n\r\n")
+                return self._answer(conn)
+            if self.mode == "headers":
+                conn.sendall(b"HTTP/1.1 200 OK\r\n")
+                pieces = (f"X-Slow-{i}: y\r\n".encode() for i in range(300))
+            else:
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n")
+                pieces = (b" " for _ in range(300))
+            for piece in pieces:
+                if self.stop.is_set():
+                    break
+                conn.sendall(piece)
+                time.sleep(0.2)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("mode", ["headers", "body"])
+def test_a_registry_that_trickles_its_answer_is_cut_off_at_the_stall_timeout(tmp_path, mode):
+    import time
+    from deploy.registry.errors import Stalled
+    slow = Trickle(mode)
+    try:
+        client = RegistryClient(slow.address, "repo", stall_s=1.5, scheme="http", env=_env(tmp_path))
+        t0 = time.monotonic()
+        with pytest.raises(Stalled, match=r"did not finish its answer within 2s"):
+            client.check()
+        assert time.monotonic() - t0 < 10  # the stand-in trickles for 60 s
+        if mode == "body":
+            return  # the pre-flight asks with HEAD: no body is read
+        t0 = time.monotonic()
+        said = check.check(ImageRef.parse(f"{slow.address}/repo@{MISSING}"), "http", _env(tmp_path), timeout_s=1.5)
+        assert time.monotonic() - t0 < 10 and "did not finish its answer" in (said or "")
+    finally:
+        slow.close()
+
+
+def test_a_token_service_that_trickles_is_cut_off_and_named(tmp_path):
+    import time
+    from deploy.registry.errors import Stalled
+    issuer = Trickle("body")
+    reg = Trickle("body", challenge=f'Bearer realm="http://{issuer.address}/token",service="x"')
+    try:
+        client = RegistryClient(reg.address, "repo", stall_s=1.5, scheme="http", env=_login_env(tmp_path, reg.address))
+        t0 = time.monotonic()
+        with pytest.raises(Stalled, match=rf"the token service {issuer.address} did not finish its answer"):
+            client.check()
+        assert time.monotonic() - t0 < 10
+    finally:
+        issuer.close()
+        reg.close()

@@ -13,7 +13,9 @@ The engine's rules, so that what `docker push` and a node's pull reach, this rea
                and the Docker CLI send them: an upload Location, a redirect or a mount answer that
                points elsewhere is followed without them. Only http and https URLs are followed,
                at most MAX_REDIRECTS redirects
-  answers      read up to MAX_ANSWER bytes; errors typed by status and the registry's codes
+  answers      read up to MAX_ANSWER bytes, the whole answer (headers and body) within the stall
+               timeout of the request having been sent (deadline.answer_within: a registry that
+               trickles a byte a second is cut off); errors typed by status and the registry's codes
                (errors.kind_of), the registry's words shown without control characters
 Credentials and tokens are never written to a message or a log.
 """
@@ -29,10 +31,12 @@ from typing import Callable, Iterable, Mapping, Optional
 from urllib.parse import urljoin, urlsplit
 
 import requests
+import urllib3
 
 from deploy import hint
 from deploy.registry import auth
 from deploy.registry.address import CERTS_D, is_local, ping, scheme as probe_scheme, tls_settings
+from deploy.registry.deadline import answer_within, watched_session
 from deploy.registry.errors import (RegistryError, RegistryGone, Stalled, TransientRegistryError, Unauthorized,
                                     kind_of)
 
@@ -120,7 +124,7 @@ class RegistryClient:
         found = scheme or (probe_scheme(self.host) if is_local(self.host) else "https")
         self.base = f"{'https' if found == 'https' else 'http'}://{self.host}"
         self.origin = (urlsplit(self.base).scheme, self.host)
-        self.session = requests.Session()
+        self.session = watched_session()
         self.session.max_redirects = MAX_REDIRECTS
         # passed with each request: a Session's own verify loses to REQUESTS_CA_BUNDLE in the environment
         self.verify, self.cert = tls_settings(self.host)
@@ -163,6 +167,18 @@ class RegistryClient:
         return answer
 
     def _send(self, method: str, url: str, what: str, body, headers: dict, **kw) -> Answer:
+        with answer_within(self.stall_s) as watch:
+            try:
+                answer = self._exchange(method, url, what, body, headers, **kw)
+            except RegistryError:
+                if watch.fired:
+                    raise self._slow(what) from None
+                raise
+        if watch.fired:
+            raise self._slow(what)
+        return answer
+
+    def _exchange(self, method: str, url: str, what: str, body, headers: dict, **kw) -> Answer:
         try:
             with warnings.catch_warnings():  # an unverified loopback registry, as the engine allows
                 warnings.simplefilter("ignore")
@@ -193,12 +209,17 @@ class RegistryClient:
                 raise RegistryGone(f"{what}: {reason} — the registry {self.host} is not reachable; start it "
                                    f"(`{hint.cmd('registry.start')}`) or fix registry.address") from None
             raise TransientRegistryError(f"{what}: {reason}") from None
-        except requests.RequestException as e:  # a broken answer (bad chunking, decoding)
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:  # a broken answer (bad chunking, decoding)
             raise TransientRegistryError(f"{what}: {self.host} sent a broken answer ({type(e).__name__})") from None
         except OSError as e:  # a body file gone, or a socket error below requests
             raise TransientRegistryError(f"{what}: {type(e).__name__}: {shown(e, 120)}") from None
         return Answer(r.status_code, shown(r.reason or "", 60), r.headers, data[:MAX_ANSWER], r.url,
                       truncated=len(data) > MAX_ANSWER)
+
+    def _slow(self, what: str, host: Optional[str] = None) -> Stalled:
+        return Stalled(f"{what}: {host or 'the registry ' + self.host} did not finish its answer within "
+                       f"{self.stall_s:.0f}s of the request (it trickled or stalled); registry.stall_timeout_s sets "
+                       "how long to wait")
 
     def _stalled(self, what: str) -> Stalled:
         return Stalled(f"{what}: the registry {self.host} made no push progress for {self.stall_s:.0f}s (a stalled "
@@ -241,21 +262,26 @@ class RegistryClient:
             f"repository:{self.repo}:pull,push", *(f"repository:{m}:pull" for m in self.mount_from)]
         realm_host = urlsplit(realm).netloc
         verify, cert = tls_settings(realm_host)
+        asking = f"getting a token from {realm_host} for {self.host}"
         try:
-            with warnings.catch_warnings():
+            with answer_within(self.stall_s) as watch, warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                t = requests.get(realm, params=query, auth=creds, verify=verify, cert=cert, stream=True,
-                                 timeout=(CONNECT_S, self.stall_s), allow_redirects=False)
+                t = self.session.get(realm, params=query, auth=creds, verify=verify, cert=cert, stream=True,
+                                     timeout=(CONNECT_S, self.stall_s), allow_redirects=False)
                 try:
                     data = t.raw.read(MAX_ANSWER + 1, decode_content=True)
                 finally:
                     t.close()
-        except requests.RequestException as e:
-            raise TransientRegistryError(f"getting a token from {realm_host} for {self.host}: {_reason(e)}") from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError, OSError) as e:
+            if watch.fired:
+                raise self._slow(asking, f"the token service {realm_host}") from None
+            raise TransientRegistryError(f"{asking}: {_reason(e)}") from None
+        if watch.fired:
+            raise self._slow(asking, f"the token service {realm_host}")
         answer = Answer(t.status_code, shown(t.reason or "", 60), t.headers, data[:MAX_ANSWER], realm,
                         truncated=len(data) > MAX_ANSWER)
         if t.status_code != 200:
-            raise self.fail(answer, f"getting a token from {realm_host} for {self.host}")
+            raise self.fail(answer, asking)
         try:
             doc = answer.json()
             token = (doc.get("token") or doc.get("access_token")) if isinstance(doc, dict) else None
