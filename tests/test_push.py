@@ -346,3 +346,40 @@ def test_a_stored_tar_that_is_not_the_layer_is_not_pushed(client, big_image, pus
     assert "reading the layer from the engine instead" in said and "pushed while compressed" not in said
     client.images.remove(big_image.image_id, force=True)
     assert client.images.pull(res.repo_digest).id == big_image.image_id
+
+
+def test_a_digest_cache_entry_that_names_another_layer_s_blob_is_not_used(client, small, tmp_path, monkeypatch):
+    """The shared digest index (~/.cache/raytrain/blob-digests) is data, not trust: an entry for the top
+    layer that names the base layer's blob is checked against the size the registry gives for that blob
+    (and against the layer's tar where the store has it), dropped, and the layer compressed and pushed;
+    the manifest names the real blob and the image pulls back whole."""
+    from helpers.small_image import PlainRegistry
+    from toolchain.push import DIGEST_INDEX, push_image
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    reg = PlainRegistry(tmp_path / "reg")
+    try:
+        first = push_image(client, "cpu", small.image_id, f"{reg.address}/raytrain-cpu", ["a"], 0, 0.1,
+                           Reporter(quiet=True), 30, layer_store=small.store, blob_cache=tmp_path / "blobs1",
+                           candidates=[small.base_ref])
+        index = tmp_path / "cache" / "raytrain" / DIGEST_INDEX
+        base_d, top_d = client.images.get(small.image_id).attrs["RootFS"]["Layers"]
+        base, top = (json.loads((index / f"{d[7:]}.json").read_text()) for d in (base_d, top_d))
+        forged = {**top, "digest": base["digest"]}  # the base's blob, under the top layer's entry
+        (index / f"{top_d[7:]}.json").write_text(json.dumps(forged))
+        said = io.StringIO()
+        second = push_image(client, "gpu", small.image_id, f"{reg.address}/raytrain-gpu", ["a"], 0, 0.1,
+                            Reporter(stream=said), 30, layer_store=small.store, blob_cache=tmp_path / "blobs2",
+                            candidates=[small.base_ref], mount_from=["raytrain-cpu"])
+        assert f"the digest cache's entry for layer {top_d[7:19]} names blob {base['digest'][7:19]}" in said.getvalue()
+        assert second.digest == first.digest  # the same manifest: the top layer's own blob
+        (index / f"{top_d[7:]}.json").write_text(json.dumps({**base, "diff_id": top_d}))  # digest and sizes copied
+        said = io.StringIO()
+        third = push_image(client, "gpu", small.image_id, f"{reg.address}/raytrain-other", ["a"], 0, 0.1,
+                           Reporter(stream=said), 30, layer_store=small.store, blob_cache=tmp_path / "blobs3",
+                           candidates=[small.base_ref], mount_from=["raytrain-cpu"])
+        assert "bytes uncompressed; its tar has" in said.getvalue() and third.digest == first.digest
+        client.images.remove(small.image_id, force=True)
+        assert client.images.pull(third.repo_digest).id == small.image_id
+    finally:
+        reg.stop()
+        cleanup_pulled(client, reg.address)

@@ -32,6 +32,7 @@ import errno
 import hashlib
 import json
 import os
+import re
 import struct
 import zlib
 from collections import deque
@@ -192,9 +193,12 @@ class BlobCache:
         except OSError:
             return False
 
-    def drop(self, diff_id: str) -> None:
+    def drop(self, diff_id: str, everywhere: bool = False) -> None:
+        """Forget the layer's blob here; EVERYWHERE: in the shared index too (an entry found wrong)."""
         for p in reversed(self._paths(diff_id)):  # the sidecar first: without it the entry is gone
             p.unlink(missing_ok=True)
+        if everywhere and self.index is not None:
+            (self.index / f"{diff_id.removeprefix('sha256:')}.json").unlink(missing_ok=True)
 
     def prune_big(self, keep: set, newest: int = KEEP_BIG) -> list[Path]:
         """Delete the blobs of big layers (BIG_BLOB bytes and up) other than those of the layers in `keep`
@@ -254,14 +258,17 @@ class _Tee:
         self.tee(block)
 
 
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+
 def _read_sidecar(side: Path, diff_id: str, gz: Path) -> Optional[Blob]:
     try:
         meta = json.loads(side.read_text())
         blob = Blob(path=gz, **{k: meta[k] for k in ("digest", "size", "diff_id", "diff_size", "level", "chunk")})
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    ok = (blob.diff_id == diff_id and isinstance(blob.digest, str) and blob.digest.startswith("sha256:")
-          and isinstance(blob.size, int))
+    ok = (blob.diff_id == diff_id and isinstance(blob.digest, str) and _DIGEST.fullmatch(blob.digest) is not None
+          and all(type(v) is int and v > 0 for v in (blob.size, blob.diff_size, blob.chunk)) and type(blob.level) is int)
     return blob if ok else None
 
 

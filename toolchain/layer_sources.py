@@ -91,6 +91,13 @@ class LayerSource:
         tar = self.store / f"{diff_id[7:]}.tar"
         return tar if tar.is_file() else None
 
+    def tar_size(self, diff_id: str) -> Optional[int]:
+        """The size of the layer's tar in the layer store (its uncompressed size), None when it is not there."""
+        try:
+            return (self.store / f"{diff_id[7:]}.tar").stat().st_size if self.store is not None else None
+        except OSError:
+            return None
+
     def compress_stored(self, tar: Path, diff_id: str, tee: Callable[[bytes], None], doing: str) -> Blob:
         """Compress a stored layer tar into the cache, each block of the blob also given to `tee`;
         LayerMismatch when the file is not that layer any more."""

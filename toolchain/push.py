@@ -139,10 +139,17 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
     need = []
     for d in dict.fromkeys(diff_ids):
         known = source.cache.known(d)
-        if known is not None and _there(reg, known, sent, rep, mount_from):
-            layers[d] = (known.digest, known.size)
-        else:
-            need.append(d)
+        try:
+            tar_size = source.tar_size(d) if known is not None else None
+            if tar_size is not None and tar_size != known.diff_size:
+                raise _NotThatBlob(f"says the layer is {known.diff_size} bytes uncompressed; its tar has {tar_size}")
+            if known is not None and _there(reg, known, sent, rep, mount_from):
+                layers[d] = (known.digest, known.size)
+                continue
+        except _NotThatBlob as e:  # a digest cache entry that names another blob: not used, and dropped
+            rep.warn(f"the digest cache's entry for layer {d[7:19]} {e}; compressing the layer instead")
+            source.cache.drop(d, everywhere=True)
+        need.append(d)
     streamed = {d: tar for d in need if (tar := source.stored_tar(d)) is not None}
     blobs = source.blobs([d for d in need if d not in streamed])
     total = sum(streamed[d].stat().st_size if d in streamed else blobs[d].size for d in need)
@@ -176,7 +183,14 @@ def _push_layer(reg: RegistryClient, source: LayerSource, d: str, tar: Optional[
         if streamed is not None:
             return streamed
         blob = source.from_engine([d])[d]  # the stored tar was not the layer: from the engine, as any other
-    if not _there(reg, blob, sent, rep, mount_from):
+    try:
+        there = _there(reg, blob, sent, rep, mount_from)
+    except _NotThatBlob as e:
+        rep.warn(f"the cached blob of layer {d[7:19]} {e}; compressing the layer again")
+        source.cache.drop(d, everywhere=True)
+        blob = source.blobs([d])[d]
+        there = _there(reg, blob, sent, rep, mount_from)
+    if not there:
         # the bytes are checked as they go (hashed while sent; the registry checks them too), not read twice
         damaged = _send_blob(reg, blob, sent, rep)
         if damaged:
@@ -344,15 +358,30 @@ def _compress_and_send(reg: RegistryClient, source: LayerSource, diff_id: str, t
     return blob
 
 
+class _NotThatBlob(Exception):
+    """The registry's blob of a cached digest has another size than the cache says it has."""
+
+
+def _same_size(blob: Blob, size: Optional[int], where: str) -> bool:
+    """Whether the registry has the blob (SIZE from its HEAD, None: it has not); a blob of another size
+    than the cache entry records means the entry names another layer's blob."""
+    if size is None:
+        return False
+    if size >= 0 and size != blob.size:
+        raise _NotThatBlob(f"names blob {blob.digest[7:19]} of {blob.size} bytes, and {where} has it with {size}")
+    return True
+
+
 def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> bool:
-    """The registry's repository has the blob, or it was mounted there from another repository."""
-    if reg.has_blob(blob.digest):
+    """The registry's repository has the blob, or it was mounted there from another repository; each
+    checked against the size the registry gives (`_NotThatBlob` when it differs)."""
+    if _same_size(blob, reg.blob_size(blob.digest), reg.repo):
         if blob.digest not in sent.pushed | sent.mounted:
             sent.existing.add(blob.digest)
             rep.detail(f"{blob.digest[7:19]}: already there")
         return True
     for other in mount_from:
-        if reg.mount(blob.digest, other):
+        if _same_size(blob, reg.blob_size(blob.digest, other), other) and reg.mount(blob.digest, other):
             sent.mounted.add(blob.digest)
             rep.detail(f"{blob.digest[7:19]}: mounted from {other}")
             return True

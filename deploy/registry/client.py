@@ -310,20 +310,24 @@ class RegistryClient:
         raise self.fail(r, f"asking {self.host} for the manifest {reference[:19]} of {self.repo}")
 
     def has_blob(self, digest: str) -> bool:
-        r = self._request("HEAD", f"/v2/{self.repo}/blobs/{digest}", f"asking for blob {digest[7:19]}")
+        return self.blob_size(digest) is not None
+
+    def blob_size(self, digest: str, repo: Optional[str] = None) -> Optional[int]:
+        """HEAD the blob in REPO (default this one): its size (-1 when the registry gives none), None on 404."""
+        repo = repo or self.repo
+        r = self._request("HEAD", f"/v2/{repo}/blobs/{digest}", f"asking {repo} for blob {digest[7:19]}")
         if r.status_code == 200:
-            return True
+            length = r.headers.get("Content-Length", "")
+            return int(length) if length.isascii() and length.isdigit() and len(length) < 16 else -1
         if r.status_code == 404:
-            return False
-        raise self.fail(r, f"asking for blob {digest[7:19]}")
+            return None
+        raise self.fail(r, f"asking {repo} for blob {digest[7:19]}")
 
     def mount(self, digest: str, other: str) -> bool:
         """Mount a blob from another repository of this registry (no bytes sent): True when it was.
-        Asked only where that repository has it, so no upload session is left open otherwise."""
+        Asked only where that repository has it (`blob_size(digest, other)`), so no upload session is
+        left open otherwise."""
         if other == self.repo:
-            return False
-        r = self._request("HEAD", f"/v2/{other}/blobs/{digest}", f"asking {other} for blob {digest[7:19]}")
-        if r.status_code != 200:
             return False
         r = self._request("POST", f"/v2/{self.repo}/blobs/uploads/", f"mounting blob {digest[7:19]} from {other}",
                           params={"mount": digest, "from": other})
