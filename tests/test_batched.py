@@ -338,3 +338,14 @@ def _gather_worker(rank, path):
 def test_all_gather_joins_jagged_rows_across_ranks(tmp_path):
     import torch.multiprocessing as mp
     mp.start_processes(_gather_worker, args=(str(tmp_path / "rendezvous"),), nprocs=2, start_method="fork")
+
+
+@pytest.mark.parametrize("call", [
+    lambda b: b.slice(0, 2), lambda b: b.select_indices([0, 1]), lambda b: b.repeat_interleave(2),
+    lambda b: list(b.make_microbatch_iterator(1)), lambda b: b.chunk(0, 1), lambda b: b.get_batch(0, 2),
+    lambda b: b.shard_by_batch_size(1)])
+def test_every_row_helper_refuses_values_of_different_lengths(call):
+    """Rows would not line up: the helper names the sizes instead of returning misaligned rows."""
+    batch = BatchedDataDict({"ids": torch.arange(4), "labels": [0, 1, 2], "mask": torch.ones(4, 2)})
+    with pytest.raises(BatchShapeError, match=r"found sizes: \[3,4\]"):
+        call(batch)

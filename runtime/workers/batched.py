@@ -123,11 +123,16 @@ class BatchedDataDict(dict, Generic[DictT]):
 
     # -- selecting rows -----------------------------------------------------------------------------
     def slice(self, start: int, end: int) -> "SlicedDataDict":
-        """Rows start..end-1 (tensor values are views; a tensor must have `end` rows)."""
+        """Rows start..end-1 (tensor values are views; a tensor must have `end` rows). Every value must
+        have the same number of rows (BatchShapeError), or the slices would not line up."""
+        if self:
+            uniform_row_count(self)
         return SlicedDataDict({k: take_range(v, start, end, k) for k, v in self.items()})
 
     def select_indices(self: B, indices: Indices) -> B:
-        """Rows at `indices`, in that order."""
+        """Rows at `indices`, in that order (every value with the same number of rows)."""
+        if self:
+            uniform_row_count(self)
         return self._rows(indices)
 
     def chunk(self, rank: int, chunks: int) -> "SlicedDataDict":
@@ -228,6 +233,8 @@ class BatchedDataDict(dict, Generic[DictT]):
         copies, so repeats can be changed independently; with share_immutable_media the copies
         share their media (PackedTensor segments, vllm_* payloads, image/video/audio content
         parts) while every container is still new. PackedTensor values cannot be repeated."""
+        if self:
+            uniform_row_count(self)
         out = type(self)()
         for k, v in self.items():
             if torch.is_tensor(v):
@@ -251,7 +258,7 @@ class BatchedDataDict(dict, Generic[DictT]):
     # -- micro-batches ------------------------------------------------------------------------------
     def make_microbatch_iterator(self, microbatch_size: int) -> Iterator["SlicedDataDict"]:
         """Consecutive micro-batches of microbatch_size rows; the size must divide the batch."""
-        total = self.size
+        total = uniform_row_count(self) if self else 0
         require(microbatch_size > 0 and total % microbatch_size == 0,
                 f"Data dict size ({total}) is not a multiple of the provided microbatch size ({microbatch_size})")
         for start in range(0, total, microbatch_size):
