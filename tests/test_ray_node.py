@@ -130,3 +130,46 @@ def test_no_retry_once_stop_if_gives_a_reason(tmp_path):
         ray_node.start(fake_ray(tmp_path, 99), [], dict(os.environ), timeout_s=60, what="ray start (worker)",
                        say=lambda m: None, stop_if=lambda: "the head's GCS no longer answers")
     assert attempts(tmp_path) == 1
+
+
+SLOW_RAY = textwrap.dedent("""
+    import sys, time
+    log = sys.argv[1]
+    open(log, "a").write(f"begin {time.monotonic()}\\n")
+    time.sleep(1.0)  # what a start costs
+    open(log, "a").write(f"started {time.monotonic()}\\n")
+    print("Ray runtime started.", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_nodes_sharing_a_host_take_turns_starting(tmp_path):
+    """With a one-slot HostGate, four nodes started at once begin their `ray start`s one after another,
+    each after the one before said it started and settled; without a gate they all begin at once."""
+    import threading
+    script = tmp_path / "slow_ray.py"
+    script.write_text(SLOW_RAY)
+
+    def run_four(gate, log):
+        nodes = []
+
+        def one():
+            nodes.append(ray_node.start([sys.executable, str(script), str(log)], [], dict(os.environ), timeout_s=60,
+                                        what="ray start", say=lambda m: None, gate=gate))
+        threads = [threading.Thread(target=one) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for n in nodes:
+            n.stop()
+        events = [line.split() for line in log.read_text().splitlines()]
+        return sorted(float(t) for kind, t in events if kind == "begin"), \
+            sorted(float(t) for kind, t in events if kind == "started")
+
+    begins, starts = run_four(ray_node.HostGate(tmp_path / "gate", 1), tmp_path / "gated.log")
+    assert len(begins) == 4
+    for later, earlier_started in zip(begins[1:], starts):  # each begins after the one before started + settled
+        assert later >= earlier_started + ray_node.SETTLE_S - 0.5
+    begins, _ = run_four(None, tmp_path / "ungated.log")
+    assert begins[-1] - begins[0] < 1.0

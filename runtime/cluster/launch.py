@@ -138,6 +138,11 @@ def _start_args(opts: LaunchOptions, ident: NodeIdentity, ip: str) -> list[str]:
     return args
 
 
+def _gate(opts: LaunchOptions) -> Optional[ray_node.HostGate]:
+    """Nodes that share a host (a port stride) take turns starting Ray (ray_node.HostGate)."""
+    return ray_node.HostGate.shared_host() if opts.port_stride else None
+
+
 def ports_for(ident: NodeIdentity, opts: LaunchOptions) -> RayPorts:
     return RayPorts(opts.port_base, ident.node_rank * opts.port_stride)
 
@@ -178,7 +183,7 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
     t0 = time.monotonic()
     node = _start(ident, ray_cmd, ["--head", "--include-dashboard=false", *ports.head_args(),
                                    *temp_dir_args(ports, opts), *_start_args(opts, ident, ip)], env,
-                  timeout_s=opts.join_timeout_s, what="ray start --head")
+                  timeout_s=opts.join_timeout_s, what="ray start --head", gate=_gate(opts))
     agent: Optional[RayAgent] = None
     try:
         driver_env = {**env, "RAY_ADDRESS": address}
@@ -238,10 +243,10 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
 
 
 def _start(ident: NodeIdentity, ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, what: str,
-           on_retry=None, stop_if=None) -> ray_node.RayNode:
+           gate: Optional[ray_node.HostGate], on_retry=None, stop_if=None) -> ray_node.RayNode:
     try:
         return ray_node.start(ray_cmd, args, env, timeout_s=timeout_s, what=what, say=lambda m: log(ident, m),
-                              on_retry=on_retry, stop_if=stop_if)
+                              on_retry=on_retry, stop_if=stop_if, gate=gate)
     except ray_node.StartFailed as e:
         raise LaunchError(str(e)) from None
 
@@ -284,7 +289,7 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         node = _start(ident, ray_cmd, [f"--address={gcs}", *ports.node_args(), *temp_dir_args(ports, opts),
                                        *_start_args(opts, ident, ip)],
                       {**env, "RAY_gcs_rpc_server_reconnect_timeout_s": str(GCS_RECONNECT_S)},
-                      timeout_s=max(1.0, deadline - time.monotonic()), what="ray start (worker)",
+                      timeout_s=max(1.0, deadline - time.monotonic()), what="ray start (worker)", gate=_gate(opts),
                       on_retry=lambda attempt, cause: tell_head(node_records.RETRYING, attempt, cause),
                       stop_if=head_gone)
     except LaunchError as e:

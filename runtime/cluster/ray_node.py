@@ -8,9 +8,16 @@ and tries again, with a line saying why, until the caller's deadline; only then 
 the last attempt's own words.
 
 Stopping a node stops exactly its processes (its own process group), so several nodes can share a host.
+Nodes that share one (several `slurmd -N nK` on a machine, `--port-stride`) start their Ray through a
+`HostGate`: at most one start per core at once, each holding its slot until its node said it started and
+SETTLE_S more. Sixteen nodes starting at once on 2 cores otherwise starve each other past Ray's own
+start-up deadlines (the raylet's wait for its agents, the 30 s registration wait) and every start fails
+again and again. One node per host, as on a real cluster, has no gate.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import random
 import signal
@@ -18,7 +25,8 @@ import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from pathlib import Path
+from typing import Callable, Iterator, Optional
 
 from runtime.cluster import lifeline
 from runtime.errors import RaytrainError
@@ -28,10 +36,46 @@ ATTEMPT_S = 120          # one attempt that neither starts nor fails (Ray's own 
 BACKOFF_S = (1, 2, 4, 8)  # pauses between attempts, the last repeated
 STOP_GRACE_S = 30        # `ray start --block` stopping its processes in order, on a normal exit
 TERMINATE_GRACE_S = 2    # ... when the scheduler is taking the node (its own grace period is short)
+SETTLE_S = 3             # a gated start keeps its slot this long after Ray said it started (its agents)
 
 
 class StartFailed(RaytrainError):
     """This node's Ray did not come up within the deadline; the message has the last attempt's words."""
+
+
+class HostGate:
+    """At most SLOTS Ray starts at once on this host: each start takes a free one of SLOTS lock files in
+    DIRECTORY (flock: a start that dies frees its slot with it) and waits while all are taken."""
+
+    def __init__(self, directory: Path, slots: int):
+        self.directory, self.slots = Path(directory), max(1, slots)
+
+    @classmethod
+    def shared_host(cls) -> "HostGate":
+        return cls(Path(tempfile.gettempdir()) / f"raytrain-start-gate-{os.getuid()}", os.cpu_count() or 1)
+
+    @contextlib.contextmanager
+    def slot(self, deadline: float) -> Iterator[bool]:
+        """Hold a slot for the block; yields False when none came free before DEADLINE (the start goes
+        ahead ungated rather than never)."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        held = None
+        while held is None and time.monotonic() < deadline:
+            for i in random.sample(range(self.slots), self.slots):
+                f = open(self.directory / f"slot-{i}", "a")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = f
+                    break
+                except BlockingIOError:
+                    f.close()
+            if held is None:
+                time.sleep(random.uniform(0.1, 0.3))
+        try:
+            yield held is not None
+        finally:
+            if held is not None:
+                held.close()  # closing the file drops the lock
 
 
 @dataclass
@@ -102,33 +146,47 @@ class RayNode:
             pass
 
 
+def _attempt(ray_cmd: list[str], args: list[str], env: dict, limit: float, settle_s: float) -> RayNode:
+    """One `ray start`, until it says it started (then SETTLE_S more) or LIMIT seconds have passed."""
+    began = time.monotonic()
+    node = RayNode.spawn(ray_cmd, args, env)
+    try:
+        while not node.started():
+            if time.monotonic() - began > limit:
+                raise StartFailed(f"ray start did not say it started within {limit:.0f}s: {node.cause()}")
+            time.sleep(0.1)
+        settled = time.monotonic() + settle_s
+        while time.monotonic() < settled and node.returncode is None:
+            time.sleep(0.1)
+        node.started()  # exited while settling: StartFailed with its words
+    except BaseException:
+        node.stop()
+        raise
+    return node
+
+
 def start(ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, what: str,
           say: Callable[[str], None], on_retry: Optional[Callable[[int, str], None]] = None,
-          stop_if: Optional[Callable[[], Optional[str]]] = None, attempt_s: float = ATTEMPT_S) -> RayNode:
+          stop_if: Optional[Callable[[], Optional[str]]] = None, attempt_s: float = ATTEMPT_S,
+          gate: Optional[HostGate] = None) -> RayNode:
     """This node's Ray, started; tried again after each failed attempt until `timeout_s` has passed.
     `say` gets one line per failed attempt; `on_retry(attempt, cause)` is called before the next one;
-    `stop_if()` is asked first, and a reason it gives ends the tries (a worker whose head is gone)."""
+    `stop_if()` is asked first, and a reason it gives ends the tries (a worker whose head is gone).
+    GATE: nodes sharing this host take turns (HostGate)."""
     deadline = time.monotonic() + timeout_s
     attempt = 0
     while True:
         attempt += 1
         began = time.monotonic()
-        node = RayNode.spawn(ray_cmd, args, env)
-        limit = min(attempt_s, max(1.0, deadline - began))
         try:
-            while not node.started():
-                if time.monotonic() - began > limit:
-                    raise StartFailed(f"ray start did not say it started within {limit:.0f}s: {node.cause()}")
-                time.sleep(0.1)
+            with (gate.slot(deadline) if gate else contextlib.nullcontext(False)) as gated:
+                node = _attempt(ray_cmd, args, env, min(attempt_s, max(1.0, deadline - time.monotonic())),
+                                SETTLE_S if gated else 0.0)
             if attempt > 1:
                 say(f"{what} came up on attempt {attempt}")
             return node
         except StartFailed as e:
             cause = str(e)
-            node.stop()
-        except BaseException:
-            node.stop()
-            raise
         final = stop_if() if stop_if else None
         if final:
             raise StartFailed(f"{what} failed ({cause}); not trying again: {final}")
