@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import struct
+import warnings
 import tarfile
 import zipfile
 from pathlib import Path
@@ -120,7 +121,6 @@ def _contents(wheel: Path) -> list[tuple[str, bytes]]:
 
 def test_a_member_twice_in_one_wheel_is_refused(tmp_path):
     w = make_wheel(tmp_path, "twice", "1.0", {"twice/__init__.py": b"A = 1\n"})
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # zipfile warns of the duplicate name it is asked to write
         _rewrite(w, _contents(w) + [("twice/__init__.py", b"A = 2\n")])
@@ -228,3 +228,32 @@ def test_a_script_too_big_to_rewrite_in_memory_is_refused(tmp_path):
     w = make_wheel(tmp_path, "bigscript", "1.0", {"bigscript/__init__.py": b"", "bigscript-1.0.data/scripts/tool": script})
     with pytest.raises(BuildError, match=r"bigscript-1\.0-py3-none-any\.whl: the script .*tool' is \d+ bytes"):
         write([w], tmp_path / "store")
+
+
+_PART = st.sampled_from(["pkg", "..", ".", "", "a.py", "x.pth", "probe-1.0.data", "scripts", "purelib", "data",
+                         "headers", "bin", "\\", "C:", "\x00", "lib"])
+
+
+@settings(max_examples=150, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+          deadline=None)
+@given(st.lists(st.lists(_PART, min_size=1, max_size=6).map("/".join), min_size=1, max_size=4))
+def test_any_member_names_are_refused_in_one_line_or_land_inside_their_scheme(tmp_path_factory, names):
+    """Whatever the member names, a wheel is either refused before anything is written, with one line naming
+    it, or each of its files lands inside the venv under a normalised name."""
+    from toolchain.venv_layer import _installed
+    where = tmp_path_factory.mktemp("w")
+    files = {n: b"x = 1\n" for n in names}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # zipfile warns of a name written twice
+            wheel = make_wheel(where, "probe", "1.0", {"probe/__init__.py": b"", **files})
+    except (ValueError, OSError):
+        return  # zipfile itself cannot write such a name
+    try:
+        wheel_checks.check_wheel(wheel, "3.11")
+        landed = [name for _, name in _installed(wheel, PY, "/opt/venv")]
+    except BuildError as e:
+        assert "\n" not in str(e) and wheel.name in str(e)
+        return
+    for name in landed:
+        assert name.startswith("opt/venv/") and os.path.normpath(name) == name and "\x00" not in name
