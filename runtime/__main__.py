@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable, Optional
 
 from runtime import addresses, numbers
 
@@ -10,7 +11,8 @@ from runtime.cluster import selfcheck
 from runtime.contract import DEFAULT_PORT_BASE, EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START, EXIT_NODE_LOST
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The commands and their options."""
     parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sc = sub.add_parser("selfcheck", help="Import ray and torch, load the baked cluster spec, print a JSON report.")
@@ -65,40 +67,55 @@ def main(argv: list[str] | None = None) -> int:
                                 "publishes exit code 0, every node leaves in order.",
                    description="On the head of a held cluster: python -m runtime stop",
                    epilog="Exit code: 0 once the head accepted; 1: no cluster is serving here.")
-    args = parser.parse_args(argv)
-    if args.command == "selfcheck":
-        return selfcheck.run(require_cuda=args.require_cuda)
-    if args.command == "stop":
-        from runtime.cluster import serving
-        from runtime.errors import RaytrainError
-        try:
-            return serving.request_stop()
-        except RaytrainError as e:
-            print(f"stop: error: {e}", file=sys.stderr, flush=True)
-            return getattr(e, "exit_code", 1)
-    if args.command == "run":
-        from pathlib import Path
-        from runtime.cluster import serving
-        from runtime.errors import RaytrainError
-        try:
-            return serving.run(Path(args.code_dir), args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd,
-                               unpack_root=Path(args.unpack_stdin) if args.unpack_stdin else None)
-        except RaytrainError as e:
-            print(f"run: error: {e}", file=sys.stderr, flush=True)
-            return getattr(e, "exit_code", 1)
+    return parser
+
+
+def _reported(command: str, work: Callable[[], int], errors: tuple = (), code: Optional[int] = None) -> int:
+    """WORK's exit code; a RaytrainError (or one of ERRORS) becomes one line `COMMAND: error: ...` on stderr
+    and exit code CODE (default: the error's own)."""
     from runtime.errors import RaytrainError
+    try:
+        return work()
+    except (RaytrainError, *errors) as e:
+        print(f"{command}: error: {e}", file=sys.stderr, flush=True)
+        return code if code is not None else getattr(e, "exit_code", 1)
+
+
+def _driver_cmd(cmd: list[str]) -> list[str]:
+    return cmd[1:] if cmd[:1] == ["--"] else cmd
+
+
+def _launch(args: argparse.Namespace) -> int:
     from runtime.cluster.launch import LaunchOptions, launch
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     opts = LaunchOptions(port_base=args.port_base, port_stride=args.port_stride, barrier_timeout_s=args.barrier_timeout,
                          join_timeout_s=args.join_timeout, auth="disabled" if args.no_auth else "token",
                          num_cpus=args.num_cpus, num_gpus=args.num_gpus, node_ip=args.node_ip,
                          warm_hosts=args.warm_hosts, preload_driver=args.preload, zygote=args.zygote,
                          serve=args.serve)
-    try:
-        return launch(cmd, opts)
-    except (RaytrainError, ValueError) as e:
-        print(f"launch: error: {e}", file=sys.stderr, flush=True)
-        return 2
+    return launch(_driver_cmd(args.cmd), opts)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from pathlib import Path
+    from runtime.cluster import serving
+    return serving.run(Path(args.code_dir), _driver_cmd(args.cmd),
+                       unpack_root=Path(args.unpack_stdin) if args.unpack_stdin else None)
+
+
+def _stop(args: argparse.Namespace) -> int:
+    from runtime.cluster import serving
+    return serving.request_stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "selfcheck":
+        return selfcheck.run(require_cuda=args.require_cuda)
+    if args.command == "stop":
+        return _reported("stop", lambda: _stop(args))
+    if args.command == "run":
+        return _reported("run", lambda: _run(args))
+    return _reported("launch", lambda: _launch(args), errors=(ValueError,), code=2)
 
 
 if __name__ == "__main__":

@@ -159,20 +159,46 @@ def _child(req: dict, fds: list[int]) -> None:
 
 def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
     """Import PRELOAD, then fork a worker for each trampoline that connects, until SIGTERM."""
-    import gc
-    import selectors
     import time
     t0 = time.monotonic()
     # bound before the imports: a worker that starts meanwhile waits in the backlog for them (they are
     # under way, and a second torch import beside them would only compete for the same cores)
+    listener = _listen(socket_path)
+    done = _preload(log)
+    if not _single_threaded():
+        log(f"zygote: {_threads()} threads after the imports; forking would not be safe, so workers start as usual")
+        listener.close()
+        os.unlink(socket_path)
+        return 0
+    log(f"zygote on {socket.gethostname()}: ready at {socket_path} after {time.monotonic() - t0:.2f}s ({', '.join(done)})")
+    loop = _Loop(listener, log)
+    try:
+        loop.run()
+    finally:
+        loop.end_orphans()
+        try:
+            os.unlink(socket_path)
+        except OSError:
+            pass
+    return 0
+
+
+def _listen(socket_path: str) -> socket.socket:
+    """The zygote's Unix socket, this user's only (the raylet's trampolines connect to it)."""
     try:
         os.unlink(socket_path)
     except FileNotFoundError:
         pass
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(socket_path)
-    os.chmod(socket_path, 0o600)  # only this user's raylet starts workers here
+    os.chmod(socket_path, 0o600)
     listener.listen(64)
+    return listener
+
+
+def _preload(log) -> list[str]:
+    """Import PRELOAD (what could be imported: its names), then freeze what the imports made."""
+    import gc
     # numpy's OpenBLAS (torch imports numpy) starts a thread server at load unless told to use one
     # thread; the children get their own environment back, but keep that one-thread BLAS
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -181,74 +207,90 @@ def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True))
     done = import_all(PRELOAD, lambda name, e: log(f"zygote: not preloaded: {name} ({type(e).__name__}: {e})"))
     gc.collect()
     gc.freeze()  # what the imports made stays out of the children's collections: fewer copied pages
-    deadline = time.monotonic() + 2  # the imports' thread is joined; the kernel drops its task a moment later
+    return done
+
+
+def _single_threaded(wait_s: float = 2.0) -> bool:
+    """Whether this process is down to one thread (the imports' thread is joined; the kernel drops its
+    task a moment later): only then is forking safe."""
+    import time
+    deadline = time.monotonic() + wait_s
     while _threads() != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
-    if _threads() != 1:
-        log(f"zygote: {_threads()} threads after the imports; forking would not be safe, so workers start as usual")
-        listener.close()
-        os.unlink(socket_path)
-        return 0
-    log(f"zygote on {socket.gethostname()}: ready at {socket_path} after {time.monotonic() - t0:.2f}s ({', '.join(done)})")
+    return _threads() == 1
 
-    wake_r, wake_w = os.pipe()
-    os.set_blocking(wake_w, False)
-    os.set_blocking(wake_r, False)
-    signal.set_wakeup_fd(wake_w)
-    signal.signal(signal.SIGCHLD, lambda *_: None)
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
-    sel = selectors.DefaultSelector()
-    sel.register(listener, selectors.EVENT_READ, "accept")
-    sel.register(wake_r, selectors.EVENT_READ, "signal")
-    children: dict[int, socket.socket | None] = {}
 
-    def reap() -> None:
-        while children:
+class _Loop:
+    """The zygote's event loop: accept a trampoline and fork its worker, reap workers and tell their
+    trampolines the exit code, kill a worker whose trampoline hung up, stop on SIGTERM."""
+
+    def __init__(self, listener: socket.socket, log):
+        import selectors
+        self.listener, self.log = listener, log
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        self.stop: list = []
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.append(1))
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(listener, selectors.EVENT_READ, "accept")
+        self.sel.register(self.wake_r, selectors.EVENT_READ, "signal")
+        self.children: dict[int, socket.socket | None] = {}  # pid -> its trampoline (None: it hung up)
+
+    def run(self) -> None:
+        while not self.stop:
+            for key, _ in self.sel.select(timeout=1.0):
+                if key.data == "signal":
+                    try:
+                        os.read(self.wake_r, 512)
+                    except BlockingIOError:
+                        pass
+                    self.reap()
+                elif key.data == "accept":
+                    conn, _ = self.listener.accept()
+                    _serve_one(conn, self.sel, self.children, self.log,
+                               inherited=(self.listener, self.wake_r, self.wake_w))
+                else:
+                    self.hung_up(key)
+            self.reap()
+
+    def reap(self) -> None:
+        """Collect every worker that ended; tell its trampoline (if still there) its exit code."""
+        while self.children:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
             except ChildProcessError:
                 return
             if pid == 0:
                 return
-            conn = children.pop(pid, None)
-            if conn is not None:  # None: its trampoline had hung up already
-                code = os.waitstatus_to_exitcode(status)
+            conn = self.children.pop(pid, None)
+            if conn is not None:
                 try:
-                    conn.sendall(protocol_line(EXIT, code))
+                    conn.sendall(protocol_line(EXIT, os.waitstatus_to_exitcode(status)))
                 except OSError:
                     pass
-                sel.unregister(conn)
+                self.sel.unregister(conn)
                 conn.close()
 
-    try:
-        while not stop:
-            for key, _ in sel.select(timeout=1.0):
-                if key.data == "signal":
-                    try:
-                        os.read(wake_r, 512)
-                    except BlockingIOError:
-                        pass
-                    reap()
-                elif key.data == "accept":
-                    conn, _ = listener.accept()
-                    _serve_one(conn, sel, children, log, inherited=(listener, wake_r, wake_w))
-                else:  # a trampoline hung up (killed): its worker goes with it
-                    pid = key.data
-                    try:
-                        os.kill(pid, signal.SIGKILL)  # not reaped yet, so the pid is still this child's
-                    except ProcessLookupError:
-                        pass
-                    sel.unregister(key.fileobj)
-                    key.fileobj.close()
-                    children[pid] = None
-            reap()
-    finally:
-        # workers still here when the zygote stops are orphans of a node going away (a normal stop ends
-        # them through their raylet first): SIGKILL, as a raylet ends its workers on the way out. A Ray
-        # worker sent SIGTERM without its raylet aborts in Ray's teardown (~CoreWorker -> std::terminate),
-        # and its "Fatal Python error: Aborted" with a native stack buried the one line that said why
-        for pid in list(children):
+    def hung_up(self, key) -> None:
+        """A trampoline hung up (killed): its worker goes with it."""
+        pid = key.data
+        try:
+            os.kill(pid, signal.SIGKILL)  # not reaped yet, so the pid is still this child's
+        except ProcessLookupError:
+            pass
+        self.sel.unregister(key.fileobj)
+        key.fileobj.close()
+        self.children[pid] = None
+
+    def end_orphans(self) -> None:
+        """Workers still here when the zygote stops are orphans of a node going away (a normal stop ends
+        them through their raylet first): SIGKILL, as a raylet ends its workers on the way out. A Ray
+        worker sent SIGTERM without its raylet aborts in Ray's teardown (~CoreWorker -> std::terminate),
+        and its "Fatal Python error: Aborted" with a native stack buried the one line that said why."""
+        for pid in list(self.children):
             try:
                 os.kill(-pid, signal.SIGKILL)  # the worker's own process group (_child), with whatever it started
             except ProcessLookupError:
@@ -256,11 +298,6 @@ def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True))
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-        try:
-            os.unlink(socket_path)
-        except OSError:
-            pass
-    return 0
 
 
 def _hung_up(conn: socket.socket) -> bool:
