@@ -15,7 +15,7 @@ from deploy.job import DeployError, ImageInfo, JobSpec, PreflightError, job_vari
 from deploy.targets import get as get_target
 from deploy.targets.base import Artifacts, Target, TargetOptions
 from runtime import contract as C
-from runtime.cluster.ports import RayPorts
+from runtime.contract import RayPorts
 from runtime.spec import ClusterSpec
 
 

@@ -6,7 +6,10 @@ the project spells them out.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Optional
 
 # Where the image keeps the code: runtime/ and the user's project under APP_ROOT (on PYTHONPATH),
@@ -97,3 +100,87 @@ def resolve(ref: str):
     import importlib
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+# -- what a node says that the deploy side reads ------------------------------------------------------
+# A held cluster's head logs SERVING_LINE once the barrier passed (runtime/cluster/serving.py); every
+# target's `up` waits for it in the head's log (`is_serving`).
+SERVING_LINE = "serving: the cluster is up"
+
+
+def is_serving(log_text: str) -> bool:
+    return SERVING_LINE in log_text
+
+
+# The sbatch script names its head node in one line (`head_line_echo`, rendered by
+# deploy/targets/slurm/sbatch.py); `head_of` reads it back from the job's output (deploy/targets/slurm/held.py).
+_HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")
+
+
+def head_line_echo(nodes: int, spare_nodes: int = 0) -> str:
+    """The sbatch script's shell line that prints the job's head (its variables expanded by bash there)."""
+    spare = f" + {spare_nodes} spare" if spare_nodes else ""
+    return (f'echo "raytrain: job $SLURM_JOB_ID head $head_node ($head_ip), {nodes} node(s){spare} '
+            'restart ${SLURM_RESTART_COUNT:-0}"')
+
+
+def head_of(output: str) -> Optional[str]:
+    """The head node the sbatch script named in its output (the last job start's), None before it did."""
+    found = _HEAD_LINE.findall(output)
+    return found[-1][1] if found else None
+
+
+# -- Ray's ports ---------------------------------------------------------------------------------------
+WORKER_PORTS = 100
+
+
+@lru_cache(maxsize=1)
+def ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+@dataclass(frozen=True)
+class RayPorts:
+    """GCS at `base`; this node's own ports at base + node_offset (non-zero when several nodes share a host).
+
+    `ephemeral_low`: where the nodes' ephemeral range starts; None = this host's (the runtime, on the
+    node). Renderers pass the nodes' value (contract.PORTABLE_EPHEMERAL_LOW), never the rendering host's."""
+    base: int = DEFAULT_PORT_BASE
+    node_offset: int = 0
+    ephemeral_low: Optional[int] = None
+
+    def __post_init__(self):
+        low = self.ephemeral_low or ephemeral_low()
+        top = self.base + self.node_offset + 10 + WORKER_PORTS
+        if self.base < 1024 or top > low:
+            raise ValueError(f"port base {self.base}: Ray's ports {self.base}..{top} must lie "
+                             f"between 1024 and the kernel's ephemeral range (starts at {low}); pick e.g. 20000, 21000, ...")
+
+    @property
+    def gcs(self) -> int:
+        return self.base
+
+    @property
+    def node_base(self) -> int:
+        """Where this node's own ports start."""
+        return self.base + self.node_offset
+
+    @property
+    def node_manager(self) -> int:
+        """The raylet's port: open once this node is up (readiness probes, the launcher's wait)."""
+        return self.node_base + 1
+
+    def node_args(self) -> list[str]:
+        b = self.node_base
+        return [f"--node-manager-port={self.node_manager}", f"--object-manager-port={b + 2}",
+                f"--dashboard-agent-grpc-port={b + 3}", f"--dashboard-agent-listen-port={b + 4}",
+                f"--metrics-export-port={b + 5}", f"--runtime-env-agent-port={b + 6}",
+                f"--min-worker-port={b + 10}", f"--max-worker-port={b + 10 + WORKER_PORTS - 1}"]
+
+    def head_args(self) -> list[str]:
+        b = self.base
+        # client server (b+7) and dashboard (b+8) stay reserved: minimal Ray runs neither
+        return [f"--port={b}", *self.node_args()]

@@ -29,7 +29,7 @@ from helpers import jobs, sky_nodes
 
 sky_job = functools.partial(jobs.job, profile="skypilot")  # the image profile the target asks for
 from runtime import contract as C
-from runtime.cluster.serving import SERVING_LINE
+from runtime.contract import SERVING_LINE
 from runtime.spec import load_spec
 from runtime.wait import wait_until
 from toolchain.hashing import tree_hash

@@ -21,7 +21,7 @@ from deploy.job import JobSpec
 from deploy.targets.base import Applied, ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
 from runtime.contract import EXIT_HEAD_LOST
-from runtime.cluster import log_relay, serving as serving_module
+from runtime.cluster import log_relay
 from runtime.spec import ClusterSpec
 
 
@@ -218,7 +218,7 @@ def hold(client: docker.DockerClient, job: JobSpec, progress, timeout_s: float =
         if head.status == "exited":
             raise DeployError(f"the head exited ({head.attrs['State'].get('ExitCode')}) before it served:\n    "
                               + "\n    ".join(head.logs(tail=15).decode(errors="replace").splitlines()))
-        return serving_module.SERVING_LINE in head.logs(tail=50).decode(errors="replace")
+        return C.is_serving(head.logs(tail=50).decode(errors="replace"))
     try:
         wait_until(serving, timeout_s=timeout_s, interval_s=0.2, what=f"the head {head.name} to serve",
                    hint="the nodes did not form a cluster", logs=lambda: head.logs(tail=15).decode(errors="replace"))

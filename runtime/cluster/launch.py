@@ -42,7 +42,7 @@ from runtime.cluster.agent_client import BARRIER, EXIT, LOST, PUBLISHED, RayAgen
 from runtime.cluster.node_log import LaunchError, log
 from runtime.contract import DEFAULT_PORT_BASE, EXIT_HEAD_LOST, EXIT_NODE_LOST
 from runtime.cluster.identity import NodeIdentity, detect
-from runtime.cluster.ports import RayPorts
+from runtime.contract import RayPorts
 from runtime.spec import load_spec
 from runtime.wait import wait_until
 

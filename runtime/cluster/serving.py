@@ -43,7 +43,6 @@ JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.const
 ZYGOTE_ENV = "RAYTRAIN_ZYGOTE_SOCKET"  # the head's zygote, which forks drivers as it forks workers (launch sets it)
 
 
-SERVING_LINE = "serving: the cluster is up"  # what hold logs once the barrier passed: targets wait for it
 MAX_REQUEST = 1 << 20
 
 # The words of the line protocol between a head (_serve) and a client (`run`, `request_stop`), named once
@@ -84,7 +83,7 @@ def hold(address: str, ip: str, log: Callable[[str], None], env: dict) -> int:
         os.umask(old)
     listener.listen(8)
     listener.settimeout(0.5)
-    log(f"{SERVING_LINE} at {address} ({ip}); send drivers with `python -m runtime run` "
+    log(f"{C.SERVING_LINE} at {address} ({ip}); send drivers with `python -m runtime run` "
         "(invoke run); `python -m runtime stop` or SIGTERM (invoke down) ends it")
     try:
         while not stop.is_set():

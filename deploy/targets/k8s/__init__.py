@@ -49,7 +49,7 @@ from deploy.yaml_out import Dumper
 from runtime import contract as C
 from runtime import k8s_names, numbers
 from runtime.contract import EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START
-from runtime.cluster.ports import RayPorts
+from runtime.contract import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
 from runtime.errors import RaytrainError
 from deploy import hint

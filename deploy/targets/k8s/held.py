@@ -17,7 +17,7 @@ from typing import Callable, Optional
 from deploy import held_step
 from deploy.targets.k8s import kubectl
 from deploy.job import DeployError, JobSpec
-from runtime.cluster.serving import SERVING_LINE
+from runtime.contract import is_serving
 from runtime.wait import wait_until
 from deploy import hint
 
@@ -41,7 +41,7 @@ def _head(job: JobSpec, namespace: str, env: Optional[dict]) -> tuple[Optional[s
         return None, f"the API server did not answer: {str(e)[:200]}"
     running = [p["metadata"]["name"] for p in heads if p.get("status", {}).get("phase") == "Running"]
     if running:
-        serves = SERVING_LINE in kubectl.logs(running[-1], namespace, CONTAINER, env)
+        serves = is_serving(kubectl.logs(running[-1], namespace, CONTAINER, env))
         return (running[-1] if serves else None), f"pod {running[-1]}: running, forming the cluster"
     if heads and all(p.get("status", {}).get("phase") in ("Succeeded", "Failed") for p in heads):
         pod = heads[-1]["metadata"]["name"]

@@ -35,7 +35,7 @@ from deploy.job import DeployError
 from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
 from runtime import contract as C
 from runtime.cluster.log_relay import ANSI
-from runtime.cluster.serving import SERVING_LINE
+from runtime.contract import is_serving
 from runtime.wait import holds_within, wait_until
 
 GRACE_S = 120  # how long down waits for the held job to end on its own before it cancels it
@@ -162,7 +162,7 @@ def wait_serving(cluster: str, job_id: str, nodes: int, job_name: str, env: dict
             last["ended"] = True
             raise DeployError(f"SkyPilot job {job_id} on {cluster} is {state} before its head served:\n    "
                               + "\n    ".join(last["log"].splitlines()[-15:]))
-        return SERVING_LINE in last["log"]
+        return is_serving(last["log"])
     try:
         wait_until(serving, timeout_s=timeout_s, interval_s=2, what=f"SkyPilot job {job_id}'s head to serve",
                    hint=f"see `sky queue {cluster}`", logs=lambda: "\n    ".join(last["log"].splitlines()[-15:]))

@@ -14,7 +14,6 @@
 """
 from __future__ import annotations
 
-import re
 import subprocess
 from pathlib import Path
 from typing import Callable
@@ -23,11 +22,10 @@ from deploy import commands, held_step
 from deploy.job import DeployError, JobSpec
 from deploy.targets.slurm.sbatch import head_container
 from runtime import contract as C
-from runtime.cluster.serving import SERVING_LINE
+from runtime.contract import head_of, is_serving
 from runtime.wait import holds_within, wait_until
 
 GRACE_S = 120  # how long down waits for the job to end on its own before it cancels it
-HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")  # what the sbatch script echoes (deploy/targets/slurm/sbatch.py)
 
 
 def _cli(argv: list[str], env: dict, timeout_s: float = 60) -> subprocess.CompletedProcess:
@@ -62,8 +60,7 @@ def wait_serving(job: JobSpec, job_id: str, env: dict, progress: Callable[[str],
             raise DeployError(f"Slurm job {job_id} ended before its head served:\n    "
                               + "\n    ".join(text().splitlines()[-15:]))
         t = text()
-        head = HEAD_LINE.search(t)
-        return head.group(2) if head and SERVING_LINE in t else None
+        return head_of(t) if is_serving(t) else None
     try:
         head = wait_until(serving, timeout_s=timeout_s, interval_s=0.5, what=f"Slurm job {job_id}'s head to serve",
                           hint="the job may be pending (squeue) or its nodes may not form a cluster",

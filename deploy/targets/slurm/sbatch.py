@@ -130,8 +130,7 @@ def render(job: JobSpec, *, partition: Optional[str] = None, account: Optional[s
               'head_ip="$(srun --nodes=1 --ntasks=1 -w "$head_node" hostname --ip-address | awk \'{print $1}\')"',
               f'export {C.HEAD_ADDRESS}="$head_ip" {C.NUM_NODES}={job.nodes + spare_nodes} '
               f'{C.TRAIN_NODES}={job.nodes} {C.JOB_NAME}={shlex.quote(job.name)}',
-              'echo "raytrain: job $SLURM_JOB_ID head $head_node ($head_ip), ' + f'{job.nodes} node(s)'
-              + (f' + {spare_nodes} spare' if spare_nodes else '') + ' restart ${SLURM_RESTART_COUNT:-0}"', ""]
+              C.head_line_echo(job.nodes, spare_nodes), ""]
     ctr = container_flags(job, image, mount_home) if image else []
     head = ["srun", "--nodes=1", "--ntasks=1", "--kill-on-bad-exit=1", f"--export=ALL,{C.NODE_RANK}=0", *ctr]
     named = image and job.serve  # a held head's container, which `invoke run` attaches to
