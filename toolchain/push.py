@@ -30,7 +30,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import docker
 
@@ -38,6 +38,7 @@ from toolchain.blobs import Blob, BlobCache, BlobHomes, LayerMismatch
 from toolchain.errors import RegistryError, TransientRegistryError
 from toolchain.layer_sources import LayerSource
 from toolchain.progress import Reporter, human_bytes
+from runtime.imageref import ImageRef
 from deploy.registry.client import FileBody, RegistryClient, manifest
 
 __all__ = ["PushResult", "push_image", "BLOB_CACHE"]
@@ -189,7 +190,11 @@ def _push_layer(reg: RegistryClient, source: LayerSource, d: str, tar: Optional[
         rep.warn(f"the cached blob of layer {d[7:19]} {e}; compressing the layer again")
         source.cache.drop(d, everywhere=True)
         blob = source.blobs([d])[d]
-        there = _there(reg, blob, sent, rep, mount_from)
+        try:
+            there = _there(reg, blob, sent, rep, mount_from)
+        except _NotThatBlob as again:
+            raise RegistryError(f"layer {d[7:19]}: its blob, compressed again, {again}; the registry {reg.host} "
+                                "holds a damaged copy of that blob") from None
     if not there:
         # the bytes are checked as they go (hashed while sent; the registry checks them too), not read twice
         damaged = _send_blob(reg, blob, sent, rep)
@@ -412,7 +417,7 @@ def _drop_compressed_tars(store: Path, cache: BlobCache, diff_ids: Sequence[str]
             continue
 
 
-def push_image(client: docker.DockerClient, variant: str, image_id: str, target: str, tags: list[str],
+def push_image(client: docker.DockerClient, variant: str, image_id: str, target: Union[ImageRef, str], tags: list[str],
                retries: int, backoff: float, rep: Reporter, stall_s: float = 300, *,
                layer_store: Optional[Path] = None, blob_cache: Optional[Path] = None,
                candidates: Sequence[str] = (), mount_from: Sequence[str] = ()) -> PushResult:
@@ -422,7 +427,10 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
     images holding some of its layers, smallest first) and of the image itself. A blob the
     registry has in one of the `mount_from` repositories is mounted, not sent."""
     t0 = time.monotonic()
-    address, repo = target.split("/", 1)
+    where = target if isinstance(target, ImageRef) else ImageRef.parse(target, "push target")
+    if where.registry is None or where.tag or where.digest:
+        raise RegistryError(f"push target {where.docker()!r}: give registry/repository (the tags come separately)")
+    address, repo, target = where.registry, where.repository, where.name
     image = client.images.get(image_id)
     diff_ids = list(image.attrs["RootFS"]["Layers"])
     cache = BlobCache(blob_cache or default_blob_cache(), index=default_blob_cache().with_name(DIGEST_INDEX))

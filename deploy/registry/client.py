@@ -313,12 +313,14 @@ class RegistryClient:
         return self.blob_size(digest) is not None
 
     def blob_size(self, digest: str, repo: Optional[str] = None) -> Optional[int]:
-        """HEAD the blob in REPO (default this one): its size (-1 when the registry gives none), None on 404."""
+        """HEAD the blob in REPO (default this one): its size (-1 when the registry gives none: no
+        Content-Length, or 0, which no blob is and some proxies send for a HEAD), None on 404."""
         repo = repo or self.repo
         r = self._request("HEAD", f"/v2/{repo}/blobs/{digest}", f"asking {repo} for blob {digest[7:19]}")
         if r.status_code == 200:
             length = r.headers.get("Content-Length", "")
-            return int(length) if length.isascii() and length.isdigit() and len(length) < 16 else -1
+            size = int(length) if length.isascii() and length.isdigit() and len(length) < 16 else -1
+            return size if size > 0 else -1
         if r.status_code == 404:
             return None
         raise self.fail(r, f"asking {repo} for blob {digest[7:19]}")
