@@ -127,7 +127,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--no-baseline", action="store_true", help="Skip the run without spare workers.")
     args = p.parse_args()
-    image = read_builds(ROOT / "build")["cpu"].local_ref
+    image = read_builds(ROOT / "build")["cpu"].local_ref.docker()
     print(f"load before: {os.getloadavg()[0]:.2f} (1 min)")
     r = run_job(image, [])
     sleeps = 10 + 5 * 2

@@ -209,7 +209,7 @@ def main() -> int:
         new = new_way(settings, "before", rep)  # its dependency layers written here: the index knows them
         user_ref = read_builds(settings.build_dir)["cpu"].user_ref
         old = old_way(client, settings, user_ref, reg, "bench-old", "before", scratch, rep)
-        repo_new = read_builds(settings.build_dir)["cpu"].local_ref.rsplit(":", 1)[0]
+        repo_new = read_builds(settings.build_dir)["cpu"].local_ref.name
         before_new = manifest_layers(reg, repo_new, "cpu-latest")
         before_old = manifest_layers(reg, "bench-old", "before")
         fetch(reg, f"{reg.address}/{repo_new}:cpu-latest")

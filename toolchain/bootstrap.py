@@ -15,6 +15,7 @@ from pathlib import Path
 
 import docker
 
+from runtime.imageref import ImageRef
 from toolchain.config import Settings
 from toolchain.docker_client import image_exists
 from toolchain.errors import BootstrapError, ConfigError
@@ -77,8 +78,8 @@ def ensure_base(client: docker.DockerClient, settings: Settings, rep: Reporter) 
         tarball = work / "rootfs.tar"
         subprocess.run(["tar", "--numeric-owner", "--xattrs", "-C", str(rootfs), "-cf", str(tarball), "."], check=True)
         rep.step(f"base: importing {tarball.stat().st_size / 2**20:.0f} MiB as {ref}")
-        repo, tag = ref.rsplit(":", 1)
-        client.api.import_image_from_file(str(tarball), repository=repo, tag=tag, changes=IMPORT_CHANGES)
+        named = ImageRef.parse(ref, "base image")
+        client.api.import_image_from_file(str(tarball), repository=named.name, tag=named.tag, changes=IMPORT_CHANGES)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return BaseImage(ref, key, client.images.get(ref).id, True)

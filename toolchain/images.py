@@ -328,7 +328,6 @@ def build_all(client: docker.DockerClient, settings: Settings, variants: list[st
     builder = Builder(client, settings, rep)
     built = [builder.build(v, spec_file) for v in variants]
     for b in built:
-        repo, tag = b.human_ref.rsplit(":", 1)
-        client.api.tag(b.image_id, repo, tag)
+        client.api.tag(b.image_id, b.human_ref.name, b.human_ref.tag)
     write_builds(settings.build_dir, built)
     return built

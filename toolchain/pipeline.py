@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict
 
 from deploy.job import PreflightError
 from deploy.targets.base import Applied, ApplyContext
+from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, json_schema, load_spec, spec_hash
 from toolchain.bootstrap import ensure_base
 from toolchain.config import Settings
@@ -83,7 +84,6 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
 def registry_address(settings: Settings, spec_file: Path, variant: str = "cpu") -> str:
     """Where push sends a variant: the spec's `registry`, else a registry named in its cpu_image/gpu_image,
     else registry.address."""
-    from runtime.imageref import ImageRef
     spec = load_spec(spec_file)
     named = ImageRef.parse(spec.cpu_image if variant == "cpu" else spec.gpu_image).registry
     return spec.registry or named or settings.registry.address
@@ -112,12 +112,11 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
             raise ConfigError(f"the {v} build was made from another spec (sha256 {entry.spec_sha256[:12]}, now {sha[:12]}); "
                               f"build with this spec: INVOKE_PROJECT_SPEC={_shown(settings, spec_file)} {hint.cmd('build push')}")
         try:
-            image = client.images.get(entry.local_ref)
+            image = client.images.get(entry.local_ref.docker())
         except Exception:
             raise ToolchainError(f"image {entry.local_ref} from build.json is not in the engine; run `{hint.cmd('build')}` again") from None
-        repo, content_tag = entry.local_ref.rsplit(":", 1)
-        _, human_tag = entry.human_ref.rsplit(":", 1)
-        target = f"{address}/{repo}"
+        repo, content_tag, human_tag = entry.local_ref.repository, entry.local_ref.tag, entry.human_ref.tag
+        target = ImageRef.parse(f"{address}/{repo}", "push target")  # a registry address may carry a path
         # the layers not in the layer store come from `docker save` of the smallest stage that has them
         below = [ref for ref in (entry.base_ref, entry.user_ref, entry.deps_ref) if ref and ref != "-"]
         res = push_image(client, v, image.id, target, [content_tag, human_tag],

@@ -13,9 +13,9 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Annotated, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, field_validator
 
 from runtime import strict_json
 from runtime.contract import JOB_NAME_RE
@@ -27,14 +27,34 @@ from deploy import hint
 SHA256 = r"^[0-9a-f]{64}$"
 
 
+def _tagged(value: object) -> ImageRef:
+    """A local image's reference, parsed once (runtime/imageref.py): repository:tag, no digest."""
+    if isinstance(value, ImageRef):
+        ref = value
+    elif isinstance(value, str):
+        try:
+            ref = ImageRef.parse(value, "image")
+        except ImageRefError as e:
+            raise ValueError(str(e)) from None
+    else:
+        raise ValueError("an image reference is text (repository:tag)")
+    if ref.tag is None or ref.digest is not None:
+        raise ValueError(f"{ref.docker()[:120]!r}: a built image is named repository:tag")
+    return ref
+
+
+# an image reference in a record: typed in Python, its text (`docker` form) in the JSON file
+TaggedRef = Annotated[ImageRef, BeforeValidator(_tagged), PlainSerializer(ImageRef.docker, return_type=str)]
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
 class BuildRecord(_Record):
     variant: str
-    local_ref: str
-    human_ref: str
+    local_ref: TaggedRef
+    human_ref: TaggedRef
     image_id: str
     spec_sha256: str = Field(..., pattern=SHA256)
     base_ref: str
@@ -51,7 +71,7 @@ class BuildRecord(_Record):
 
 
 class PushRecord(_Record):
-    local_ref: str
+    local_ref: TaggedRef
     image_id: str
     repo_digest: str
     digest: str = Field(..., pattern=r"^sha256:[0-9a-f]{64}$")

@@ -24,11 +24,13 @@ import subprocess
 import sys
 import tarfile
 import zipfile
+from dataclasses import replace
 from pathlib import Path
 
 import docker
 
 from runtime.contract import PROFILE_LABEL, SKYPILOT_PROFILE
+from runtime.imageref import ImageRef
 from toolchain import layers
 from toolchain.blobs import file_sha256
 from toolchain.docker_client import image_exists
@@ -153,10 +155,9 @@ def add(builder, image_ref: str, human_ref: str, user_ref: str, user_key: str, r
     (its tag, its human tag with `-skypilot`)."""
     client, store = builder.client, builder.layer_store
     stage_ref, key = stage(builder, user_ref, user_key)
-    repo, _, tag = image_ref.rpartition(":")
-    ref = f"{repo}:{tag}-{SKYPILOT_PROFILE}-{key_of(image_ref, key)[:8]}"
-    human_repo, _, human_tag = human_ref.rpartition(":")
-    human = f"{human_repo}:{human_tag}-{SKYPILOT_PROFILE}"
+    image, named = ImageRef.parse(image_ref, "image"), ImageRef.parse(human_ref, "image")
+    ref = replace(image, tag=f"{image.tag}-{SKYPILOT_PROFILE}-{key_of(image_ref, key)[:8]}").docker()
+    human = replace(named, tag=f"{named.tag}-{SKYPILOT_PROFILE}").docker()
     if image_exists(client, ref):
         builder.rep.step(f"skypilot profile: reusing {ref}")
         return ref, human
