@@ -364,6 +364,12 @@ def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:
         raise SpecError(source, describe_errors(e)) from None
 
 
+# One command parses and validates a spec once: each spec is remembered by the sha256 of its bytes, so
+# the second `load_spec` of an unchanged file reads a few KB and returns the first one's spec (an edit
+# is parsed afresh, whatever its timestamps). Specs are frozen: sharing one is safe.
+_PARSED: dict[str, ClusterSpec] = {}
+
+
 def load_spec(path: str | Path) -> ClusterSpec:
     """Read and validate a spec file; every way it can be wrong is a SpecError (exit 2), never a traceback."""
     path = Path(path)
@@ -377,6 +383,17 @@ def load_spec(path: str | Path) -> ClusterSpec:
         raw = path.read_bytes()[:MAX_SPEC_BYTES + 1]
     except OSError as e:
         raise SpecError(source, [f"cannot read the file: {e.strerror}"]) from None
+    digest = hashlib.sha256(raw).hexdigest()
+    spec = _PARSED.get(digest)
+    if spec is None:
+        spec = _parse_bytes(raw, source)
+        if len(_PARSED) > 32:
+            _PARSED.clear()
+        _PARSED[digest] = spec
+    return spec
+
+
+def _parse_bytes(raw: bytes, source: str) -> ClusterSpec:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:

@@ -123,3 +123,23 @@ def test_spec_sections_and_counts_are_bounded():
             parse_spec({**base, "slurm": section})
     with pytest.raises(SpecError, match="at most 1000"):
         parse_spec({**base, "node_type_from_node_name": {f"n{i}": "t" for i in range(1001)}})
+
+
+def test_one_command_reads_a_spec_once_and_an_edit_afresh(tmp_path):
+    """load_spec of an unchanged file gives the first load's spec (the same object: parsed and validated
+    once); an edit is parsed afresh, however soon after it comes."""
+    import hashlib
+    import json
+    from runtime.spec import load_spec, spec_hash
+    src = Path(__file__).resolve().parents[1] / "cluster_specs" / "local.json"
+    path = tmp_path / "spec.json"
+    path.write_bytes(src.read_bytes())
+    first = load_spec(path)
+    assert load_spec(path) is first and load_spec(str(path)) is first
+    assert spec_hash(path) == hashlib.sha256(path.read_bytes()).hexdigest()
+    doc = json.loads(path.read_text())
+    text = json.dumps(doc)
+    path.write_text(text.replace(f'"{doc["cluster_name"]}"', '"' + "x" * len(doc["cluster_name"]) + '"'))
+    again = load_spec(path)
+    assert again is not first and again.cluster_name == "x" * len(first.cluster_name)
+    assert spec_hash(path) == hashlib.sha256(path.read_bytes()).hexdigest()
