@@ -31,6 +31,11 @@ class Handle(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+def as_json(handle: object) -> object:
+    """A handle as clusters.json keeps it (a model's fields, unset ones left out)."""
+    return handle.model_dump(exclude_none=True) if isinstance(handle, Handle) else handle
+
+
 class SlurmHandle(Handle):
     job_id: str = Field(..., pattern=JOB_ID)
     head_node: str = Field(..., pattern=SLURM_NODE)
@@ -74,14 +79,16 @@ BY_TARGET: dict[str, type[Handle]] = {"local": LocalHandle, "slurm": SlurmHandle
                                       "k8s": K8sHandle, "skypilot": SkyHandle}
 
 
-def check(target: str, raw: object, where: str, name: str | None = None) -> dict:
-    """RAW as TARGET's handle (a plain dict, as the held modules take it) of the cluster NAME (the local
-    target's objects are named after it); InputError naming the field."""
+def check(target: str, raw: object, where: str, name: str | None = None) -> Handle:
+    """RAW (a record's dict, or a handle a target made) as TARGET's handle model, which the held modules
+    take, of the cluster NAME (the local target's objects are named after it); InputError naming the field."""
     model = BY_TARGET.get(target)
     if model is None:
         raise InputError(f"{where}: target {target[:40]!r} holds no clusters ({', '.join(sorted(BY_TARGET))} do)")
+    if isinstance(raw, Handle):
+        raw = raw.model_dump(exclude_none=True)
     try:
-        return model.model_validate(raw, context={"name": name}).model_dump(exclude_none=True)
+        return model.model_validate(raw, context={"name": name})
     except ValidationError as e:
         err = e.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "handle"

@@ -11,6 +11,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from deploy.handles import K8sHandle
 from deploy.job import DeployError
 from deploy.targets import k8s
 from deploy.targets.base import ApplyContext
@@ -73,7 +74,7 @@ def test_a_held_cluster_serves_from_every_pod_and_runs_exec_into_the_head():
     flags = k8s.TARGET.parse_options({"seeds": "1-2"})
     assert any("--seeds: a held cluster" in p for p in k8s.TARGET.preflight(job, load_spec(
         ROOT / "cluster_specs" / "kubernetes.json"), flags))
-    handle = {"namespace": "ml", "job_name": "train", "head_pod": "train-head-x7"}
+    handle = K8sHandle(namespace="ml", job_name="train", head_pod="train-head-x7")
     step = k8s_held.run_step(handle, "raytrain-code/abc", ["python", "train.py"], {"RAYTRAIN_RUN_ID": "r1"})
     assert step[:step.index("--") + 1] == ["kubectl", "exec", "-i", "-n", "ml", "train-head-x7", "-c", "ray", "--"]
     after = step[step.index("--") + 1:]
@@ -195,7 +196,7 @@ def test_submit_counts_every_object_it_applied_the_secret_included(tmp_path, mon
     (bin_dir / "kubectl").chmod(stat.S_IRWXU)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     monkeypatch.setenv("KUBECTL_RECORD", str(tmp_path / "calls.jsonl"))
-    monkeypatch.setattr(k8s.held, "wait_serving", lambda *a, **kw: {})  # no API server here to serve from
+    monkeypatch.setattr(k8s.held, "wait_serving", lambda *a, **kw: K8sHandle(namespace="ml", job_name="job", head_pod="job-head-0"))  # no API server here
     job, _ = spec_job(nodes=2)
     job = job.model_copy(update={"serve": serve})
     spec = load_spec(ROOT / "cluster_specs" / "kubernetes.json")

@@ -296,7 +296,7 @@ def test_a_held_record_passes_only_values_a_tool_reads_as_one_value(target, data
     except InputError as e:
         assert f"handle.{field}" in str(e)
         return
-    value = checked[field]
+    value = getattr(checked, field)
     assert SAFE_ARG.fullmatch(value) or (field == "log" and value.startswith("/") and "\n" not in value), value
 
 

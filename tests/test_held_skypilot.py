@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from deploy import held_step
+from deploy.handles import SkyHandle
 from deploy.targets.skypilot import held as sky_held
 from deploy.targets.skypilot.task import dump
 from deploy.targets import skypilot
@@ -39,7 +40,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sky = pytest.importorskip("sky")  # a dev dependency: `pip install -e .[dev]`
 OLD_PRINT = 'print(f"step {self.step} loss {value:.5f} at {time.time() - self.started_at:.2f}s", flush=True)'
 NEW_PRINT = 'print(f"step {self.step} loss {value:.5f} CHANGED-ON-SKY", flush=True)'
-HANDLE = {"cluster": "held-sky", "job_id": "1", "nodes": 3, "job_name": "held-sky"}
+HANDLE = SkyHandle(cluster="held-sky", job_id="1", nodes=3, job_name="held-sky")
 
 
 def up_task(job, spec_name="local.json", **flags) -> dict:
@@ -157,7 +158,7 @@ def test_held_tasks_run_in_the_image_as_skypilot_runs_them(client, pushed, tmp_p
     assert OLD_PRINT in train.read_text()
     train.write_text(train.read_text().replace(OLD_PRINT, NEW_PRINT))
     rel_dir = f"{CODE_DIR}/{tree_hash(app)[:16]}"
-    handle = {"cluster": name, "job_id": "1", "nodes": 3, "job_name": name}
+    handle = SkyHandle(cluster=name, job_id="1", nodes=3, job_name=name)
     containers, names, network = sky_nodes.start(client, up, name)
     try:
         head, worker = containers[0], containers[1]

@@ -77,7 +77,7 @@ def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):
         clusters.write_bytes(good)
         assert not calls.exists(), calls.read_text()  # no argv reached squeue, scancel or srun
         assert held.status(s, rep=Reporter(), name=name, env=shim_env)[name]["up"]
-        assert calls.read_text().startswith("squeue -h -j " + record.handle["job_id"])
+        assert calls.read_text().startswith("squeue -h -j " + record.handle.job_id)
         runtime_copy = tmp_path / "runtime"  # a runtime other than the one the nodes run: refused
         shutil.copytree(ROOT / "runtime", runtime_copy, ignore=shutil.ignore_patterns("__pycache__"))
         (runtime_copy / "numbers.py").write_text((runtime_copy / "numbers.py").read_text() + "\n# changed\n")
@@ -86,10 +86,10 @@ def test_up_run_down_on_slurm(slurm, tmp_path, monkeypatch, capfd):
             held.run(other, str(spec), rep=Reporter(), name=name, env=cluster.env)
     finally:
         held.down(s, rep=Reporter(), name=name, env=cluster.env)
-    fields = cluster.wait(record.handle["job_id"], timeout_s=120)
+    fields = cluster.wait(record.handle.job_id, timeout_s=120)
     # down asks the head to stop: it publishes 0, the nodes leave in order and the script ends the job
     assert fields["JobState"] == "COMPLETED" and fields["ExitCode"] == "0:0", fields
-    log = Path(record.handle["log"]).read_text()
+    log = Path(record.handle.log).read_text()
     assert "raytrain: workers step exited with 0" in log and "raytrain: head exited with 0" in log, log[-3000:]
     assert log.count("the held cluster was stopped; leaving") == 2, log[-3000:]  # both workers, told by the head
     for noise in ("CANCELLED", "marked dead", "raylet exited", "SIGTERM received"):  # no process was signalled

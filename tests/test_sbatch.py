@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from deploy.handles import SlurmHandle
 from deploy.targets.slurm import sbatch
 from deploy.job import DeployError
 from helpers import jobs
@@ -104,14 +105,16 @@ def test_a_held_pyxis_head_runs_in_a_container_named_by_its_job_which_runs_attac
     plain = render(job, opts)
     assert "--container" not in plain and "enroot" not in plain
 
-    handle = {"job_id": "77", "head_node": "n1", "container": sbatch.head_container("77")}
+    handle = SlurmHandle(job_id="77", head_node="n1", log="/tmp/logs/job-77.out", job_name="job",
+                         container=sbatch.head_container("77"))
     step = slurm_held.run_step(handle, "raytrain-code/abc", ["python", "train.py"], {"RAYTRAIN_RUN_ID": "r1"})
     assert {"--jobid=77", "--overlap", "--container-name=raytrain-head-77:exec",
             "--container-env=RAYTRAIN_RUN_ID", "--export=ALL,RAYTRAIN_RUN_ID=r1"} <= set(step)
     assert not [a for a in step if a.startswith(("--container-image", "--container-mounts"))]
     assert step[step.index("run"):] == ["run", "--code-dir", "/tmp/raytrain-code/abc", "--unpack-stdin", "/tmp", "--",
                                         "python", "train.py"]
-    bare = slurm_held.run_step({"job_id": "78", "head_node": "n1"}, "raytrain-code/abc", ["python"], {})
+    bare = slurm_held.run_step(SlurmHandle(job_id="78", head_node="n1", log="/tmp/logs/job-78.out", job_name="job"),
+                               "raytrain-code/abc", ["python"], {})
     assert not [a for a in bare if "container" in a]
 
 

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, field_validator
 
@@ -22,7 +22,7 @@ from runtime.contract import JOB_NAME_RE
 from runtime.errors import InputError
 from toolchain.atomic import write_atomic
 from runtime.imageref import ImageRef, ImageRefError
-from deploy import hint
+from deploy import handles, hint
 
 SHA256 = r"^[0-9a-f]{64}$"
 
@@ -121,7 +121,8 @@ class ClusterRecord(_Record):
     runtime_sha256: str
     project: str                 # the project root that started it
     started: str
-    handle: dict = Field(default_factory=dict)  # the target's own (local: containers, network)
+    # the target's own (local: containers, network): typed by deploy/handles.py when read (read_clusters)
+    handle: Annotated[Any, PlainSerializer(handles.as_json)] = Field(default_factory=dict)
     up_args: str = ""            # the flags `up` was given beyond --target and --name (hints repeat them)
 
 
@@ -262,7 +263,6 @@ def clusters_file(build_dir: Path) -> Path:
 
 
 def read_clusters(build_dir: Path) -> dict[str, ClusterRecord]:
-    from deploy import handles
     path = clusters_file(build_dir)
     out = {}
     for key, rec in _read(path, ClusterRecord, hint.cmd("up")).items():
@@ -275,7 +275,6 @@ def read_clusters(build_dir: Path) -> dict[str, ClusterRecord]:
 
 
 def write_cluster(build_dir: Path, record: ClusterRecord) -> Path:
-    from deploy import handles
     handles.check(record.target, record.handle, f"the handle of {record.name!r} from its target",
                   record.name)  # readable back
     return _write(clusters_file(build_dir), {**read_clusters(build_dir), record.name: record})

@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
 
 from deploy import hint
+from deploy.handles import Handle
 from deploy.artifacts import write_all
 from deploy.job import IMAGE_WORKDIR, DeployError, JobSpec, PreflightError
 from runtime.spec import ClusterSpec
@@ -73,7 +74,7 @@ class Applied(BaseModel):
     written: list[str] = Field(default_factory=list)   # the files, where they were written
     exit_code: Optional[int] = None                     # a job run here (local): the head's exit code
     diagnosis: Optional[str] = None                     # ... and which node failed first, and why
-    held: Optional[dict] = None                         # a held cluster's handle (job.serve): clusters.json
+    held: Optional[SerializeAsAny[Handle]] = None       # a held cluster's handle (job.serve): clusters.json
     slurm_job_id: Optional[str] = None
     kubectl: Optional[str] = None                       # what kubectl apply said
     launched: list[str] = Field(default_factory=list)   # SkyPilot clusters launched
@@ -178,18 +179,19 @@ class Target:
         return Applied(written=[str(p) for p in ctx.write(artifacts)])
 
     # -- a held cluster (invoke up / run / status / down): apply of a `job.serve` job returns
-    # Applied(held=handle), a JSON-able dict these operations get back (build/clusters.json keeps it).
+    # Applied(held=handle), the target's model from deploy/handles.py, which these operations get back
+    # (build/clusters.json keeps it as JSON).
     # A target that reaches its nodes through a CLI names the module that does it (`held`:
     # status(handle, env), run(handle, env, code_tar, rel_dir, argv, run_env, out), down(handle, env));
     # one that needs more (the local target's Docker engine) overrides the three methods.
     holds_clusters: ClassVar[bool] = False
     held: ClassVar[Any] = None
 
-    def held_status(self, handle: dict, ctx: HeldContext) -> dict:
+    def held_status(self, handle: Handle, ctx: HeldContext) -> dict:
         """{"up": bool, "nodes": {name: state}}"""
         return self.held.status(handle, ctx.env)
 
-    def held_status_many(self, handles: list[dict], ctx: HeldContext) -> list[dict]:
+    def held_status_many(self, handles: list[Handle], ctx: HeldContext) -> list[dict]:
         """held_status of each of HANDLES, in order; a held module whose scheduler answers for all at
         once (`status_many(handles, env)`: Slurm's one squeue) is asked once."""
         many = getattr(self.held, "status_many", None)
@@ -197,12 +199,12 @@ class Target:
             return many(handles, ctx.env)
         return [self.held_status(h, ctx) for h in handles]
 
-    def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
+    def held_run(self, handle: Handle, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
                  run_env: dict) -> int:
         """Unpack CODE_TAR (paths under REL_DIR) where the head reads it and run ARGV there through
         `python -m runtime run` with RUN_ENV; the driver's exit code."""
         return self.held.run(handle, ctx.env, code_tar, rel_dir, argv, run_env, ctx.out)
 
-    def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
+    def held_down(self, handle: Handle, ctx: HeldContext) -> list[str]:
         """End it (the head stops serving, the nodes leave) and remove what it left; what was removed."""
         return self.held.down(handle, ctx.env)

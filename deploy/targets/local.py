@@ -17,6 +17,7 @@ from pathlib import Path
 import docker
 
 from deploy import held_step
+from deploy.handles import LocalHandle
 from deploy.job import JobSpec
 from deploy.targets.base import Applied, ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
@@ -203,7 +204,7 @@ def run(client: docker.DockerClient, job: JobSpec, out=None, timeout_s: float = 
         remove(client, [c.name for c in containers], network.name)
 
 
-def hold(client: docker.DockerClient, job: JobSpec, progress, timeout_s: float = 300) -> dict:
+def hold(client: docker.DockerClient, job: JobSpec, progress, timeout_s: float = 300) -> LocalHandle:
     """Start the nodes detached with the head serving; return once it serves (the handle), or remove
     everything and raise with the head's last lines."""
     from deploy.job import DeployError
@@ -225,13 +226,13 @@ def hold(client: docker.DockerClient, job: JobSpec, progress, timeout_s: float =
     except BaseException:
         remove(client, [c.name for c in containers], network.name)
         raise
-    return {"network": network.name, "head": head.name, "containers": [c.name for c in containers],
-            "aliases": [n.alias for n in reversed(nodes)]}
+    return LocalHandle(network=network.name, head=head.name, containers=[c.name for c in containers],
+                       aliases=[n.alias for n in reversed(nodes)])
 
 
-def held_status(client: docker.DockerClient, handle: dict) -> dict:
+def held_status(client: docker.DockerClient, handle: LocalHandle) -> dict:
     states = {}
-    for name in handle.get("containers", []):
+    for name in handle.containers:
         try:
             states[name] = client.containers.get(name).status
         except docker.errors.NotFound:
@@ -242,11 +243,11 @@ def held_status(client: docker.DockerClient, handle: dict) -> dict:
 
 
 
-def held_run(client: docker.DockerClient, handle: dict, code_tar: bytes, rel_dir: str, argv: list[str],
+def held_run(client: docker.DockerClient, handle: LocalHandle, code_tar: bytes, rel_dir: str, argv: list[str],
              env: dict, out=None) -> int:
     """Unpack the code (a tar under REL_DIR) in the head container and run the driver there; its exit code."""
     out = out or sys.stdout
-    head = client.containers.get(handle["head"])
+    head = client.containers.get(handle.head)
     head.put_archive(held_step.UNPACK_ROOT, code_tar)  # relative paths: /tmp's own mode is not in the tar
     api = client.api
     ex = api.exec_create(head.id, held_step.runtime_run(rel_dir, argv, from_stdin=False),
@@ -255,31 +256,31 @@ def held_run(client: docker.DockerClient, handle: dict, code_tar: bytes, rel_dir
     return api.exec_inspect(ex["Id"])["ExitCode"]
 
 
-def _held_objects(client: docker.DockerClient, handle: dict) -> tuple[list[str], str]:
+def _held_objects(client: docker.DockerClient, handle: LocalHandle) -> tuple[list[str], str]:
     """The handle's containers and network that carry the held-cluster label its head carries: a record
     naming anything else (another job's containers, the `host` network) removes nothing of it."""
     try:
-        held = client.containers.get(handle["head"]).labels.get(LABEL_HELD)
+        held = client.containers.get(handle.head).labels.get(LABEL_HELD)
     except docker.errors.NotFound:
         held = None
     if not held:  # the head is gone: what is left of the cluster still carries one label value
         found = {c.labels.get(LABEL_HELD) for c in client.containers.list(
-            all=True, filters={"label": LABEL_HELD}) if c.name in handle["containers"]}
+            all=True, filters={"label": LABEL_HELD}) if c.name in handle.containers}
         held = found.pop() if len(found) == 1 else None
     if not held:
         return [], ""
     ours = [c.name for c in client.containers.list(all=True, filters={"label": f"{LABEL_HELD}={held}"})
-            if c.name in handle["containers"]]
-    networks = client.networks.list(names=[handle["network"]], filters={"label": f"{LABEL_HELD}={held}"})
-    return ours, handle["network"] if any(n.name == handle["network"] for n in networks) else ""
+            if c.name in handle.containers]
+    networks = client.networks.list(names=[handle.network], filters={"label": f"{LABEL_HELD}={held}"})
+    return ours, handle.network if any(n.name == handle.network for n in networks) else ""
 
 
-def held_down(client: docker.DockerClient, handle: dict, grace_s: float = 20) -> list[str]:
+def held_down(client: docker.DockerClient, handle: LocalHandle, grace_s: float = 20) -> list[str]:
     """SIGTERM to the head (it stops serving and publishes 0, the workers leave), then remove the
     cluster's containers and network: only those that carry its held-cluster label."""
     names, network = _held_objects(client, handle)
-    if handle["head"] in names:
-        client.containers.get(handle["head"]).stop(timeout=int(grace_s))
+    if handle.head in names:
+        client.containers.get(handle.head).stop(timeout=int(grace_s))
         for name in names:
             try:
                 client.containers.get(name).wait(timeout=grace_s)
@@ -350,14 +351,14 @@ class Local(Target):
     # -- a held cluster (invoke up / run / status / down) ----------------------------------------
     holds_clusters = True
 
-    def held_status(self, handle: dict, ctx: HeldContext) -> dict:
+    def held_status(self, handle: LocalHandle, ctx: HeldContext) -> dict:
         return held_status(ctx.engine(), handle)
 
-    def held_run(self, handle: dict, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
+    def held_run(self, handle: LocalHandle, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],
                  run_env: dict) -> int:
         return held_run(ctx.engine(), handle, code_tar, rel_dir, argv, run_env, ctx.out)
 
-    def held_down(self, handle: dict, ctx: HeldContext) -> list[str]:
+    def held_down(self, handle: LocalHandle, ctx: HeldContext) -> list[str]:
         return held_down(ctx.engine(), handle)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from deploy import held_step
+from deploy.handles import K8sHandle
 from deploy.targets.k8s import kubectl
 from deploy.job import DeployError, JobSpec
 from runtime.contract import is_serving
@@ -51,7 +52,7 @@ def _head(job: JobSpec, namespace: str, env: Optional[dict]) -> tuple[Optional[s
 
 
 def wait_serving(job: JobSpec, namespace: str, progress: Callable[[str], None], env: Optional[dict] = None,
-                 timeout_s: float = 1800) -> dict:
+                 timeout_s: float = 1800) -> K8sHandle:
     """The handle once the head pod serves. A head pod that ends first, or the timeout (the first pull
     of a 7 GB image takes minutes), deletes what was applied and says why."""
     said = {"state": ""}
@@ -73,31 +74,31 @@ def wait_serving(job: JobSpec, namespace: str, progress: Callable[[str], None], 
         except DeployError as e:
             progress(f"k8s: could not delete what up applied ({e}); `{hint.cmd('destroy --target k8s --name ' + job.name)}` does")
         raise
-    return {"namespace": namespace, "job_name": job.name, "head_pod": pod}
+    return K8sHandle(namespace=namespace, job_name=job.name, head_pod=pod)
 
 
-def status(handle: dict, env: Optional[dict] = None) -> dict:
-    pods = kubectl.pods(kubectl.group_selector(handle["job_name"]), handle["namespace"], env)
+def status(handle: K8sHandle, env: Optional[dict] = None) -> dict:
+    pods = kubectl.pods(kubectl.group_selector(handle.job_name), handle.namespace, env)
     phases = {p["metadata"]["name"]: p.get("status", {}).get("phase", "?") for p in pods}
-    return {"up": phases.get(handle["head_pod"]) == "Running", "nodes": phases or {handle["job_name"]: "gone"}}
+    return {"up": phases.get(handle.head_pod) == "Running", "nodes": phases or {handle.job_name: "gone"}}
 
 
-def run_step(handle: dict, rel_dir: str, argv: list[str], run_env: dict) -> list[str]:
+def run_step(handle: K8sHandle, rel_dir: str, argv: list[str], run_env: dict) -> list[str]:
     """`kubectl exec` of ARGV in the head pod, its code coming on stdin; RUN_ENV through `env` (exec has
     no environment flag), the pod's own environment otherwise."""
-    return ["kubectl", "exec", "-i", "-n", handle["namespace"], handle["head_pod"], "-c", CONTAINER, "--",
+    return ["kubectl", "exec", "-i", "-n", handle.namespace, handle.head_pod, "-c", CONTAINER, "--",
             "env", *(f"{k}={v}" for k, v in sorted(run_env.items())), *held_step.runtime_run(rel_dir, argv)]
 
 
-def run(handle: dict, env: Optional[dict], code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict,
+def run(handle: K8sHandle, env: Optional[dict], code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict,
         out=None) -> int:
     return held_step.stream(run_step(handle, rel_dir, argv, run_env), env, code_tar, out,
                             "install kubectl and point KUBECONFIG at the cluster")
 
 
-def down(handle: dict, env: Optional[dict] = None) -> list[str]:
+def down(handle: K8sHandle, env: Optional[dict] = None) -> list[str]:
     """Delete the job's objects by label (`invoke destroy`'s request); the pods that were there."""
-    selector = kubectl.group_selector(handle["job_name"])
-    pods = [p["metadata"]["name"] for p in kubectl.pods(selector, handle["namespace"], env)]
-    kubectl.destroy(selector, handle["namespace"], env=env)
+    selector = kubectl.group_selector(handle.job_name)
+    pods = [p["metadata"]["name"] for p in kubectl.pods(selector, handle.namespace, env)]
+    kubectl.destroy(selector, handle.namespace, env=env)
     return pods

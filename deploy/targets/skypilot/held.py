@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from deploy import commands, held_step
+from deploy.handles import SkyHandle
 from deploy.job import DeployError
 from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
 from runtime import contract as C
@@ -149,7 +150,7 @@ def job_log(cluster: str, job_id: str, env: Optional[dict]) -> str:
 
 
 def wait_serving(cluster: str, job_id: str, nodes: int, job_name: str, env: dict,
-                 progress: Callable[[str], None], timeout_s: float = 1800) -> dict:
+                 progress: Callable[[str], None], timeout_s: float = 1800) -> SkyHandle:
     """The handle once the held job's head serves. A job that ends first is said with its log's last
     lines; one that does not serve in time is cancelled; the cluster stays (`sky down` removes it)."""
     progress(f"skypilot: waiting for job {job_id} on {cluster} to start and its head to serve")
@@ -171,19 +172,19 @@ def wait_serving(cluster: str, job_id: str, nodes: int, job_name: str, env: dict
             _cli(cancel_argv(cluster, job_id), env, timeout_s=120)
         progress(f"skypilot: job {job_id} is not running; `sky down {cluster}` removes the cluster")
         raise
-    return {"cluster": cluster, "job_id": job_id, "nodes": nodes, "job_name": job_name}
+    return SkyHandle(cluster=cluster, job_id=job_id, nodes=nodes, job_name=job_name)
 
 
-def status(handle: dict, env: Optional[dict]) -> dict:
-    code, state = job_state(handle["cluster"], handle["job_id"], env)
-    return {"up": code == NOT_FINISHED, "nodes": {f"cluster {handle['cluster']} job {handle['job_id']}": state}}
+def status(handle: SkyHandle, env: Optional[dict]) -> dict:
+    code, state = job_state(handle.cluster, handle.job_id, env)
+    return {"up": code == NOT_FINISHED, "nodes": {f"cluster {handle.cluster} job {handle.job_id}": state}}
 
 
-def step_task(handle: dict, what: str, argv: list[str], run_env: dict, workdir: Optional[str] = None) -> dict:
+def step_task(handle: SkyHandle, what: str, argv: list[str], run_env: dict, workdir: Optional[str] = None) -> dict:
     """A task (named for WHAT it does) over every node of the held cluster that runs ARGV on rank 0
     (the head) with RUN_ENV and asks for nothing the held job holds; with WORKDIR, rank 0 reads
     CODE_TAR from it on stdin."""
-    task = {"name": f"{handle['job_name']}-{what}", "num_nodes": handle["nodes"],
+    task = {"name": f"{handle.job_name}-{what}", "num_nodes": handle.nodes,
             "envs": {**IMAGE_ENV, **dict(sorted(run_env.items()))}}
     if workdir:
         task["workdir"] = workdir
@@ -191,7 +192,7 @@ def step_task(handle: dict, what: str, argv: list[str], run_env: dict, workdir: 
     return task
 
 
-def run(handle: dict, env: Optional[dict], code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict,
+def run(handle: SkyHandle, env: Optional[dict], code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict,
         out=None) -> int:
     """`sky exec` of the run task, its output relayed; 0 when the job succeeded, else `sky exec`'s code
     (the driver's own is in the job's log)."""
@@ -201,25 +202,25 @@ def run(handle: dict, env: Optional[dict], code_tar: bytes, rel_dir: str, argv: 
         (workdir / CODE_TAR).write_bytes(code_tar)
         task_file = Path(tmp) / "run.yaml"
         task_file.write_text(dump(step_task(handle, "run", held_step.runtime_run(rel_dir, argv), run_env, str(workdir))))
-        code = held_step.stream(exec_argv(str(task_file), handle["cluster"]), env, b"", out, MISSING)
+        code = held_step.stream(exec_argv(str(task_file), handle.cluster), env, b"", out, MISSING)
     if code and code in JOB_STATES:
         print(f"[run] sky exec: the job is {JOB_STATES[code]}", file=out or sys.stdout, flush=True)
     return code
 
 
-def _ended(handle: dict, env: Optional[dict], timeout_s: float) -> bool:
-    return holds_within(lambda: job_state(handle["cluster"], handle["job_id"], env)[0] != NOT_FINISHED,
-                        timeout_s=timeout_s, interval_s=2, what=f"SkyPilot job {handle['job_id']} to end")
+def _ended(handle: SkyHandle, env: Optional[dict], timeout_s: float) -> bool:
+    return holds_within(lambda: job_state(handle.cluster, handle.job_id, env)[0] != NOT_FINISHED,
+                        timeout_s=timeout_s, interval_s=2, what=f"SkyPilot job {handle.job_id} to end")
 
 
-def down(handle: dict, env: Optional[dict]) -> list[str]:
+def down(handle: SkyHandle, env: Optional[dict]) -> list[str]:
     """Ask the head to stop (a step like run's: no signal reaches the job's processes), cancel the
     held job if it is still there after GRACE_S, then remove the cluster."""
-    cluster, job_id = handle["cluster"], handle["job_id"]
+    cluster, job_id = handle.cluster, handle.job_id
     if status(handle, env)["up"]:
         with tempfile.TemporaryDirectory(prefix="raytrain-sky-stop-") as tmp:
             task_file = Path(tmp) / "stop.yaml"
-            task_file.write_text(dump(step_task(handle, "stop", held_step.runtime_stop(), {C.JOB_NAME: handle["job_name"]})))
+            task_file.write_text(dump(step_task(handle, "stop", held_step.runtime_stop(), {C.JOB_NAME: handle.job_name})))
             try:
                 asked = _cli(exec_argv(str(task_file), cluster), env).returncode == 0
             except DeployError:  # the stop step did not finish in time: the held job is cancelled

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from deploy import commands, held_step
+from deploy.handles import SlurmHandle
 from deploy.job import DeployError, JobSpec
 from deploy.targets.slurm.sbatch import head_container
 from runtime import contract as C
@@ -46,7 +47,7 @@ def state(job_id: str, env: dict) -> str:
 
 
 def wait_serving(job: JobSpec, job_id: str, env: dict, progress: Callable[[str], None], timeout_s: float = 600,
-                 container: bool = False) -> dict:
+                 container: bool = False) -> SlurmHandle:
     """The handle once the job's head serves; if the job ends first, its log's last lines. CONTAINER:
     the head runs in Pyxis' named container (deploy/sbatch.head_container)."""
     log = Path(job.fileroot) / "logs" / f"{job.name}-{job_id}.out"
@@ -68,48 +69,46 @@ def wait_serving(job: JobSpec, job_id: str, env: dict, progress: Callable[[str],
     except BaseException:
         _cli(["scancel", job_id], env)
         raise
-    handle = {"job_id": job_id, "head_node": head, "log": str(log), "job_name": job.name}
-    if container:
-        handle["container"] = head_container(job_id)
-    return handle
+    return SlurmHandle(job_id=job_id, head_node=head, log=str(log), job_name=job.name,
+                       container=head_container(job_id) if container else None)
 
 
-def status(handle: dict, env: dict) -> dict:
-    return _status(handle, state(handle["job_id"], env))
+def status(handle: SlurmHandle, env: dict) -> dict:
+    return _status(handle, state(handle.job_id, env))
 
 
-def status_many(handles: list[dict], env: dict) -> list[dict]:
+def status_many(handles: list[SlurmHandle], env: dict) -> list[dict]:
     """The status of every held job from one squeue call (one call per record took over 60 s for 400)."""
     if not handles:
         return []
-    ids = ",".join(dict.fromkeys(h["job_id"] for h in handles))
+    ids = ",".join(dict.fromkeys(h.job_id for h in handles))
     listed = _cli(["squeue", "-h", "-j", ids, "-o", "%i %T"], env).stdout
     states = dict(line.split(None, 1) for line in listed.splitlines() if len(line.split(None, 1)) == 2)
-    return [_status(h, states.get(h["job_id"], "").strip()) for h in handles]
+    return [_status(h, states.get(h.job_id, "").strip()) for h in handles]
 
 
-def _status(handle: dict, st: str) -> dict:
-    return {"up": st == "RUNNING", "nodes": {f"job {handle['job_id']} (head {handle['head_node']})": st or "gone"}}
+def _status(handle: SlurmHandle, st: str) -> dict:
+    return {"up": st == "RUNNING", "nodes": {f"job {handle.job_id} (head {handle.head_node})": st or "gone"}}
 
 
-def _on_head(handle: dict, run_env: dict) -> list[str]:
+def _on_head(handle: SlurmHandle, run_env: dict) -> list[str]:
     """An srun step on the held cluster's head (inside its container, with Pyxis)."""
     exports = ",".join(["ALL", *(f"{k}={v}" for k, v in sorted(run_env.items()))])
-    step = ["srun", f"--jobid={handle['job_id']}", "--overlap", "--nodes=1", "--ntasks=1", "-w", handle["head_node"],
+    step = ["srun", f"--jobid={handle.job_id}", "--overlap", "--nodes=1", "--ntasks=1", "-w", handle.head_node,
             f"--export={exports}"]
-    if handle.get("container"):  # join the head's running container; its image's variables lose to these
-        step.append(f"--container-name={handle['container']}:exec")
+    if handle.container:  # join the head's running container; its image's variables lose to these
+        step.append(f"--container-name={handle.container}:exec")
         if run_env:
             step.append("--container-env=" + ",".join(sorted(run_env)))
     return step
 
 
-def run_step(handle: dict, rel_dir: str, argv: list[str], run_env: dict) -> list[str]:
+def run_step(handle: SlurmHandle, rel_dir: str, argv: list[str], run_env: dict) -> list[str]:
     """The srun step that runs ARGV on the held cluster's head, its code coming on stdin."""
     return [*_on_head(handle, run_env), *held_step.runtime_run(rel_dir, argv)]
 
 
-def run(handle: dict, env: dict, code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict, out=None) -> int:
+def run(handle: SlurmHandle, env: dict, code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict, out=None) -> int:
     return held_step.stream(run_step(handle, rel_dir, argv, run_env), env, code_tar, out,
                             "run on a Slurm login node")
 
@@ -119,15 +118,15 @@ def _gone(job_id: str, env: dict, timeout_s: float) -> bool:
                         what=f"Slurm job {job_id} to end")
 
 
-def down(handle: dict, env: dict, timeout_s: float = 120) -> list[str]:
+def down(handle: SlurmHandle, env: dict, timeout_s: float = 120) -> list[str]:
     """Ask the head to stop (`python -m runtime stop` in a step on it): it publishes exit code 0, the
     nodes leave in order, the script cleans up and the job ends COMPLETED, with no signal to any of
     the job's processes (Slurm would signal every one of them, and each Ray process would report the
     others' deaths). If the head cannot be asked, the steps get SIGTERM; a job still there after
     GRACE_S is cancelled."""
-    job_id = handle["job_id"]
+    job_id = handle.job_id
     try:
-        asked = _cli(_on_head(handle, {C.JOB_NAME: handle["job_name"]}) + held_step.runtime_stop(), env).returncode == 0
+        asked = _cli(_on_head(handle, {C.JOB_NAME: handle.job_name}) + held_step.runtime_stop(), env).returncode == 0
     except DeployError:  # the step did not finish in time: the steps get SIGTERM, as when the head cannot be asked
         asked = False
     if not asked:
