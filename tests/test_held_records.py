@@ -19,8 +19,8 @@ SHA = "0" * 64
 
 
 def record(name: str, target: str, handle: dict) -> dict:
-    return {"name": name, "target": target, "image": "x", "variant": "cpu", "spec_sha256": SHA, "below_app_key": "k",
-            "runtime_sha256": "r", "project": str(ROOT), "started": "now", "handle": handle}
+    return {"name": name, "target": target, "image": f"127.0.0.1:5000/raytrain-cpu@sha256:{SHA}", "variant": "cpu", "spec_sha256": SHA, "below_app_key": "k",
+            "runtime_sha256": "r", "project": str(ROOT), "started": "2026-11-29T08:00:00Z", "handle": handle}
 
 
 SLURM = {"job_id": "42", "head_node": "n1", "log": "/tmp/raytrain/logs/job-42.out", "job_name": "job"}
@@ -86,6 +86,17 @@ def test_a_bad_record_is_refused_naming_its_field_and_no_tool_runs(tmp_path, too
         assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not tools[1].exists(), tools[1].read_text()  # no scheduler tool was run
     assert clusters.read_bytes() == before
+
+
+@pytest.mark.parametrize("field,value", [("image", "\x1b[2J\x1b[31mpwned"), ("image", "raytrain-cpu:latest"),
+                                         ("started", "now\nfake line"), ("started", "\x1b]0;title\x07")])
+def test_what_status_prints_is_checked_when_read(tmp_path, tools, field, value):
+    """`status` prints a record's image and start time: a value that is not a pinned image or a timestamp
+    (escape sequences, a line break) is refused with one line naming the field, and nothing is printed raw."""
+    write_clusters(tmp_path, {"job": {**record("job", "slurm", SLURM), field: value}})
+    r = invoke(tmp_path, tools, "status")
+    assert r.returncode == 2 and field in r.stderr and "clusters.json" in r.stderr, r.stderr
+    assert "\x1b" not in r.stdout and "fake line" not in r.stdout
 
 
 @pytest.mark.parametrize("what", ["directory", "fifo", "dangling link"])
@@ -170,7 +181,7 @@ def test_a_held_run_that_fails_leaves_runs_json_as_it_was(tmp_path, tools):
                                       "runtime_sha256": keys["runtime_sha256"],
                                       "spec_sha256": spec_hash(settings.path(settings.project.spec))}})
     runs = tmp_path / "build" / "runs.json"
-    runs.write_text('{"other": {"run_id": "r-1", "target": "slurm", "started": "then"}}')
+    runs.write_text('{"other": {"run_id": "r-1", "target": "slurm", "started": "2026-11-29T07:00:00Z"}}')
     before = runs.read_bytes()
     r = invoke(tmp_path, tools, "run", "--name", "job")
     assert r.returncode == 1 and "failed with exit code 5" in r.stderr, (r.stdout, r.stderr)

@@ -21,8 +21,8 @@ UP_ARGS = "--nodes 2 --sqsh --allow-local-registry"
 
 
 def record(target: str, handle: dict, up_args: str = UP_ARGS) -> dict:
-    return {"name": "job", "target": target, "image": "x", "variant": "cpu", "spec_sha256": "0" * 64,
-            "below_app_key": "not-this-tree", "runtime_sha256": "r", "project": str(ROOT), "started": "now",
+    return {"name": "job", "target": target, "image": "127.0.0.1:5000/raytrain-cpu@sha256:" + "0" * 64, "variant": "cpu", "spec_sha256": "0" * 64,
+            "below_app_key": "not-this-tree", "runtime_sha256": "r", "project": str(ROOT), "started": "2026-11-29T08:00:00Z",
             "handle": handle, "up_args": up_args}
 
 

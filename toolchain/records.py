@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, field_validator
 
 from runtime import strict_json
 from runtime.contract import JOB_NAME_RE
@@ -45,6 +45,21 @@ def _tagged(value: object) -> ImageRef:
 
 # an image reference in a record: typed in Python, its text (`docker` form) in the JSON file
 TaggedRef = Annotated[ImageRef, BeforeValidator(_tagged), PlainSerializer(ImageRef.docker, return_type=str)]
+
+
+def _pinned_or_none(value: str) -> str:
+    """What a job ran: a reference pinned by digest, or "" (plain Slurm: the nodes' own environment)."""
+    if value:
+        try:
+            ImageRef.parse(value, "image").require_pinned()
+        except ImageRefError as e:
+            raise ValueError(str(e)) from None
+    return value
+
+
+# values `status` prints: checked when read, so a damaged file prints no escape sequence or stray line
+RanImage = Annotated[str, AfterValidator(_pinned_or_none)]
+STARTED = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"  # toolchain/job_inputs.py `now`
 
 
 class _Record(BaseModel):
@@ -104,8 +119,8 @@ class RunRecord(_Record):
     """One deploy = one run: its id names the checkpoints; a scheduler's restart keeps it."""
     run_id: str = Field(..., pattern=RUN_ID)
     target: str
-    image: str = ""
-    started: str
+    image: RanImage = ""
+    started: str = Field(..., pattern=STARTED)
     code_sha256: str = ""  # `invoke run` on a held cluster: the code it sent (the image holds the rest)
 
 
@@ -114,13 +129,13 @@ class ClusterRecord(_Record):
     Its handle is checked against its target's model when read (deploy/handles.py)."""
     name: str = Field(..., pattern=JOB_NAME_RE)
     target: str = Field(..., pattern=r"^[a-z0-9]{1,20}$")
-    image: str                   # the pinned image every node runs
+    image: RanImage              # the pinned image every node runs
     variant: str
     spec_sha256: str = Field(..., pattern=SHA256)
     below_app_key: str
     runtime_sha256: str
     project: str                 # the project root that started it
-    started: str
+    started: str = Field(..., pattern=STARTED)
     # the target's own (local: containers, network): typed by deploy/handles.py when read (read_clusters)
     handle: Annotated[Any, PlainSerializer(handles.as_json)] = Field(default_factory=dict)
     up_args: str = ""            # the flags `up` was given beyond --target and --name (hints repeat them)
