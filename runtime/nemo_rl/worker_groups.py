@@ -42,7 +42,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from runtime.nemo_rl.named_sharding import NamedSharding
 from runtime.nemo_rl.ray_actor_environment_registry import get_actor_python_env
 from runtime.nemo_rl.virtual_cluster import RAY_PRIVATE_ENV, RayVirtualCluster
-from runtime.workers.failures import WorkerFailureError, WorkerGroupRestarted, death_cause
+from runtime.workers.failures import WorkerFailureError, WorkerGroupRestarted, dead_among, death_cause
 from runtime.workers.rank_env import rank_env
 from runtime.workers.transfer import per_worker
 
@@ -539,23 +539,15 @@ class RayWorkerGroup:
         """The indices of the workers whose actors are gone: Ray says so when asked (within timeout_s), or
         the worker does not answer in time and its bundle's node is dead. One that does not answer while
         its node is alive is busy (a call waits for the one running before it) and is not counted: a
-        worker still in a long call is not taken for dead and restarted."""
-        refs = [w.__ray_ready__.remote() for w in self._workers]
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        dead, silent = [], []
-        for i, ref in enumerate(refs):
-            if ref not in ready:
-                silent.append(i)
-                continue
-            try:
-                ray.get(ref, timeout=0)
-            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
-                dead.append(i)
-        if silent:
-            alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
-            node_of = self._node_of_bundle()
-            dead += [i for i in silent if node_of.get(self._starts[i].bundle) not in alive]
-        return sorted(dead)
+        worker still in a long call is not taken for dead and restarted (the worker half's check:
+        runtime.workers.failures.dead_among)."""
+        bundles: dict = {}
+
+        def node_of(i: int) -> Optional[str]:
+            if not bundles:
+                bundles.update(self._node_of_bundle())
+            return bundles.get(self._starts[i].bundle)
+        return dead_among(self._workers, node_of, timeout_s)
 
     def _node_of_bundle(self) -> dict:
         """(placement group ID, bundle index) -> the Ray node ID it is on, for every bundle of the cluster."""

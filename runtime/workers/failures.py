@@ -44,6 +44,29 @@ class WorkerGroupRestarted(WorkerFailureError):
 _RAY_GENERIC_NOTE = "Some common causes include"
 
 
+def dead_among(actors: list, node_of: Callable[[int], Optional[str]], timeout_s: float) -> list[int]:
+    """The indices of ACTORS that are gone: the one liveness check of every worker group (runtime.workers
+    and the NeMo RL face). Each is asked `__ray_ready__` at once; one Ray says is dead is dead, and one
+    silent after TIMEOUT_S is dead when its node (NODE_OF(index): a Ray node ID) is. One that does not
+    answer while its node is alive is busy (a call waits for the one running before it), not dead: a
+    worker in a long call is not taken for dead and replaced."""
+    refs = [a.__ray_ready__.remote() for a in actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    dead, silent = [], []
+    for i, ref in enumerate(refs):
+        if ref not in ready:
+            silent.append(i)
+            continue
+        try:
+            ray.get(ref, timeout=0)
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+            dead.append(i)
+    if silent:
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        dead += [i for i in silent if node_of(i) not in alive]
+    return sorted(dead)
+
+
 def death_cause(err: BaseException) -> str:
     """Why Ray says an actor is gone, in a word or two: 'OOM', 'node lost', or 'actor exit'."""
     text = str(err)

@@ -47,7 +47,7 @@ from runtime.workers.batched import BatchedDataDict
 from runtime.workers.rank_env import rank_env
 from runtime.workers.transfer import ShardLoader, per_worker
 from runtime.workers.failures import (Failure, FailureDetector, GroupView, WorkerFailureError, WorkerGroupRestarted,
-                                      WorkerProcess, format_phases)
+                                      WorkerProcess, dead_among, format_phases)
 from runtime.workers.host_pool import HostPool
 from runtime.errors import InputError
 from runtime.workers.virtual_cluster import BACKENDS, BundleSlot, RayVirtualCluster, parse_bytes
@@ -564,8 +564,9 @@ class RayWorkerGroup:
         """Replace dead workers; returns the ranks that were dead. With a torch process group
         (backend nccl/gloo) the whole group restarts, because a process group cannot re-admit one
         rank: every worker reloads its checkpoint in __init__. Without one (backend=None) only the
-        dead workers are replaced, the others keep their state."""
-        dead = [s["rank"] for s in self.get_worker_status() if s["state"] == "dead"]
+        dead workers are replaced, the others keep their state. Dead: as `failures.dead_among` decides it
+        (the one liveness check the NeMo RL face uses too)."""
+        dead = dead_among(self.workers, lambda rank: self.slots[rank].node_id, timeout_s=5)
         if not dead:
             return []
         if self.backend:
