@@ -24,7 +24,7 @@ _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # a content digest (the registry API, the records, the blob cache)
 MAX_LENGTH = 4096
 
 
@@ -71,7 +71,7 @@ class ImageRef:
         rest, digest = text, None
         if "@" in rest:
             rest, _, digest = rest.partition("@")
-            if not _DIGEST.fullmatch(digest):
+            if not DIGEST.fullmatch(digest):
                 raise ImageRefError(f"{what}: digest {digest[:80]!r} in {text[:120]!r} is not sha256: followed by "
                                     "64 lowercase hex digits")
         registry = None

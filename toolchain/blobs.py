@@ -32,7 +32,6 @@ import errno
 import hashlib
 import json
 import os
-import re
 import struct
 import zlib
 from collections import deque
@@ -43,6 +42,7 @@ from typing import BinaryIO, Callable, Optional
 
 from isal import isal_zlib
 
+from runtime.imageref import DIGEST
 from toolchain.atomic import write_atomic
 from toolchain.errors import ToolchainError
 
@@ -258,16 +258,13 @@ class _Tee:
         self.tee(block)
 
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-
-
 def _read_sidecar(side: Path, diff_id: str, gz: Path) -> Optional[Blob]:
     try:
         meta = json.loads(side.read_text())
         blob = Blob(path=gz, **{k: meta[k] for k in ("digest", "size", "diff_id", "diff_size", "level", "chunk")})
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    ok = (blob.diff_id == diff_id and isinstance(blob.digest, str) and _DIGEST.fullmatch(blob.digest) is not None
+    ok = (blob.diff_id == diff_id and isinstance(blob.digest, str) and DIGEST.fullmatch(blob.digest) is not None
           and all(type(v) is int and v > 0 for v in (blob.size, blob.diff_size, blob.chunk)) and type(blob.level) is int)
     return blob if ok else None
 

@@ -47,14 +47,18 @@ def _tagged(value: object) -> ImageRef:
 TaggedRef = Annotated[ImageRef, BeforeValidator(_tagged), PlainSerializer(ImageRef.docker, return_type=str)]
 
 
+def _pinned(value: str, what: str = "image") -> str:
+    """A reference pinned by digest (repository@sha256:...), as text; WHAT names it in the error."""
+    try:
+        ImageRef.parse(value, what).require_pinned()
+    except ImageRefError as e:
+        raise ValueError(str(e)) from None
+    return value
+
+
 def _pinned_or_none(value: str) -> str:
     """What a job ran: a reference pinned by digest, or "" (plain Slurm: the nodes' own environment)."""
-    if value:
-        try:
-            ImageRef.parse(value, "image").require_pinned()
-        except ImageRefError as e:
-            raise ValueError(str(e)) from None
-    return value
+    return _pinned(value) if value else value
 
 
 # values `status` prints: checked when read, so a damaged file prints no escape sequence or stray line
@@ -88,7 +92,7 @@ class BuildRecord(_Record):
 class PushRecord(_Record):
     local_ref: TaggedRef
     image_id: str
-    repo_digest: str
+    repo_digest: Annotated[str, AfterValidator(lambda v: _pinned(v, "repo_digest"))]
     digest: str = Field(..., pattern=r"^sha256:[0-9a-f]{64}$")
     spec_sha256: str = Field(..., pattern=SHA256)
     spec_file: str = ""
@@ -97,15 +101,6 @@ class PushRecord(_Record):
     tags: list[str] = Field(default_factory=list)
     user: str = ""
     profile: str = Field("default", pattern=r"^[a-z]{1,20}$")  # the image's profile label (runtime/contract.py)
-
-    @field_validator("repo_digest")
-    @classmethod
-    def _pinned(cls, v: str) -> str:
-        try:
-            ImageRef.parse(v, "repo_digest").require_pinned()
-        except ImageRefError as e:
-            raise ValueError(str(e)) from None
-        return v
 
     @property
     def ref(self) -> ImageRef:

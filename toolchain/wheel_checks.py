@@ -18,20 +18,21 @@ by toolchain/venv_layer.py, which knows the schemes.
 """
 from __future__ import annotations
 
-import csv
-import io
 import os
 import stat
 import zipfile
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
+from installer.records import parse_record_file
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
 from toolchain.errors import BuildError
 
-PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(36, 16, -1)] + ["manylinux2014_x86_64", "linux_x86_64"]
+GLIBC_MINOR = 36  # the base's glibc (Debian bookworm's 2.36): no wheel may need a newer one
+# pip download's --platform list (pip takes older glibcs and their legacy aliases from each)
+PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(GLIBC_MINOR, 16, -1)] + ["manylinux2014_x86_64", "linux_x86_64"]
 MAX_MEMBER = 4 << 30      # libtorch_cuda.so is 1.0 GiB
 MAX_UNPACKED = 16 << 30   # torch's wheel unpacks to 1.7 GiB
 BOMB_MIN = 64 << 20
@@ -40,7 +41,7 @@ MAX_SCRIPT = 16 << 20     # a .data/scripts member: its #! line is rewritten in 
 MAX_COMPILED = 16 << 20   # a module this big gets no .pyc (it compiles at import); the biggest real one here: 1.2 MB
 _LOCAL_HEADER = 30        # a zip local header's fixed part
 # what pip takes for each --platform given: manylinux_2_N also takes every older glibc and its legacy aliases
-_TAG_PLATFORMS = ([f"manylinux_2_{n}_x86_64" for n in range(36, 4, -1)]
+_TAG_PLATFORMS = ([f"manylinux_2_{n}_x86_64" for n in range(GLIBC_MINOR, 4, -1)]
                   + ["manylinux2014_x86_64", "manylinux2010_x86_64", "manylinux1_x86_64", "linux_x86_64"])
 
 
@@ -123,4 +124,4 @@ def _record_paths(z: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> set[str]:
     if len(records) != 1 or records[0].file_size > MAX_SCRIPT:
         return set()
     text = z.read(records[0]).decode("utf-8", "replace")
-    return {row[0] for row in csv.reader(io.StringIO(text)) if row and row[0]}
+    return {row[0] for row in parse_record_file(text.splitlines()) if row[0]}

@@ -30,7 +30,7 @@ from toolchain.config import Settings, TorchSettings
 from toolchain.errors import ConfigError, WheelhouseError
 from toolchain.hashing import key_of
 from toolchain.progress import Reporter, human_bytes
-from toolchain.wheel_checks import PLATFORMS
+from toolchain.wheel_checks import PLATFORMS  # the image's interpreter and glibc, not the host's
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST = "manifest.json"
@@ -38,7 +38,6 @@ LOCK = "requirements.lock"
 POOL = "pool"  # <build_dir>/wheelhouse/pool/<wheel file>: every wheel once, whichever sets use it
 # pip download's line for each file of the resolved set: fetched now, or found in the download directory
 _PIP_FILE = re.compile(r"\s*(?:Saved|File was already downloaded) (.+\.whl)\s*")
-# Wheels must suit the image's interpreter and glibc, not the host's.
 
 
 class _Manifest(BaseModel):
