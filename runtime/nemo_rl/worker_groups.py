@@ -18,8 +18,12 @@ rejects it because Ray mishandled positional arguments in some signatures, NVIDI
 
 Recovery is opt-in (restart_on_failure=True, max_restarts=N; NeMo RL's default, none, is kept): a call
 whose worker's actor is gone raises WorkerActorGone naming the worker, its node and the cause (a
-WorkerFailureError, and still the RayActorError NeMo RL's callers catch); with restarts the dead actor is started again first (in a spare bundle of the cluster where there is one,
-else its own) and the error is WorkerGroupRestarted. The actor's state is the caller's to restore.
+WorkerFailureError, and still the RayActorError NeMo RL's callers catch); with restarts the dead actor
+is started again first (in a spare bundle of the cluster where there is one, else its own) and the
+error is WorkerGroupRestarted. The actor's state is the caller's to restore. The workers, their
+liveness check, their replacement and the restarts left are the group core's
+(runtime.workers.members), as for the worker half's group: this module adds NeMo RL's call forms,
+option names and the spare-bundle choice.
 
 As in NeMo RL, the worker class is imported and its actors started by one IsolatedWorkerInitializer
 actor per node (`_initializer_pool`), not by the driver. Not provided: nsight profiling options
@@ -42,7 +46,8 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from runtime.nemo_rl.named_sharding import NamedSharding
 from runtime.nemo_rl.ray_actor_environment_registry import get_actor_python_env
 from runtime.nemo_rl.virtual_cluster import RAY_PRIVATE_ENV, RayVirtualCluster
-from runtime.workers.failures import WorkerFailureError, WorkerGroupRestarted, dead_among, death_cause
+from runtime.workers.failures import WorkerFailureError, WorkerGroupRestarted, death_cause
+from runtime.workers.members import GroupOfMembers, Members
 from runtime.workers.rank_env import rank_env
 from runtime.workers.transfer import per_worker
 
@@ -283,7 +288,7 @@ class RayWorkerBuilder:
         return worker
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(GroupOfMembers):
     """Workers of one class in a RayVirtualCluster's bundles.
 
     workers_per_node: None = one per bundle; an int, or a list (one count per placement group).
@@ -301,11 +306,13 @@ class RayWorkerGroup:
             raise TypeError(f"restart_on_failure must be True or False, got {restart_on_failure!r}")
         if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
             raise ValueError(f"max_restarts must be a whole number >= 0, got {max_restarts!r}")
-        self.restart_on_failure, self.max_restarts, self.restarts = restart_on_failure, max_restarts, 0
+        self.restart_on_failure, self.max_restarts = restart_on_failure, max_restarts
         self._builder = remote_worker_builder
         self._starts: list[_WorkerStart] = []  # per worker: how it was started, to start it again
         self._init_env: dict = {}
-        self._workers: list = []
+        # the workers (runtime.workers.members, the core the worker half's group keeps its ranks in too):
+        # started from _starts by their node's initializer, checked for liveness, replaced, restarts counted
+        self.members = Members(self._start_worker, self._node_of_worker, max_restarts)
         self._worker_metadata: list[dict[str, Any]] = []
         self._initializer_pool: dict[int, Any] = {}  # pg_idx -> IsolatedWorkerInitializer
         self.cluster = cluster
@@ -369,7 +376,6 @@ class RayWorkerGroup:
         self._init_env = init_env
         for pg_idx in sorted({pg_idx for pg_idx, _ in bundle_indices_list}):
             self._initializer_pool[pg_idx] = remote_worker_builder.initializer(init_env)
-        refs = []
         rank = 0
         for group_idx, (pg_idx, bundles) in enumerate(bundle_indices_list):
             pg = groups[0] if len(groups) == 1 else groups[pg_idx]
@@ -396,17 +402,23 @@ class RayWorkerGroup:
                     bundle_indices=bundle_indices, num_gpus_per_node=self.cluster.num_gpus_per_node,
                     runtime_env=runtime_env, name=name))
                 self._starts.append(start)
-                refs.append(self._initializer_pool[pg_idx].create_worker.remote(**start.options))
                 self._worker_metadata.append({"node_idx": pg_idx, "local_rank": local_rank, "global_rank": rank,
                                               "name": name, "bundle_indices": bundle_indices,
                                               "dp_shard_idx": group_idx})
                 rank += 1
-        self._workers = ray.get(refs)  # the handles, once every actor is submitted
+        self.members.start_all(len(self._starts))  # the handles, once every actor is submitted
 
     # -- who is who -----------------------------------------------------------------------------------
-    @property
-    def workers(self) -> list:
-        return self._workers
+    def _start_worker(self, worker: int, again: bool):
+        """An ObjectRef of a new actor for WORKER, as _starts records it, from its node's initializer (one
+        that is alive, when it replaces a dead worker). The group's `start` for runtime.workers.members."""
+        start = self._starts[worker]
+        initializer = self._live_initializer(start.pg_idx) if again else self._initializer_pool[start.pg_idx]
+        return initializer.create_worker.remote(**start.options)
+
+    def _node_of_worker(self, worker: int) -> Optional[str]:
+        """The Ray node ID of WORKER's bundle."""
+        return self._node_of_bundle().get(self._starts[worker].bundle)
 
     @property
     def worker_metadata(self) -> list[dict[str, Any]]:
@@ -512,7 +524,7 @@ class RayWorkerGroup:
             kwargs = {k: put_leaves(v, len(in_sharded_axes)) for k, v in kwargs.items()}
         free = [a for a in sharding.names if a not in in_sharded_axes and a not in replicate_on_axes]
         futures, called, returning = [], [], []
-        for idx, worker in enumerate(self._workers):
+        for idx, worker in enumerate(self.workers):
             coords = sharding.get_worker_coords(idx)
             off_free = any(coords[a] != 0 for a in free)
             if not off_free and not any(coords.get(a, 0) != 0 for a in output_is_replicated):
@@ -539,15 +551,9 @@ class RayWorkerGroup:
         """The indices of the workers whose actors are gone: Ray says so when asked (within timeout_s), or
         the worker does not answer in time and its bundle's node is dead. One that does not answer while
         its node is alive is busy (a call waits for the one running before it) and is not counted: a
-        worker still in a long call is not taken for dead and restarted (the worker half's check:
-        runtime.workers.failures.dead_among)."""
-        bundles: dict = {}
-
-        def node_of(i: int) -> Optional[str]:
-            if not bundles:
-                bundles.update(self._node_of_bundle())
-            return bundles.get(self._starts[i].bundle)
-        return dead_among(self._workers, node_of, timeout_s)
+        worker still in a long call is not taken for dead and restarted (the group core's check,
+        runtime.workers.members, as for the worker half's group)."""
+        return self.members.dead(timeout_s)
 
     def _node_of_bundle(self) -> dict:
         """(placement group ID, bundle index) -> the Ray node ID it is on, for every bundle of the cluster."""
@@ -566,23 +572,12 @@ class RayWorkerGroup:
         dead = self.dead_workers()
         if not dead:
             return []
-        if self.restarts >= self.max_restarts:
-            raise WorkerFailureError(f"worker(s) {dead} are gone and the group has used its {self.max_restarts} "
-                                     f"restart(s) (max_restarts)", rank=dead[0])
-        self.restarts += 1
+        self.members.spend_restart(dead)  # past max_restarts: WorkerFailureError, saying so
         spares = self._spare_bundles()
-        refs = {}
         for i in dead:
-            try:  # the dead actor's name is released with it; a killed one may take a moment
-                ray.kill(self._workers[i], no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                pass
             if spares and not self._starts[i].tied:
                 self._move(i, *self._nearest(spares, self._starts[i].pg_idx))
-            refs[i] = self._live_initializer(self._starts[i].pg_idx).create_worker.remote(**self._starts[i].options)
-        for i, ref in refs.items():
-            self._workers[i] = ray.get(ref)
-        ray.get([self._workers[i].__ray_ready__.remote() for i in dead])  # their __init__ done
+        self.members.replace(dead, wait_ready=True)  # killed, started again from _starts; their __init__ done
         return dead
 
     def _live_initializer(self, pg_idx: int):
@@ -635,7 +630,7 @@ class RayWorkerGroup:
         """Stop every worker. With cleanup_method (and not force) it runs on every worker first, for up
         to `timeout` seconds (None: as long as it takes); the workers are then killed in any case, which
         also frees their actor names. False if a cleanup failed or timed out, or a kill failed."""
-        if not self._workers:
+        if not self.workers:
             return True
         ok = True
         if cleanup_method is not None and not force:
@@ -644,17 +639,12 @@ class RayWorkerGroup:
             except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as e:
                 ok = False
                 print(f"Error during graceful shutdown: {e}. Falling back to force termination.", flush=True)
-        for worker in self._workers:
-            try:
-                ray.kill(worker)
-            except Exception as e:
-                ok = False
-                print(f"Error killing worker: {e}", flush=True)
+        ok = self.members.kill_all() and ok
         for initializer in self._initializer_pool.values():  # after the workers: they own them
             try:
                 ray.kill(initializer)
             except Exception as e:
                 print(f"Error killing a worker initializer: {e}", flush=True)
         self._initializer_pool = {}
-        self._workers, self._worker_metadata = [], []
+        self._worker_metadata = []
         return ok

@@ -47,8 +47,9 @@ from runtime.workers.batched import BatchedDataDict
 from runtime.workers.rank_env import rank_env
 from runtime.workers.transfer import ShardLoader, per_worker
 from runtime.workers.failures import (Failure, FailureDetector, GroupView, WorkerFailureError, WorkerGroupRestarted,
-                                      WorkerProcess, dead_among, format_phases)
+                                      WorkerProcess, format_phases)
 from runtime.workers.host_pool import HostPool
+from runtime.workers.members import GroupOfMembers, Members
 from runtime.errors import InputError
 from runtime.workers.virtual_cluster import BACKENDS, BundleSlot, RayVirtualCluster, parse_bytes
 
@@ -244,7 +245,7 @@ def _option_errors(err: ValidationError) -> list[str]:
     return lines
 
 
-class RayWorkerGroup:
+class RayWorkerGroup(GroupOfMembers):
     def __init__(self, virtual_cluster: RayVirtualCluster, worker_class, *, init_args: tuple = (),
                  init_kwargs: Optional[dict] = None, backend: Optional[str] = "auto", restart_on_failure: bool = False,
                  max_restarts: int = 0, call_timeout_s: Optional[float] = None, init_timeout_s: float = 120,
@@ -277,11 +278,11 @@ class RayWorkerGroup:
         share = opts.colocated_share or 1 / virtual_cluster.max_colocated_worker_groups
         self._cpus = virtual_cluster.num_cpus_per_bundle * share
         self._gpus = share if virtual_cluster.use_gpus else 0
-        self.restarts = 0
         self.slots: list[BundleSlot] = virtual_cluster.slots()
+        # the workers, one per rank (runtime.workers.members: start, liveness, replacement, restarts left)
+        self.members = Members(self._host_for, lambda rank: self.slots[rank].node_id, opts.max_restarts)
         # finds the rank behind a failed call, seeing only failure_view(); _fail decides what then
         self.detector = FailureDetector(self.failure_view)
-        self.workers: list = []
         self._processes: list[Optional[WorkerProcess]] = []  # rank -> its process (pid, node), for log tails
         self.spares = HostPool(virtual_cluster.monitor_memory)  # every host of this group comes from here
         self.keep_spares = opts.spare_workers
@@ -311,17 +312,20 @@ class RayWorkerGroup:
     def dp_size(self) -> int:
         return self.world_size
 
-    def _start(self, lost_node: str = "") -> None:
-        """Every rank gets a host (a spare on its node if there is one, else a new actor in its bundle),
-        rank 0's host names the master port, then all join the process group and build the worker.
-        Phase times land in self.last_start."""
+    def _host_for(self, rank: int, again: bool):
+        """Rank's host: a spare on its slot's node if there is one (a lost node's spares were dropped), else
+        a new actor in its bundle. The group's `start` for runtime.workers.members."""
+        slot = self.slots[rank]
+        return self.spares.take(slot.node_id) or self._spawn(rank, slot)
+
+    def _start(self) -> None:
+        """Every rank gets a host (_host_for), rank 0's host names the master port, then all join the
+        process group and build the worker. Phase times land in self.last_start."""
         t0 = time.monotonic()
-        hosts, reused = [], 0
-        for rank, slot in enumerate(self.slots):
-            spare = self.spares.take(slot.node_id) if slot.node_id != lost_node else None
-            reused += spare is not None
-            hosts.append(spare or self._spawn(rank, slot))
-        self.workers, self._processes = hosts, []  # the processes are known once the hosts answer
+        spares_before = self.spares.count()
+        self._processes = []  # the processes are known once the hosts answer
+        hosts = self.members.start_all(len(self.slots))
+        reused = spares_before - self.spares.count()
         addr, port = self._guard(lambda: [hosts[0].free_port.remote()], timeout=self.init_timeout_s, restartable=False)[0]
         self.master = (addr, port)
         t1 = time.monotonic()
@@ -367,8 +371,7 @@ class RayWorkerGroup:
                 ray.get(w.shutdown.remote(), timeout=10)
             except Exception:
                 pass
-            ray.kill(w)
-        self.workers = []
+        self.members.kill_all()
         self.spares.shutdown()
 
     def flush_output(self, timeout_s: float = 10.0) -> list[int]:
@@ -385,11 +388,10 @@ class RayWorkerGroup:
         is lost, its placement group is moved to another node at once instead of waiting for Ray's
         health checks. A node that just died may still look alive to Ray: a worker placed there fails
         at start-up, so start-up is retried within this one restart. Returns the phase times."""
-        self.restarts += 1
+        self.members.count_restart()
         t0 = time.monotonic()
         lost_node = self.slots[rank].node_id if rank is not None and node_lost else ""
-        for w in self.workers:
-            ray.kill(w, no_restart=True)
+        self.members.kill_all()
         if lost_node:
             self.spares.drop_node(lost_node)
         t1 = time.monotonic()
@@ -399,11 +401,10 @@ class RayWorkerGroup:
         for attempt in range(1, attempts + 1):
             try:
                 ray.get([pg.ready() for pg in self.cluster.get_placement_groups()], timeout=self.init_timeout_s)
-                self._start(lost_node)
+                self._start()
                 break
             except (WorkerFailureError, ray.exceptions.GetTimeoutError) as e:
-                for w in self.workers:
-                    ray.kill(w, no_restart=True)
+                self.members.kill_all()
                 if attempt == attempts:
                     raise WorkerFailureError(f"restart {self.restarts} could not bring the group back after "
                                              f"{attempts} start-up attempts: {e}") from None
@@ -438,7 +439,7 @@ class RayWorkerGroup:
         node = self.slots[rank].node_ip if rank is not None else None
         cause = failure.cause + ("; its node is lost" if node_lost else self.detector.log_tail(rank))
         where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
-        if restartable and self.restart_on_failure and self.restarts < self.max_restarts:
+        if restartable and self.restart_on_failure and self.members.can_restart():
             phases = self._restart(rank, node_lost)
             self.last_restart = {**detect, **phases, "restart_s": time.time() - t0}
             print(f"[worker-group] restart {self.restarts}/{self.max_restarts}: {where} "
@@ -564,18 +565,17 @@ class RayWorkerGroup:
         """Replace dead workers; returns the ranks that were dead. With a torch process group
         (backend nccl/gloo) the whole group restarts, because a process group cannot re-admit one
         rank: every worker reloads its checkpoint in __init__. Without one (backend=None) only the
-        dead workers are replaced, the others keep their state. Dead: as `failures.dead_among` decides it
-        (the one liveness check the NeMo RL face uses too)."""
-        dead = dead_among(self.workers, lambda rank: self.slots[rank].node_id, timeout_s=5)
+        dead workers are replaced (a spare host on the node where there is one), the others keep their
+        state. Dead, and replaced, as the group core decides it (runtime.workers.members, which the NeMo RL
+        face's group uses too)."""
+        dead = self.members.dead(timeout_s=5)
         if not dead:
             return []
         if self.backend:
             self._restart(dead[0], node_lost=not self.detector.node_alive(dead[0]))
             return dead
-        self.restarts += 1
-        for rank in dead:
-            ray.kill(self.workers[rank], no_restart=True)
-            self.workers[rank] = self._spawn(rank, self.slots[rank])
+        self.members.count_restart()
+        self.members.replace(dead)
         env = [self._env(r, self.slots[r], *self.master) for r in dead]
         ray.get([self._setup(self.workers[r], e, backend=None) for r, e in zip(dead, env)], timeout=self.init_timeout_s)
         for r, proc in zip(dead, self._process_of(ray.get([self.workers[r].status.remote() for r in dead],
