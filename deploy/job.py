@@ -78,6 +78,8 @@ def time_limit_seconds(text: str) -> int:
 # a job's nodes (head, workers and spares), bounded here only: the CLI flag, the settings, the job model
 # and the held-cluster handles read this one number
 MAX_NODES = 10_000
+# a node's CPUs, bounded here only (the settings and the job model read it)
+MAX_CPUS_PER_NODE = 4096
 
 
 class JobSpec(BaseModel):
@@ -87,7 +89,7 @@ class JobSpec(BaseModel):
                       description="Job name: a DNS-1035 label (lowercase letter first, then letters, digits, '-'; <= 40).")
     nodes: int = Field(..., ge=1, le=MAX_NODES)
     gpus_per_node: int = Field(0, ge=0, le=64)
-    cpus_per_node: int = Field(..., ge=1, le=4096)
+    cpus_per_node: int = Field(..., ge=1, le=MAX_CPUS_PER_NODE)
     image: Optional[ImageRef] = Field(None, description="Pinned image; None = the nodes' own environment (plain sbatch).")
     image_info: Optional[ImageInfo] = None
     command: list[str] = Field(..., min_length=1, max_length=1000)

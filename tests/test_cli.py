@@ -62,6 +62,7 @@ def test_env_override_reaches_config(tmp_path):
     ({"INVOKE_DEPLOY_NODES": "abc"}, "INVOKE_DEPLOY_NODES: 'abc' is not a whole number"),
     ({"INVOKE_DEPLOY_COMMAND": "python x.py"}, "INVOKE_DEPLOY_COMMAND: command is a list"),
     ({"INVOKE_DEPLOY_PORT_BASE": "x"}, "INVOKE_DEPLOY_PORT_BASE"),
+    ({"INVOKE_DEPLOY_CPUS_PER_NODE": "5000"}, "4096"),  # deploy.job.MAX_CPUS_PER_NODE, the settings' bound too
 ])
 def test_uncastable_invoke_variables_exit_2_without_a_traceback(env, needle):
     r = inv("deploy", "--dry-run", env=env)

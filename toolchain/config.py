@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from deploy.job import MAX_NODES
+from deploy.job import MAX_CPUS_PER_NODE, MAX_NODES
 from runtime import numbers
 from runtime.contract import DEFAULT_PORT_BASE
 from runtime.errors import InputError
@@ -74,7 +74,7 @@ class DeploySettings(_Strict):
     name: str = "example"
     target: str = "local"
     nodes: int = Field(3, ge=1, le=MAX_NODES, description="Head + workers.")
-    cpus_per_node: int = Field(2, ge=1, le=100_000)
+    cpus_per_node: int = Field(2, ge=1, le=MAX_CPUS_PER_NODE)
     memory: Optional[str] = Field(None, description=(
         "Memory per node, e.g. 64G (sbatch --mem, a pod's memory request, SkyPilot's memory); checked as the job's."))
     command: list[str] = Field(default_factory=lambda: ["python", "train.py", "--cpus-per-worker", "0.5"])
