@@ -38,7 +38,8 @@ def real_node_entry() -> dict:
     except ImportError:
         return {"NodeID": "0" * 56, "Alive": True, "NodeManagerAddress": "10.0.0.1", "NodeManagerHostname": "n1",
                 "NodeManagerPort": 20001, "Resources": {"CPU": 2.0}}
-    ray.init(num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    # address="local": a Ray of its own, never one a test or a job left in /tmp/ray/ray_current_cluster
+    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     try:
         return json.loads(json.dumps(ray.nodes()[0], default=str))
     finally:
