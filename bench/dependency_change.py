@@ -10,19 +10,23 @@ For each, and for the image before them:
         per-wheel layers), written, loaded on the same user stage under the venv's top layer, and pushed with the
         same push code to another repository. Its write and load run one after the other here; the old build
         overlapped them (its cold-path figure was 65-67 s), so its build time here is an upper bound;
-  pull  a containerd that holds the image before the change fetches the new one (`ctr content fetch` in a
-        namespace of the bench's own): the bytes it fetched, from the registry's access log. What the Docker
-        engine fetches is computed from its rule (it fetches again every layer above the first one that changed:
-        its layer store chains them) and printed beside it.
+  pull  new: a containerd that holds the image before the change fetches the new one (`ctr content fetch` in
+        a namespace of the bench's own): the bytes it fetched, from the registry's access log. old: what
+        such a containerd fetches, computed from the two manifests (the blobs the image after has that the one
+        before lacks: its one dependency layer), not fetched: fetching 4 GiB per step would need 12 GiB more
+        disk and say nothing the manifests do not. What the Docker engine fetches is computed from its rule
+        (it fetches again every layer above the first one that changed: its layer store chains them) and
+        printed beside both.
 The registry is the bench's own (a free loopback port, data under the scratch directory, info-level access log);
 everything the bench made (images, registry, containerd namespace, files) is removed at the end.
-Preconditions: the base image exists and the wheelhouse pool holds the project's wheels (the README's main command).
-Needs about 40 GB free. Run: .venv/bin/python bench/dependency_change.py   (15-25 minutes on 2 cores)
+Preconditions: the project is built (the README's main command): its stages are the image before the changes.
+Needs about 42 GB free (the old way's 7 GB layer is in its tar, the engine and compressed at once). Run: .venv/bin/python bench/dependency_change.py   (15-25 minutes on 2 cores)
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -38,16 +42,16 @@ sys.path.insert(0, str(ROOT))
 
 from bench.scratch import SPEC, make_settings  # noqa: E402
 from runtime.contract import VENV  # noqa: E402
-from toolchain import bytecode, layers, pipeline, venv_layer  # noqa: E402
+from toolchain import bytecode, layers, pipeline, venv_layer, venv_plan  # noqa: E402
 from toolchain.docker_client import engine  # noqa: E402
 from toolchain.progress import Reporter, human_bytes  # noqa: E402
 from toolchain.push import push_image  # noqa: E402
 from toolchain.records import read_builds  # noqa: E402
 from toolchain.wheelhouse import ensure_wheelhouse  # noqa: E402
 
-NEED_FREE = 40 << 30
+NEED_FREE = 42 << 30
 NS = "raytrain-bench"
-STAGES = "bench-depchange"  # the scratch project's image.repository: its base and stages (<STAGES>-base, <STAGES>-stages)
+IMAGES = "bench-depchange"  # the scratch project's image names (<IMAGES>-cpu); its stages are the project's
 # containerd's socket: its own service's, or the one dockerd starts (Debian's docker.io)
 SOCKET = next((s for s in ("/run/containerd/containerd.sock", "/run/docker/containerd/containerd.sock")
                if Path(s).is_socket()), "/run/containerd/containerd.sock")
@@ -84,6 +88,14 @@ class Registry:
                 total += int(m[1]) if m else 0
         return total, len(data)
 
+    def drop_blobs(self, digests: set[str]) -> None:
+        """Delete blobs from the registry's storage (the bench's own registry, files under its data dir):
+        the old way's 4 GiB layers once nothing reads them again."""
+        for digest in digests:
+            algo, hexa = digest.split(":")
+            shutil.rmtree(self.dir / "data" / "docker" / "registry" / "v2" / "blobs" / algo / hexa[:2] / hexa,
+                          ignore_errors=True)
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(timeout=30)
@@ -96,6 +108,12 @@ def fetch(reg: Registry, ref: str) -> int:
                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     sent, _ = reg.blob_bytes_since(start)
     return sent
+
+
+def missing(before: list[tuple[str, int]], after: list[tuple[str, int]]) -> int:
+    """The blob bytes a content-addressed puller (containerd) holding BEFORE fetches for AFTER."""
+    held = {digest for digest, _ in before}
+    return sum(size for digest, size in after if digest not in held)
 
 
 def docker_rule(before: list[tuple[str, int]], after: list[tuple[str, int]]) -> int:
@@ -142,11 +160,11 @@ made: list[str] = []  # the old way's images, removed at the end whatever happen
 
 def old_way(client, settings, user_ref: str, reg: Registry, repo: str, tag: str, scratch: Path, rep: Reporter) -> dict:
     """The wheel set as one layer (the layout before per-wheel layers), loaded and pushed; its figures."""
-    wh = ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True))
-    wheels = venv_layer.wheels_of(wh.path)
     py = client.containers.run(read_builds(settings.build_dir)["cpu"].base_ref,
                                ["python3", "-c", venv_layer.Python.PROBE], remove=True).decode()
     python = venv_layer.Python.parse(py, "base")
+    wh = ensure_wheelhouse(settings, "cpu", python.minor, Reporter(quiet=True))
+    wheels = venv_layer.wheels_of(wh.path, python.minor)
     store = scratch / "old-store"
     t0 = time.monotonic()
     compiler = bytecode.HostCompiler(planned=venv_layer.planned_modules(wheels, python, VENV))
@@ -171,14 +189,25 @@ def old_way(client, settings, user_ref: str, reg: Registry, repo: str, tag: str,
     return {"build_s": build_s, "uploaded": res.bytes_uploaded, "blobs": res.layers_pushed, "push_s": res.seconds}
 
 
-def new_way(settings, tag: str, rep: Reporter) -> dict:
+def scratch_spec(scratch: Path) -> Path:
+    """The example's spec with image names of the bench's own, so that its images never take (or reuse) a
+    tag of the project's raytrain-cpu; its stages are the project's (image.repository), so the image
+    before the changes is the project's built one, and its layers are not held twice by the engine."""
+    spec = json.loads(SPEC.read_text())
+    spec.update(cpu_image=f"{IMAGES}-cpu", gpu_image=f"{IMAGES}-gpu")
+    path = scratch / "spec.json"
+    path.write_text(json.dumps(spec, indent=2))
+    return path
+
+
+def new_way(settings, spec: Path, tag: str, rep: Reporter) -> dict:
     t0 = time.monotonic()
     ensure_wheelhouse(settings, "cpu", "3.11", rep)
     wheelhouse_s = time.monotonic() - t0
     t0 = time.monotonic()
-    pipeline.build(settings, str(SPEC), "cpu", rep)
+    pipeline.build(settings, str(spec), "cpu", rep)
     build_s = time.monotonic() - t0
-    res = pipeline.push(settings, str(SPEC), "cpu", rep)["images"]["cpu"]["push"]
+    res = pipeline.push(settings, str(spec), "cpu", rep)["images"]["cpu"]["push"]
     return {"wheelhouse_s": wheelhouse_s, "build_s": build_s, "uploaded": res["bytes_uploaded"],
             "blobs": res["layers_pushed"], "push_s": res["seconds"]}
 
@@ -188,9 +217,13 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (for a look at the registry log)")
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="bench-depchange-", dir=ROOT / "build"))
-    # the bench's own caches (layer index, blob digests and homes) and stage tags: it starts from what a
-    # first build of the project leaves, whatever ran here before, and leaves nothing of its own behind
+    # the bench's own caches (layer index, blob digests and homes): it leaves nothing of its own behind. The
+    # layer index starts as the project's (what its build left), since the image before the changes is the
+    # project's: without it every layer is written again to learn its diff ID (7 GB, 45 s, seen)
+    user_index = venv_plan.default_index()
     os.environ["XDG_CACHE_HOME"] = str(scratch / "cache")
+    if user_index.is_dir():
+        shutil.copytree(user_index, venv_plan.default_index())
     if shutil.disk_usage(scratch).free < NEED_FREE:
         print(f"need {human_bytes(NEED_FREE)} free under {scratch}", file=sys.stderr)
         return 2
@@ -201,48 +234,54 @@ def main() -> int:
     shutil.copytree(ROOT / "examples" / "train", app)
     load = os.getloadavg()[0]
     rows = {}
+    tags_before = {t for img in client.images.list() for t in img.tags}
+    settings = make_settings(scratch / "work", app, reg.address, ROOT / "runtime")
     try:
         print(f"bench: {os.cpu_count()} cores, load {load:.1f} at the start; registry {reg.address}")
-        settings = make_settings(scratch / "work", app, reg.address, ROOT / "runtime")
         settings.project.requirements = requirements_for(None, scratch)
-        settings.image.repository = STAGES
-        new = new_way(settings, "before", rep)  # its dependency layers written here: the index knows them
+        spec = scratch_spec(scratch)
+        new = new_way(settings, spec, "before", rep)  # its dependency layers written here: the index knows them
         user_ref = read_builds(settings.build_dir)["cpu"].user_ref
         old = old_way(client, settings, user_ref, reg, "bench-old", "before", scratch, rep)
         repo_new = read_builds(settings.build_dir)["cpu"].local_ref.name
         before_new = manifest_layers(reg, repo_new, "cpu-latest")
         before_old = manifest_layers(reg, "bench-old", "before")
         fetch(reg, f"{reg.address}/{repo_new}:cpu-latest")
-        fetch(reg, f"{reg.address}/bench-old:before")
         rows["before"] = {"new": new, "old": old}
         for name in CHANGES:
             settings.project.requirements = requirements_for(name, scratch / hashlib.sha256(name.encode()).hexdigest()[:8])
             tag = "change-" + name[1]
-            new = new_way(settings, tag, rep)
+            new = new_way(settings, spec, tag, rep)
             new["pulled"] = fetch(reg, f"{reg.address}/{repo_new}:cpu-latest")
             after_new = manifest_layers(reg, repo_new, "cpu-latest")
             new["docker_pull"] = docker_rule(before_new, after_new)
             old = old_way(client, settings, user_ref, reg, "bench-old", tag, scratch, rep)
-            old["pulled"] = fetch(reg, f"{reg.address}/bench-old:{tag}")
             after_old = manifest_layers(reg, "bench-old", tag)
-            for digest, _ in set(before_old) - set(after_old):  # the puller keeps the image before only
-                subprocess.run([*CTR, "content", "rm", digest], capture_output=True)
+            old["pulled"] = missing(before_old, after_old)  # computed, not fetched (see the top)
+            # read by nothing from now on (a blob the per-wheel images also have stays)
+            reg.drop_blobs({d for d, _ in before_old} - {d for d, _ in after_old + before_new + after_new})
             old["docker_pull"] = docker_rule(before_old, after_old)
             before_new, before_old = after_new, after_old
             rows[name] = {"new": new, "old": old}
     finally:
         reg.stop()
-        made.extend(t for img in client.images.list() for t in img.tags if t.startswith(f"{STAGES}-"))
+        made.extend(t for img in client.images.list() for t in img.tags  # the stages and images it added
+                    if t not in tags_before and t.split(":")[0] in (f"{settings.image.repository}-stages", f"{IMAGES}-cpu"))
         for image_id in made:
             try:
                 client.images.remove(image_id, force=True)
             except Exception:  # noqa: BLE001 - removed already
                 pass
+        for img in client.images.list():  # the references the pulls through the bench's registry left
+            for ref in img.attrs.get("RepoDigests") or []:
+                if ref.startswith(f"{reg.address}/"):
+                    client.images.remove(ref)  # the reference; the image too once nothing names it
         for line in subprocess.run([*CTR, "content", "ls", "-q"], capture_output=True, text=True).stdout.split():
             subprocess.run([*CTR, "content", "rm", line], capture_output=True)
         if not args.keep:
             shutil.rmtree(scratch, ignore_errors=True)
-    print("\nchange            way  build      uploaded (blobs)   push     containerd pulled   docker engine pulls (rule)")
+    print("\nchange            way  build      uploaded (blobs)   push     containerd pulled   docker engine pulls (rule)"
+          "\n(containerd pulled: new fetched by containerd, bytes from the registry's log; old computed from the manifests)")
     for name, row in rows.items():
         for way in ("new", "old"):
             r = row[way]
