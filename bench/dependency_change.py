@@ -240,7 +240,7 @@ def main() -> int:
         print(f"bench: {os.cpu_count()} cores, load {load:.1f} at the start; registry {reg.address}")
         settings.project.requirements = requirements_for(None, scratch)
         spec = scratch_spec(scratch)
-        new = new_way(settings, spec, "before", rep)  # its dependency layers written here: the index knows them
+        new = new_way(settings, spec, "before", rep)  # the project's stages, reused: its final image and push only
         user_ref = read_builds(settings.build_dir)["cpu"].user_ref
         old = old_way(client, settings, user_ref, reg, "bench-old", "before", scratch, rep)
         repo_new = read_builds(settings.build_dir)["cpu"].local_ref.name

@@ -27,7 +27,7 @@ from toolchain.progress import Reporter
 ROOT = Path(__file__).resolve().parent.parent
 SPECS = ROOT / "cluster_specs"
 OUTCOMES: dict = {"deploy flags": Counter(), "renderers": Counter()}  # each property's examples, by outcome
-RENDERED_SHARE = 0.25  # of a property's examples, at least this share reaches the render check
+RENDERED_SHARE = 0.2  # of a property's examples, at least this share reaches the render check (about 0.3 expected from the weights; random data: 0.25 failed once, 36 of 150)
 FUZZ = settings(max_examples=150, deadline=2000, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                          HealthCheck.too_slow])
 HOSTILE = st.sampled_from(["; rm -rf /", "$(touch /tmp/pwned)", "`id`", "a'b\"c", "x\ny", "\x00", "%j", "é€",
