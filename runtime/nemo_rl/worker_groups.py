@@ -312,7 +312,7 @@ class RayWorkerGroup(GroupOfMembers):
         self._init_env: dict = {}
         # the workers (runtime.workers.members, the core the worker half's group keeps its ranks in too):
         # started from _starts by their node's initializer, checked for liveness, replaced, restarts counted
-        self.members = Members(self._start_worker, self._node_of_worker, max_restarts)
+        self.members = Members(self._start_worker, self._worker_nodes, max_restarts)
         self._worker_metadata: list[dict[str, Any]] = []
         self._initializer_pool: dict[int, Any] = {}  # pg_idx -> IsolatedWorkerInitializer
         self.cluster = cluster
@@ -416,9 +416,10 @@ class RayWorkerGroup(GroupOfMembers):
         initializer = self._live_initializer(start.pg_idx) if again else self._initializer_pool[start.pg_idx]
         return initializer.create_worker.remote(**start.options)
 
-    def _node_of_worker(self, worker: int) -> Optional[str]:
-        """The Ray node ID of WORKER's bundle."""
-        return self._node_of_bundle().get(self._starts[worker].bundle)
+    def _worker_nodes(self) -> list[Optional[str]]:
+        """The Ray node ID of each worker's bundle (one query of the cluster's bundles)."""
+        bundles = self._node_of_bundle()
+        return [bundles.get(start.bundle) for start in self._starts]
 
     @property
     def worker_metadata(self) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ and GroupOfMembers, the groups' base, shows `workers` (the handles) and `restart
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Optional
 
 import ray
@@ -38,9 +39,9 @@ def _resolved(started: list) -> list:
 class Members:
     """The actors of one worker group, one per place (a rank, or a NeMo RL worker index)."""
 
-    def __init__(self, start: Start, node_of: Callable[[int], Optional[str]], max_restarts: int = 0):
+    def __init__(self, start: Start, nodes: Callable[[], list[Optional[str]]], max_restarts: int = 0):
         self._start = start
-        self._node_of = node_of  # place -> the Ray node ID its slot is on (for the liveness check)
+        self._nodes = nodes  # the Ray node ID each place's slot is on (asked once per liveness check)
         self.max_restarts = max_restarts
         self.restarts = 0
         self.handles: list = []
@@ -54,8 +55,10 @@ class Members:
         return self.handles
 
     def dead(self, timeout_s: float) -> list[int]:
-        """The places whose actors are gone, as failures.dead_among decides it."""
-        return dead_among(self.handles, self._node_of, timeout_s) if self.handles else []
+        """The places whose actors are gone, as failures.dead_among decides it (the slots' nodes asked at
+        most once, and only when an actor is silent)."""
+        nodes = functools.cache(self._nodes)
+        return dead_among(self.handles, lambda place: nodes()[place], timeout_s) if self.handles else []
 
     def can_restart(self) -> bool:
         return self.restarts < self.max_restarts

@@ -280,7 +280,7 @@ class RayWorkerGroup(GroupOfMembers):
         self._gpus = share if virtual_cluster.use_gpus else 0
         self.slots: list[BundleSlot] = virtual_cluster.slots()
         # the workers, one per rank (runtime.workers.members: start, liveness, replacement, restarts left)
-        self.members = Members(self._host_for, lambda rank: self.slots[rank].node_id, opts.max_restarts)
+        self.members = Members(self._host_for, lambda: [sl.node_id for sl in self.slots], opts.max_restarts)
         # finds the rank behind a failed call, seeing only failure_view(); _fail decides what then
         self.detector = FailureDetector(self.failure_view)
         self._processes: list[Optional[WorkerProcess]] = []  # rank -> its process (pid, node), for log tails
