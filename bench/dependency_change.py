@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.scratch import SPEC, make_settings  # noqa: E402
 from runtime.contract import VENV  # noqa: E402
-from toolchain import bytecode, layers, pipeline, venv_layer, venv_plan  # noqa: E402
+from toolchain import bytecode, cache, layers, pipeline, venv_layer, venv_plan  # noqa: E402
 from toolchain.docker_client import engine  # noqa: E402
 from toolchain.progress import Reporter, human_bytes  # noqa: E402
 from toolchain.push import push_image  # noqa: E402
@@ -221,7 +221,7 @@ def main() -> int:
     # layer index starts as the project's (what its build left), since the image before the changes is the
     # project's: without it every layer is written again to learn its diff ID (7 GB, 45 s, seen)
     user_index = venv_plan.default_index()
-    os.environ["XDG_CACHE_HOME"] = str(scratch / "cache")
+    os.environ[cache.ENV] = str(scratch / "cache")
     if user_index.is_dir():
         shutil.copytree(user_index, venv_plan.default_index())
     if shutil.disk_usage(scratch).free < NEED_FREE:

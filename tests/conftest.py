@@ -1,16 +1,25 @@
 """Fixtures against the real Docker engine and a real docker-registry. Nothing here is mocked.
 
+Hermetic: the session has its own user cache (RAYTRAIN_CACHE, for every subprocess too) and its own
+image names (SESSION-cpu, SESSION-stages, SESSION-base, ...), so neither ~/.cache/raytrain nor the
+images a build of the user's left in the engine can change an outcome. What the session adds to the
+engine and the cache is removed when it ends (and a dead session's images when the next one starts).
+
 Markers, given here so that no test module has to remember them:
   docker   the test uses the engine (a fixture that needs it: client, built, pushed, registry, ...);
-           without a reachable engine these tests are skipped with the reason, not errored
+           without a reachable engine these tests are skipped with the reason, not errored, except
+           under CI (CI set), where a missing engine fails them
   cluster  the module starts real Ray nodes or a real Slurm (its `pytestmark` says so)
 The fast tier, engine-free and cluster-free (spec, image refs, identity, renderers, goldens, fuzzing,
 injection): `pytest -m "not docker and not cluster"`.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -22,16 +31,85 @@ from toolchain.registry import start_local, stop_local
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 ROOT = Path(__file__).resolve().parent.parent
-SPEC = ROOT / "cluster_specs" / "local.json"
 REGISTRY_PORT = int(os.environ.get("TEST_REGISTRY_PORT", "5055"))
+
+SESSION = f"rtt{os.getpid()}"  # the prefix of every image name this session builds
+_SESSION_RE = re.compile(r"rtt(\d+)-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+for _stale in Path(tempfile.gettempdir()).glob("raytrain-rtt*-*"):  # a killed session's cache (gigabytes)
+    _m = re.fullmatch(r"raytrain-rtt(\d+)-.*", _stale.name)
+    if _m and not _alive(int(_m.group(1))):
+        shutil.rmtree(_stale, ignore_errors=True)
+SESSION_DIR = Path(tempfile.mkdtemp(prefix=f"raytrain-{SESSION}-"))
+os.environ["RAYTRAIN_CACHE"] = str(SESSION_DIR / "cache")  # toolchain/cache.py; inherited by subprocesses
+
+
+def _session_spec() -> Path:
+    """cluster_specs/local.json with the session's image names."""
+    data = json.loads((ROOT / "cluster_specs" / "local.json").read_text())
+    data.update(cpu_image=f"{SESSION}-cpu", gpu_image=f"{SESSION}-gpu")
+    path = SESSION_DIR / "local.json"
+    path.write_text(json.dumps(data, indent=2) + "\n")
+    return path
+
+
+SPEC = _session_spec()
 
 
 def make_settings(workdir: Path, app_dir: Path, registry_address: str | None = None, runtime_dir: Path | None = None,
                   **registry_kw) -> Settings:
-    """Project settings for a test: its own build dir and app copy, the shared wheelhouse cache."""
+    """Project settings for a test: its own build dir and app copy, the session's image names and cache."""
     reg = {"address": registry_address or f"127.0.0.1:{REGISTRY_PORT}", "data_dir": str(workdir.parent / "registry-data"),
            "retry_backoff_s": 0.2, **registry_kw}
-    return scratch_settings(ROOT, workdir, app_dir, SPEC, reg, runtime_dir)
+    return scratch_settings(ROOT, workdir, app_dir, SPEC, reg, runtime_dir, repository=SESSION)
+
+
+def _session_images(client, alive_only: bool) -> list[str]:
+    """Tags of this session's images (ALIVE_ONLY False: also those of sessions whose process is gone)."""
+    found = []
+    for image in client.images.list(all=True):
+        for tag in image.tags:
+            m = _SESSION_RE.match(tag)
+            if not m:
+                continue
+            pid = int(m.group(1))
+            if pid == os.getpid() or (not alive_only and not _alive(pid)):
+                found.append(tag)
+    return found
+
+
+def _remove_images(client, tags: list[str]) -> None:
+    import docker
+    for tag in tags:
+        try:
+            client.images.remove(tag, force=True)
+        except docker.errors.APIError:
+            pass  # gone already, or still used by a container a test left: the next session sweeps it
+    try:
+        client.images.prune(filters={"dangling": True})
+    except docker.errors.APIError:
+        pass
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """The session's images and its cache go (gigabytes: the wheel pool, the layer stores)."""
+    if _ENGINE.get("client") is not None:
+        _remove_images(_ENGINE["client"], _session_images(_ENGINE["client"], alive_only=True))
+    shutil.rmtree(SESSION_DIR, ignore_errors=True)
+
+
+_ENGINE: dict = {}
 
 
 ENGINE_FIXTURES = {"client"}  # every fixture that reaches the engine depends on this one
@@ -50,7 +128,12 @@ def client():
         c = docker.from_env(timeout=900)
         c.ping()
     except docker.errors.DockerException as e:
-        pytest.skip(f"no Docker engine reachable here ({e}); start dockerd or set DOCKER_HOST")
+        why = f"no Docker engine reachable here ({e}); start dockerd or set DOCKER_HOST"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}: CI requires the Docker tier", pytrace=False)
+        pytest.skip(why)
+    _remove_images(c, _session_images(c, alive_only=False))  # what a killed session left
+    _ENGINE["client"] = c
     return c
 
 
@@ -94,8 +177,17 @@ def settings(session_dir, app_dir):
 
 
 @pytest.fixture(scope="session")
+def example_wheels(settings) -> list:
+    """The example's cpu wheel set for the image's Python (3.11, bookworm), downloaded into the session's
+    cache once (the cpu build takes the same set)."""
+    from toolchain.wheelhouse import ensure_wheelhouse
+    return sorted(ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True)).path.glob("*.whl"))
+
+
+@pytest.fixture(scope="session")
 def built(client, settings):
-    """cpu and gpu images built once per session from whatever the engine already has."""
+    """cpu and gpu images built once per session, under the session's names: from nothing but the
+    engine's own layers (a build of the user's leaves no stage the session can reuse)."""
     return pipeline.build(settings, str(SPEC), "cpu,gpu", Reporter())["images"]
 
 

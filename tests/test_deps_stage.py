@@ -126,7 +126,7 @@ def test_two_projects_share_a_wheel_s_layer_and_the_second_push_mounts_it(client
     """Two projects (other build directories, other wheel sets) with one wheel in common: the same layer
     digest, and the second project's push, told of no other repository, mounts it from the first's."""
     from toolchain.push import push_image
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # the shared digest and home indexes
+    monkeypatch.setenv("RAYTRAIN_CACHE", str(tmp_path / "cache"))  # the shared digest and home indexes
     images = []
     for project, own in (("p1", "alpha"), ("p2", "beta")):
         wh = tmp_path / project / "wheelhouse"

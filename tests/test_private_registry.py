@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from conftest import SPEC, make_settings
+from conftest import SESSION, SPEC, make_settings
 from deploy.targets import k8s
 from helpers import jobs, k8s_docker
 from helpers.tls_registry import tiny_image
@@ -23,7 +23,7 @@ from deploy.registry.client import CERTS_D
 
 def _record(s, local: str, image_id: str) -> None:
     """build.json records the one-file image as the cpu build (no stages below: its layer comes from `docker save`)."""
-    record = {"variant": "cpu", "local_ref": local, "human_ref": "raytrain-cpu:cpu-latest-private",
+    record = {"variant": "cpu", "local_ref": local, "human_ref": f"{SESSION}-cpu:cpu-latest-private",
               "image_id": image_id, "spec_sha256": spec_hash(SPEC), "base_ref": "-", "deps_ref": "-",
               "app_ref": "-", "torch_source": "-"}
     (s.build_dir / "build.json").write_text(json.dumps({"cpu": record}))
@@ -37,10 +37,10 @@ def test_push_with_a_login_and_pull_with_image_pull_secrets(client, private_regi
     config = tmp_path / "docker-config"
     monkeypatch.setenv("DOCKER_CONFIG", str(config))  # the push reads the login from here, as the engine's client does
     s = make_settings(tmp_path / "w", app_dir, registry_address=private.address)
-    local = f"raytrain-cpu:cpu-private{uuid.uuid4().hex[:8]}"
+    local = f"{SESSION}-cpu:cpu-private{uuid.uuid4().hex[:8]}"
     image_id = tiny_image(client, local)
     try:
-        client.api.tag(image_id, "raytrain-cpu", "cpu-latest-private")
+        client.api.tag(image_id, f"{SESSION}-cpu", "cpu-latest-private")
         _record(s, local, image_id)
 
         # without a login: refused, with the fix
@@ -92,7 +92,7 @@ def test_a_certificate_the_ca_in_certs_d_did_not_sign_is_refused(client, private
     shutil.copy(other / "ca.crt", d / "ca.crt")
     config = tmp_path / "docker-config"
     monkeypatch.setenv("DOCKER_CONFIG", str(config))
-    local = f"raytrain-cpu:cpu-private{uuid.uuid4().hex[:8]}"
+    local = f"{SESSION}-cpu:cpu-private{uuid.uuid4().hex[:8]}"
     image_id = tiny_image(client, local)
     try:
         assert private_registry.login(config).returncode == 0  # the CLI, through the engine (loopback: not verified)

@@ -13,7 +13,7 @@ import docker
 import pytest
 import requests
 
-from conftest import SPEC, make_settings, run_in
+from conftest import SESSION, SPEC, make_settings, run_in
 from helpers.small_image import build_record, cleanup_pulled, small_image, write_build
 from runtime.spec import spec_hash
 from toolchain import pipeline
@@ -27,7 +27,7 @@ def test_push_records_digest_and_pull_back_by_digest(client, built, pushed, sett
     recorded = {v: r.model_dump() for v, r in read_pushes(settings.build_dir).items()}
     for v in ("cpu", "gpu"):
         entry = recorded[v]
-        assert entry["repo_digest"].startswith(f"{settings.registry.address}/raytrain-{v}@sha256:")
+        assert entry["repo_digest"].startswith(f"{settings.registry.address}/{SESSION}-{v}@sha256:")
         assert entry["image_id"] == built[v]["image_id"] and entry["spec_sha256"] == built[v]["spec_sha256"]
         # the engine did not push, so it has no repo digest: a pull by digest finds the image by its ID
         # (the manifest and config only) and records it
@@ -354,14 +354,15 @@ def test_a_digest_cache_entry_that_names_another_layer_s_blob_is_not_used(client
     (and against the layer's tar where the store has it), dropped, and the layer compressed and pushed;
     the manifest names the real blob and the image pulls back whole."""
     from helpers.small_image import PlainRegistry
-    from toolchain.push import DIGEST_INDEX, push_image
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    from toolchain import cache
+    from toolchain.push import push_image
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
     reg = PlainRegistry(tmp_path / "reg")
     try:
         first = push_image(client, "cpu", small.image_id, f"{reg.address}/raytrain-cpu", ["a"], 0, 0.1,
                            Reporter(quiet=True), 30, layer_store=small.store, blob_cache=tmp_path / "blobs1",
                            candidates=[small.base_ref])
-        index = tmp_path / "cache" / "raytrain" / DIGEST_INDEX
+        index = tmp_path / "cache" / cache.BLOB_DIGESTS
         base_d, top_d = client.images.get(small.image_id).attrs["RootFS"]["Layers"]
         base, top = (json.loads((index / f"{d[7:]}.json").read_text()) for d in (base_d, top_d))
         forged = {**top, "digest": base["digest"]}  # the base's blob, under the top layer's entry

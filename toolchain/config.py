@@ -136,9 +136,10 @@ def defaults() -> dict:
 
 
 def scratch_settings(root: Path, workdir: Path, app_dir: Path, spec: Path, registry: dict,
-                     runtime_dir: Optional[Path] = None) -> Settings:
+                     runtime_dir: Optional[Path] = None, repository: Optional[str] = None) -> Settings:
     """Settings for a project whose code is APP_DIR and whose build directory is WORKDIR/build (tests
-    and benchmarks build such copies of the example), with ROOT's requirements and image defaults.
+    and benchmarks build such copies of the example), with ROOT's requirements and image defaults;
+    REPOSITORY names its base and stage images (image.repository).
     The wheelhouse is ROOT's (build/wheelhouse), shared through a link: it is downloaded once."""
     d = defaults()
     build_dir = workdir / "build"
@@ -152,7 +153,7 @@ def scratch_settings(root: Path, workdir: Path, app_dir: Path, spec: Path, regis
         project=ProjectSettings(spec=str(spec), app_dir=str(app_dir), build_dir=str(build_dir),
                                 runtime_dir=str(runtime_dir or app_dir.parent / "runtime"),
                                 requirements=[str(root / r) for r in d["project"]["requirements"]]),
-        image=ImageSettings(**d["image"]),
+        image=ImageSettings(**{**d["image"], **({"repository": repository} if repository else {})}),
         registry=RegistrySettings(**registry),
     )
 

@@ -23,7 +23,6 @@ finish writes no record.
 from __future__ import annotations
 
 import hashlib
-import os
 import queue
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import docker
 
+from toolchain import cache as user_cache
 from toolchain.blobs import Blob, BlobCache, BlobHomes, LayerMismatch
 from toolchain.errors import RegistryError, TransientRegistryError
 from toolchain.layer_sources import LayerSource
@@ -44,8 +44,6 @@ from deploy.registry.client import FileBody, RegistryClient, manifest
 __all__ = ["PushResult", "push_image", "BLOB_CACHE"]
 
 BLOB_CACHE = "blobs"  # <build_dir>/blobs/<diff id hex>.gz: each layer compressed once
-DIGEST_INDEX = "blob-digests"  # ~/.cache/raytrain/blob-digests/<diff id hex>.json: every build directory's digests
-BLOB_HOMES = "blob-homes"  # ~/.cache/raytrain/blob-homes/<blob digest hex>.json: where each blob was pushed
 UPLOADS_AT_ONCE = 3  # layers compressed and uploaded at a time (the engine's own push: 5); measured here, 3 x 600 MB to
                      # the local registry: 117 MB/s one at a time, 165 MB/s three at once
 KEEP_TAR_BELOW = 8 << 20  # a pushed layer's tar this small stays in the layer store (the app, the spec: a .sqsh appends them)
@@ -76,7 +74,7 @@ class PushResult:
 
 
 def default_blob_cache() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "raytrain" / BLOB_CACHE
+    return user_cache.part(user_cache.BLOBS)
 
 
 @dataclass
@@ -433,8 +431,8 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
     address, repo, target = where.registry, where.repository, where.name
     image = client.images.get(image_id)
     diff_ids = list(image.attrs["RootFS"]["Layers"])
-    cache = BlobCache(blob_cache or default_blob_cache(), index=default_blob_cache().with_name(DIGEST_INDEX))
-    homes = BlobHomes(default_blob_cache().with_name(BLOB_HOMES))
+    cache = BlobCache(blob_cache or default_blob_cache(), index=user_cache.part(user_cache.BLOB_DIGESTS))
+    homes = BlobHomes(user_cache.part(user_cache.BLOB_HOMES))
     known = [b.digest for d in diff_ids if (b := cache.known(d)) is not None]
     mount_from = list(dict.fromkeys([*mount_from, *sorted(r for dg in known for a, r in homes.of(dg)
                                                           if a == address and r != repo)]))

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from toolchain import cache
 from toolchain.hashing import key_of
 from toolchain.venv_layer import dist_name
 
@@ -84,11 +85,9 @@ def plan(wheels: list[Path], sha256: dict[str, str], venv: str, minor: str,
     return out, [w.name for w in overflow]
 
 
-INDEX = "layer-index"  # ~/.cache/raytrain/layer-index/<layer key>.json, shared by every build directory
-
-
 def default_index() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "raytrain" / INDEX
+    """The user cache's layer index (toolchain/cache.py): <layer key>.json, shared by every build directory."""
+    return cache.part(cache.LAYER_INDEX)
 
 
 class LayerIndex:
