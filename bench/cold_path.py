@@ -40,7 +40,7 @@ from toolchain.docker_client import engine  # noqa: E402
 from toolchain.images import IMAGE_PATH, PROFILE_SCRIPT, Builder, profile_script  # noqa: E402
 from toolchain.progress import Reporter, human_bytes  # noqa: E402
 from toolchain.registry import start_local, stop_local  # noqa: E402
-from toolchain.wheelhouse import ensure_wheelhouse  # noqa: E402
+from toolchain.wheelhouse import LOCK, Wheelhouse, ensure_wheelhouse  # noqa: E402
 from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH  # noqa: E402
 
 OLD_REGISTRY, NEW_REGISTRY = "127.0.0.1:5058", "127.0.0.1:5059"
@@ -81,8 +81,10 @@ def settings_for(work: Path, app: Path, address: str, base_ref: str, data: str):
     return s.model_copy(update={"image": image, "registry": registry})
 
 
-def old_deps(client, s, base_ref: str, wheelhouse: Path, ctx: Path, tag: str) -> float:
-    shutil.copytree(wheelhouse, ctx / "wheelhouse", copy_function=os.link)
+def old_deps(client, s, base_ref: str, wheelhouse: Wheelhouse, ctx: Path, tag: str) -> float:
+    (ctx / "wheelhouse").mkdir(parents=True)
+    for f in [*wheelhouse.files, wheelhouse.path / LOCK]:
+        shutil.copy(f, ctx / "wheelhouse" / f.name)
     (ctx / PROFILE_SCRIPT).write_text(profile_script())
     u = s.image.user
     (ctx / "Dockerfile").write_text(OLD_DEPS.format(
@@ -123,7 +125,7 @@ def conditions(since: list[int] | None = None) -> str:
     return out
 
 
-def settle(before: str, wheelhouse: Path | None = None) -> None:
+def settle(before: str, wheelhouse: Wheelhouse | None = None) -> None:
     """Write back what the last step left in the page cache before the next step's clock starts, so that
     one step's writeback is not charged to the next (the old builder path leaves 14 GB behind it); with
     WHEELHOUSE, read its wheels through first, so both dependency-layer steps find them cached as right
@@ -131,7 +133,7 @@ def settle(before: str, wheelhouse: Path | None = None) -> None:
     t0 = time.monotonic()
     os.sync()
     warmed = 0
-    for wheel in sorted(wheelhouse.glob("*.whl")) if wheelhouse is not None else []:
+    for wheel in wheelhouse.files if wheelhouse is not None else []:
         with open(wheel, "rb") as f:
             while block := f.read(1 << 20):
                 warmed += len(block)
@@ -162,7 +164,7 @@ def main() -> None:
         old_ref = f"{REPO}-old-deps:1"
         made.append(old_ref)
         wheelhouse = ensure_wheelhouse(old_s, "cpu", Builder(client, old_s, Reporter(quiet=True)).python(base).minor,
-                                       Reporter(quiet=True)).path
+                                       Reporter(quiet=True))
         settle("the old dependency layer", wheelhouse)
         c0 = cpu_times()
         t_old = old_deps(client, old_s, base.ref, wheelhouse, work / "old-ctx", old_ref)

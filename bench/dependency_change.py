@@ -164,7 +164,7 @@ def old_way(client, settings, user_ref: str, reg: Registry, repo: str, tag: str,
                                ["python3", "-c", venv_layer.Python.PROBE], remove=True).decode()
     python = venv_layer.Python.parse(py, "base")
     wh = ensure_wheelhouse(settings, "cpu", python.minor, Reporter(quiet=True))
-    wheels = venv_layer.wheels_of(wh.path, python.minor)
+    wheels = venv_layer.wheels_of(wh.files, python.minor)
     store = scratch / "old-store"
     t0 = time.monotonic()
     compiler = bytecode.HostCompiler(planned=venv_layer.planned_modules(wheels, python, VENV))

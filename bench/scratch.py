@@ -1,5 +1,5 @@
 """The settings a benchmark builds a scratch copy of the example project with (toolchain's
-scratch_settings: its own build directory, the project's wheelhouse shared), and the spec it uses.
+scratch_settings: its own build directory, the user cache's wheels), and the spec it uses.
 Benchmarks import this, never the tests' helpers."""
 from __future__ import annotations
 

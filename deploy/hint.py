@@ -7,8 +7,10 @@ import sys
 
 
 def program() -> str:
-    """`raytrain` when the user ran it (its console script), else `invoke` (tasks.py through Invoke)."""
-    return "raytrain" if os.path.basename(sys.argv[0] or "") == "raytrain" else "invoke"
+    """`raytrain` when the user ran it (its console script, or `python -m toolchain.cli`), else `invoke`
+    (a checkout's tasks.py through Invoke)."""
+    argv0 = (sys.argv[0] or "").replace(os.sep, "/")
+    return "raytrain" if os.path.basename(argv0) == "raytrain" or argv0.endswith("toolchain/cli.py") else "invoke"
 
 
 def cmd(rest: str) -> str:

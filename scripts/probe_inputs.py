@@ -374,9 +374,9 @@ def _tools(d: Path) -> Path:
 
 def _held_run_record(d: Path) -> str:
     """A held Slurm cluster's record that `invoke run` from this tree accepts (its keys are this tree's)."""
-    code = ("import json, sys\nfrom invoke import Config\nfrom pathlib import Path\nfrom toolchain.config import defaults, "
-            "load_settings\nfrom toolchain.images import source_keys\nfrom runtime.spec import spec_hash\n"
-            "s = load_settings(Config(defaults=defaults()), Path(sys.argv[1]))\nk = source_keys(s)\n"
+    code = ("import json, sys\nfrom pathlib import Path\nfrom toolchain import project\n"
+            "from toolchain.images import source_keys\nfrom runtime.spec import spec_hash\n"
+            "s = project.settings(Path(sys.argv[1]))\nk = source_keys(s)\n"
             "print(json.dumps({'below_app_key': k['below_app_key'], 'runtime_sha256': k['runtime_sha256'], "
             "'spec_sha256': spec_hash(s.path(s.project.spec))}))\n")
     keys = json.loads(subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True, check=True,

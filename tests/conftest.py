@@ -181,7 +181,7 @@ def example_wheels(settings) -> list:
     """The example's cpu wheel set for the image's Python (3.11, bookworm), downloaded into the session's
     cache once (the cpu build takes the same set)."""
     from toolchain.wheelhouse import ensure_wheelhouse
-    return sorted(ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True)).path.glob("*.whl"))
+    return ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True)).files
 
 
 @pytest.fixture(scope="session")

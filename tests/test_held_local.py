@@ -82,7 +82,7 @@ def test_up_run_status_down(client, registry, project, capfd):
         with pytest.raises(ConfigError, match="requirements, the base or the image settings changed.*invoke up"):
             held.run(s, str(SPEC), rep=Reporter(), name=name)
         req.write_text(original)
-        runtime_file = s.path(s.project.runtime_dir) / "numbers.py"
+        runtime_file = s.runtime_dir / "numbers.py"
         runtime_file.write_text(runtime_file.read_text() + "\n# changed\n")
         with pytest.raises(ConfigError, match="the runtime package"):
             held.run(s, str(SPEC), rep=Reporter(), name=name)

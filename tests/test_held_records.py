@@ -167,12 +167,10 @@ def test_status_asks_slurm_once_for_every_held_job(tmp_path, tools):
 def test_a_held_run_that_fails_leaves_runs_json_as_it_was(tmp_path, tools):
     """`invoke run` on a held Slurm cluster whose srun step exits 5: exit 1 naming the run, and
     build/runs.json byte for byte as before (a failed run is not the run `invoke build` reproduces)."""
-    from invoke import Config
-
     from runtime.spec import spec_hash
-    from toolchain.config import defaults, load_settings
+    from toolchain import project
     from toolchain.images import source_keys
-    settings = load_settings(Config(defaults=defaults()), ROOT)
+    settings = project.settings(ROOT)
     keys = source_keys(settings)
     bin_dir, log = tools
     (bin_dir / "squeue").write_text(f'#!/bin/sh\necho "squeue $*" >> {log}\necho RUNNING\n')

@@ -26,6 +26,7 @@ from runtime.spec import SpecError, load_spec
 from runtime.wait import holds_within, wait_until
 from toolchain import boundary, records
 from toolchain.config import ConfigError, check_env, defaults, load_settings
+from toolchain.project import Located
 
 ROOT = Path(__file__).resolve().parent.parent
 RAYTRAIN = [sys.executable, "-m", "toolchain.cli"]
@@ -140,7 +141,7 @@ def test_settings_from_a_config_file_are_strict(path, value):
         node = node.setdefault(key, {})
     node[path[-1]] = value
     try:
-        s = load_settings(_config(tree), ROOT)
+        s = load_settings(_config(tree), Located(ROOT, None))
     except ConfigError as e:
         assert ".".join(path) in str(e)
         return
@@ -288,6 +289,7 @@ BOMB = "unused:\n" + "".join(f"  l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9) if 
 def test_an_empty_blank_or_multiline_path_setting_is_refused(tmp_path, value):
     """An empty INVOKE_PROJECT_BUILD_DIR was the project root itself: status read, and deploy wrote,
     records there."""
+    (tmp_path / "raytrain.yaml").write_text("{}\n")  # a project of defaults
     r = raytrain("status", cwd=tmp_path, env={"INVOKE_PROJECT_BUILD_DIR": value})
     assert r.returncode == 2 and "project.build_dir: " in r.stderr, (r.returncode, r.stdout, r.stderr)
 
@@ -319,6 +321,7 @@ def test_an_empty_blank_or_multiline_path_setting_is_refused(tmp_path, value):
      "deploy.nodes"),
 ])
 def test_config_files_and_empty_flags_are_one_line_and_exit_2(tmp_path, files, args, needle):
+    (tmp_path / "raytrain.yaml").write_text(f"project:\n  spec: {ROOT}/cluster_specs/local.json\n")
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     args = [str(tmp_path / a) if a in files or a == "missing.yaml" else a for a in args]

@@ -1,25 +1,32 @@
 """The user's cache: one directory per user, shared by every project they build, like pip's.
 
     $RAYTRAIN_CACHE, else $XDG_CACHE_HOME/raytrain, else ~/.cache/raytrain
+      wheels/         the wheel pool: every wheel once, whichever project's set uses it (toolchain/wheelhouse.py)
+      wheel-sets/     each requirement set's resolution: its wheels' names and hashes, its lock
       layer-index/    the dependency layer a layer key gave (toolchain/venv_plan.py)
       blobs/          compressed layers of builds that keep no blob cache of their own (toolchain/push.py)
       blob-digests/   each layer's compressed digest, per diff ID (toolchain/blobs.py)
       blob-homes/     where each blob was pushed, for cross-repository mounts (toolchain/blobs.py)
 
-Everything in it is content-addressed: two projects that need the same layer find it here,
-and a build whose cache is empty makes it again.
+Everything in it is content-addressed: two projects that need the same wheel or layer find it here,
+and a build whose cache is empty makes it again. `raytrain clean --cache` removes it.
 """
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
+from toolchain.errors import ConfigError
+
 ENV = "RAYTRAIN_CACHE"
+WHEELS = "wheels"
+WHEEL_SETS = "wheel-sets"
 LAYER_INDEX = "layer-index"
 BLOBS = "blobs"
 BLOB_DIGESTS = "blob-digests"
 BLOB_HOMES = "blob-homes"
-PARTS = (LAYER_INDEX, BLOBS, BLOB_DIGESTS, BLOB_HOMES)
+PARTS = (WHEELS, WHEEL_SETS, LAYER_INDEX, BLOBS, BLOB_DIGESTS, BLOB_HOMES)
 
 
 def root() -> Path:
@@ -36,3 +43,43 @@ def part(name: str) -> Path:
     if name not in PARTS:
         raise ValueError(f"not a part of the cache: {name!r}")
     return root() / name
+
+
+def writable(name: str) -> Path:
+    """The cache directory NAME, made if missing; a ConfigError naming it when it cannot be written."""
+    d = part(name)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / f".probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"the cache directory {d} is not writable ({e.strerror or e}); make it writable, or point "
+                          f"{ENV} at a directory you own (e.g. {ENV}=$HOME/.cache/raytrain)") from None
+    return d
+
+
+def size_of(directory: Path) -> int:
+    """Bytes under DIRECTORY (links not followed)."""
+    total = 0
+    for dirpath, _, files in os.walk(directory):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(dirpath, f)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def clear() -> tuple[Path, int]:
+    """Remove every part of the cache: (the cache's root, the bytes freed). Files others left in the
+    root are kept."""
+    freed = 0
+    for name in PARTS:
+        d = part(name)
+        if d.is_dir() and not d.is_symlink():
+            freed += size_of(d)
+            shutil.rmtree(d)
+        elif d.is_symlink():
+            d.unlink()
+    return root(), freed

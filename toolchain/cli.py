@@ -1,25 +1,47 @@
-"""`raytrain`: the project's tasks (tasks.py) behind the one error boundary, from any directory.
+"""`raytrain`: the task collection (toolchain/tasks.py) behind the one error boundary, in the project
+found from the current directory (toolchain/project.py).
 
-`invoke` works beside tasks.py; `raytrain` is the same collection, found through the installed
-package, with every configuration file (system and user files, the project's invoke.yaml, `-f FILE`,
-INVOKE_RUNTIME_CONFIG) read by the bounded loader of toolchain/config_files.py and Invoke's merge
-inside the boundary: an alias bomb, deep nesting, a YAML syntax error, an unknown file type, a list
-where a mapping belongs or a `-f` file that does not exist is one line and exit 2, not a traceback.
+Every configuration file (system and user files, the project's settings and an invoke.yaml beside
+them, `-f FILE`, INVOKE_RUNTIME_CONFIG) is read by the bounded loader of toolchain/config_files.py and
+Invoke's merge runs inside the boundary: an alias bomb, deep nesting, a YAML syntax error, an unknown
+file type, a list where a mapping belongs or a `-f` file that does not exist is one line and exit 2,
+not a traceback.
 """
 from __future__ import annotations
 
-import importlib.util
+import copy
+import importlib
 import sys
 from pathlib import Path
 from typing import Optional
 
 from invoke import Collection, Exit, Program
-from invoke.config import AmbiguousMergeError
+from invoke.config import AmbiguousMergeError, Config, merge_dicts
 
-from toolchain import __version__, boundary
-from toolchain.config_files import RaytrainConfig
+from toolchain import __version__, boundary, config_files, project
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent  # where tasks.py and the project's invoke.yaml live
+
+class RaytrainConfig(Config):
+    """Invoke's Config with every configuration file read by toolchain/config_files.py (system, user,
+    project, -f), and the project's settings (toolchain/project.py: raytrain.yaml or [tool.raytrain]) at
+    its project level, above an invoke.yaml beside them: defaults < /etc/invoke.yaml < ~/.invoke.yaml < invoke.yaml < the
+    project's settings < INVOKE_* < -f FILE < flags."""
+
+    def load_project(self, merge: bool = True) -> None:
+        super().load_project(merge=False)
+        located = project.locate()
+        if located.found and located.settings:
+            self._set(_project=merge_dicts(copy.deepcopy(self._project or {}), copy.deepcopy(located.settings)))
+        if merge:
+            self.merge()
+
+    def _load_yaml(self, path):
+        return config_files.load_yaml(path)
+
+    _load_yml = _load_yaml
+
+    def _load_json(self, path):
+        return config_files.load_json(path)
 
 
 def _config_error(phase: str, e: Exception) -> boundary.ConfigFileError:
@@ -41,16 +63,16 @@ class RaytrainProgram(Program):
             raise _config_error("/etc/invoke.* or ~/.invoke.*", e) from None
 
     def load_collection(self) -> None:
+        root = project.locate().root  # the project's (or, outside one, the current directory)
         try:
-            self.config.set_project_location(str(PROJECT_ROOT))
+            self.config.set_project_location(str(root))
             self.config.load_project()
+        except boundary.ConfigFileError:
+            raise
         except Exception as e:  # noqa: BLE001
-            raise _config_error(f"{PROJECT_ROOT}/invoke.*", e) from None
-        spec = importlib.util.spec_from_file_location("tasks", PROJECT_ROOT / "tasks.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["tasks"] = module
-        spec.loader.exec_module(module)
-        self.collection = Collection.from_module(module, loaded_from=str(PROJECT_ROOT),
+            raise _config_error(f"{root}/invoke.*", e) from None
+        module = importlib.import_module("toolchain.tasks")
+        self.collection = Collection.from_module(module, loaded_from=str(root),
                                                  auto_dash_names=self.config.tasks.auto_dash_names)
 
     def print_help(self) -> None:

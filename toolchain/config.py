@@ -7,7 +7,7 @@ them: `check_env`), or with flags. `load_settings` validates the merged result.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Protocol
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -71,13 +71,14 @@ class RegistrySettings(_Strict):
 
 class DeploySettings(_Strict):
     """Defaults of `invoke deploy`; the job's values are validated again as a JobSpec (deploy/job.py)."""
-    name: str = "example"
+    name: str = Field("", description="The job's name; empty: the project's name.")
     target: str = "local"
     nodes: int = Field(3, ge=1, le=MAX_NODES, description="Head + workers.")
     cpus_per_node: int = Field(2, ge=1, le=MAX_CPUS_PER_NODE)
     memory: Optional[str] = Field(None, description=(
         "Memory per node, e.g. 64G (sbatch --mem, a pod's memory request, SkyPilot's memory); checked as the job's."))
-    command: list[str] = Field(default_factory=lambda: ["python", "train.py", "--cpus-per-worker", "0.5"])
+    command: list[str] = Field(default_factory=lambda: ["python", "train.py"], description=(
+        "The driver: it runs on the head, in the image's copy of project.app_dir."))
     port_base: int = Field(DEFAULT_PORT_BASE, ge=1024, le=65535)
     time_limit: str = "01:00:00"
 
@@ -96,11 +97,15 @@ PathText = Annotated[str, Field(max_length=4096), AfterValidator(_path_text)]
 
 
 class ProjectSettings(_Strict):
+    name: str = Field("", max_length=200, description=(
+        "Names the project's images and jobs; empty: [project] name of its pyproject.toml, else its directory's name."))
     spec: PathText = "cluster_specs/local.json"
-    app_dir: PathText = "examples/train"
-    runtime_dir: PathText = Field("runtime", description="The in-image runtime package copied into the app layer.")
-    requirements: list[PathText] = Field(default_factory=lambda: ["runtime/requirements.txt",
-                                                                  "examples/train/requirements.txt"])
+    app_dir: PathText = Field(".", description="The training code: the image's /app/project, where the driver runs.")
+    runtime_dir: str = Field("", max_length=4096, description=(
+        "The in-image runtime package copied into the app layer; empty: the one installed with the toolchain."))
+    requirements: list[PathText] = Field(default_factory=list, description=(
+        "The code's requirements: requirements files (hashes honoured), a pyproject.toml (its [project] "
+        "dependencies), uv.lock or pylock.toml; the runtime's own are added."))
     build_dir: PathText = "build"
 
 
@@ -120,6 +125,14 @@ class Settings(_Strict):
     def build_dir(self) -> Path:
         return self.path(self.project.build_dir)
 
+    @property
+    def runtime_dir(self) -> Path:
+        """The runtime package the image carries: project.runtime_dir, else the installed one."""
+        if self.project.runtime_dir:
+            return self.path(self.project.runtime_dir)
+        import runtime
+        return Path(runtime.__file__).resolve().parent
+
 
 def _plain(obj: Any) -> Any:
     """Invoke's DataProxy -> plain dicts/lists."""
@@ -137,24 +150,21 @@ def defaults() -> dict:
 
 def scratch_settings(root: Path, workdir: Path, app_dir: Path, spec: Path, registry: dict,
                      runtime_dir: Optional[Path] = None, repository: Optional[str] = None) -> Settings:
-    """Settings for a project whose code is APP_DIR and whose build directory is WORKDIR/build (tests
-    and benchmarks build such copies of the example), with ROOT's requirements and image defaults;
-    REPOSITORY names its base and stage images (image.repository).
-    The wheelhouse is ROOT's (build/wheelhouse), shared through a link: it is downloaded once."""
+    """Settings for a project whose code is APP_DIR (with its requirements.txt) and whose build directory
+    is WORKDIR/build (tests and benchmarks build such copies of the example), with the image defaults;
+    REPOSITORY names its base and stage images (image.repository). Its wheels are the user cache's
+    (toolchain/cache.py), as every project's."""
     d = defaults()
     build_dir = workdir / "build"
     build_dir.mkdir(parents=True, exist_ok=True)
-    shared = root / "build" / "wheelhouse"
-    shared.mkdir(parents=True, exist_ok=True)
-    if not (build_dir / "wheelhouse").exists():
-        (build_dir / "wheelhouse").symlink_to(shared)
     return Settings(
         root=root,
-        project=ProjectSettings(spec=str(spec), app_dir=str(app_dir), build_dir=str(build_dir),
+        project=ProjectSettings(name="example", spec=str(spec), app_dir=str(app_dir), build_dir=str(build_dir),
                                 runtime_dir=str(runtime_dir or app_dir.parent / "runtime"),
-                                requirements=[str(root / r) for r in d["project"]["requirements"]]),
+                                requirements=[str(app_dir / "requirements.txt")]),
         image=ImageSettings(**{**d["image"], **({"repository": repository} if repository else {})}),
         registry=RegistrySettings(**registry),
+        deploy=DeploySettings(name="example", command=["python", "train.py", "--cpus-per-worker", "0.5"]),
     )
 
 
@@ -192,14 +202,23 @@ def check_env(environ: dict, tree: Optional[dict] = None, prefix: str = "INVOKE"
     return problems, rewrites
 
 
-def load_settings(config: Any, root: Path) -> Settings:
+class ProjectPlace(Protocol):
+    """Where a project is (toolchain/project.py's Located): its root, and its name from a setting."""
+    root: Path
+
+    def name(self, setting: str = "") -> str: ...
+
+
+def load_settings(config: Any, located: ProjectPlace) -> Settings:
+    """The validated settings of the project LOCATED (toolchain/project.py): Invoke's merged configuration,
+    its paths relative to the project's root, its name and its job's name resolved."""
     data = {k: _plain(config.get(k)) for k in ("project", "image", "registry", "deploy") if config.get(k) is not None}
     try:
         data["quiet"] = numbers.boolean(config.get("quiet", False), "quiet")
     except InputError as e:
         raise ConfigError(f"invalid toolchain configuration: {e}") from None
     try:
-        settings = Settings(root=root, **data)
+        settings = Settings(root=located.root, **data)
     except ValidationError as e:
         lines = [f"{'.'.join(map(str, err['loc']))}: {err['msg'].removeprefix('Value error, ')}" for err in e.errors()]
         raise ConfigError("invalid toolchain configuration (invoke.yaml, INVOKE_* variables):\n  - " + "\n  - ".join(lines)) from None
@@ -208,4 +227,7 @@ def load_settings(config: Any, root: Path) -> Settings:
             raise ConfigError(f"image.variants: unknown variant {v!r}; use one of {', '.join(VARIANTS)}")
         if v not in settings.image.torch:
             raise ConfigError(f"image.torch.{v}: missing; give the torch requirement for variant {v!r}")
-    return settings
+    name = located.name(settings.project.name)
+    project = settings.project.model_copy(update={"name": name})
+    deploy = settings.deploy if settings.deploy.name else settings.deploy.model_copy(update={"name": name})
+    return settings.model_copy(update={"project": project, "deploy": deploy})

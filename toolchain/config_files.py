@@ -19,7 +19,6 @@ import stat
 from pathlib import Path
 
 import yaml
-from invoke.config import Config
 
 from toolchain.boundary import ConfigFileError
 
@@ -115,7 +114,7 @@ def _expanded(node, sizes: dict) -> int:
     return sizes[key]
 
 
-def _text(path: Path) -> str:
+def read_text(path: Path) -> str:
     """The file's text, bounded; FileNotFoundError stays itself (Invoke tries each suffix and skips
     the missing), anything else is a ConfigFileError."""
     try:
@@ -142,7 +141,7 @@ def _text(path: Path) -> str:
 def load_json(path) -> object:
     """The data of the JSON file at PATH (strict: no duplicate keys, no NaN), bounded as YAML files are."""
     from runtime import strict_json
-    text = _text(Path(path))
+    text = read_text(Path(path))
     try:
         return strict_json.loads(text)
     except ValueError as e:
@@ -155,7 +154,7 @@ def load_json(path) -> object:
 def load_yaml(path) -> object:
     """The data of the YAML file at PATH, read within the bounds above; ConfigFileError otherwise."""
     source = str(path)
-    text = _text(Path(path))
+    text = read_text(Path(path))
     loader = _Loader(text, source)
     try:
         return loader.get_single_data()
@@ -166,15 +165,3 @@ def load_yaml(path) -> object:
         raise ConfigFileError(f"{source}: nested too deep; fix or remove that file") from None
     finally:
         loader.dispose()
-
-
-class RaytrainConfig(Config):
-    """Invoke's Config with every configuration file read by this module (system, user, project, -f)."""
-
-    def _load_yaml(self, path):
-        return load_yaml(path)
-
-    _load_yml = _load_yaml
-
-    def _load_json(self, path):
-        return load_json(path)

@@ -124,7 +124,7 @@ def guard(settings: Settings, record: ClusterRecord, spec_file: Path, keys: dict
     if keys["below_app_key"] != record.below_app_key:
         problems.append(f"requirements, the base or the image settings changed since the cluster's image was built; {redeploy}")
     if keys["runtime_sha256"] != record.runtime_sha256:
-        problems.append(f"the runtime package ({settings.project.runtime_dir}) changed; it is part of the image, "
+        problems.append(f"the runtime package ({settings.runtime_dir}) changed; it is part of the image, "
                         f"not of the code `run` sends; {redeploy}")
     if spec_hash(spec_file) != record.spec_sha256:
         problems.append(f"the cluster spec {spec_file} is not the one baked into the cluster's image; {redeploy}")

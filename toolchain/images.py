@@ -34,7 +34,7 @@ from toolchain.records import BuildRecord, write_builds
 from toolchain.progress import Reporter, human_bytes
 from toolchain.templates import render, template_hash
 from toolchain.venv_layer import Python
-from toolchain.wheelhouse import Wheelhouse, ensure_wheelhouse, read_requirements
+from toolchain.wheelhouse import Wheelhouse, ensure_wheelhouse, requirements_key
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -176,7 +176,7 @@ class Builder:
         Python, downloaded while the base was made (`build`)."""
         wh = early.result() if early is not None else ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
         compiler = bytecode.identity(python.magic, python.cache_tag)
-        wheels = venv_layer.wheels_of(wh.path, python.minor)
+        wheels = venv_layer.wheels_of(wh.files, python.minor)
         planned, overflow = venv_plan.plan(wheels, dict(zip(wh.wheels, wh.sha256)), VENV, python.minor, compiler)
         key = key_of("deps", user_key, [p.key for p in planned], python.version, python.executable, VENV,
                      venv_plan.FORMAT, layers.LAYER_FORMAT, compiler or bytecode.COMPILE)
@@ -220,7 +220,7 @@ class Builder:
         app_dir = self.settings.path(self.settings.project.app_dir)
         if not app_dir.is_dir():
             raise ConfigError(f"project.app_dir: {app_dir} is not a directory; point it at your training code")
-        runtime_dir = self.settings.path(self.settings.project.runtime_dir)
+        runtime_dir = self.settings.runtime_dir
         key = key_of("app", deps_key, sources["runtime_sha256"], sources["code_sha256"], layers.LAYER_FORMAT)
         ref = f"{self.stage_repo}:app-{key[:16]}"
 
@@ -318,8 +318,8 @@ def source_keys(settings: Settings) -> dict:
     below the code (requirements, base, torch, image settings), the runtime package, and the code."""
     # the profile's layers go above the app's (toolchain/skypilot_profile.py): not below the code
     below = settings.image.model_dump(mode="json", exclude={"profile"})
-    return {"below_app_key": key_of("below-app", read_requirements(settings), below),
-            "runtime_sha256": tree_hash(settings.path(settings.project.runtime_dir)),
+    return {"below_app_key": key_of("below-app", requirements_key(settings), below),
+            "runtime_sha256": tree_hash(settings.runtime_dir),
             "code_sha256": tree_hash(settings.path(settings.project.app_dir))}
 
 

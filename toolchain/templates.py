@@ -1,12 +1,14 @@
-"""Dockerfile templates under dockerfiles/, rendered with StrictUndefined (a missing value is an error)."""
+"""Dockerfile templates (dockerfiles/, shipped as toolchain/assets), rendered with StrictUndefined (a
+missing value is an error)."""
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
 import jinja2
 
-DOCKERFILES = Path(__file__).resolve().parent.parent / "dockerfiles"
+from toolchain import assets
+
+DOCKERFILES = assets.path("dockerfiles")
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(str(DOCKERFILES)),
     undefined=jinja2.StrictUndefined,

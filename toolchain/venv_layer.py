@@ -38,7 +38,7 @@ import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable, Iterator, Optional
+from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Union
 
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
@@ -314,17 +314,18 @@ def dist_name(wheel: Path) -> str:
     return re.sub(r"[-_.]+", "-", wheel.name.split("-")[0]).lower()
 
 
-def wheels_of(wheelhouse: Path, minor: str) -> list[Path]:
-    """The wheelhouse's wheels in name order, each checked for the image's Python MINOR
-    (toolchain/wheel_checks.py); two versions of one distribution is an error."""
-    wheels = sorted(wheelhouse.glob("*.whl"))
+def wheels_of(wheelhouse: Union[Path, Sequence[Path]], minor: str) -> list[Path]:
+    """The wheels (a directory's, or the files given) in name order, each checked for the image's Python
+    MINOR (toolchain/wheel_checks.py); two versions of one distribution is an error."""
+    wheels = sorted(wheelhouse.glob("*.whl") if isinstance(wheelhouse, Path) else wheelhouse, key=lambda w: w.name)
     seen: dict[str, Path] = {}
     for w in wheels:
         check_wheel(w, minor)
         dist = dist_name(w)
         if dist in seen:
-            raise BuildError("deps", str(wheelhouse), f"two wheels of {dist}: {seen[dist].name} and {w.name}; "
-                             f"delete {wheelhouse} and build again to download the wheel set afresh", [])
+            where = wheelhouse if isinstance(wheelhouse, Path) else w.parent
+            raise BuildError("deps", str(where), f"two wheels of {dist}: {seen[dist].name} and {w.name}; "
+                             f"delete {where} and build again to download the wheel set afresh", [])
         seen[dist] = w
     return wheels
 

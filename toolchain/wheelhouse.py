@@ -1,12 +1,18 @@
-"""Host-side wheelhouse: the locked requirement set downloaded with pip, for the image's Python.
+"""Host-side wheelhouse: the project's requirement set downloaded with pip, for the image's Python.
 
 The image build never touches the network: the dependency layers are written from these wheels
-(toolchain/wheel_layers.py). Every wheel is kept once, in `<build_dir>/wheelhouse/pool/`, and a
-requirement set is a directory of hard links to the pool's files (`<build_dir>/wheelhouse/<set key>/`)
-with its manifest (each wheel's name, size and sha256) and `requirements.lock` (every wheel pinned
-by name, version and hash). A new requirement set downloads only the wheels the pool lacks: pip
-finds the others in the pool and says so. A set is reused as long as its requirements are
-unchanged, so a re-run works offline.
+(toolchain/deps_stage.py). Both halves live in the user's cache (toolchain/cache.py), shared by every
+project as pip's cache is:
+  - the pool, `wheels/`: every wheel once;
+  - the sets, `wheel-sets/<set key>/`: what one requirement set (for one Python, one torch) resolved to,
+    a manifest (each wheel's name, size and sha256) and `requirements.lock` (every wheel pinned by name,
+    version and hash).
+A new set downloads only the wheels the pool lacks: pip finds the others there. A set is reused, by
+this project or another with the same requirements, as long as its wheels are in the pool, with no
+resolution and no network; an unpinned requirement therefore stays as it first resolved until the
+requirements change (pin them to choose). The pool is
+bounded (RAYTRAIN_WHEELS_MAX_GB, default 40): after a download the wheels used longest ago go first,
+never one of the set just made. The requirements themselves are read by toolchain/requirements.py.
 """
 from __future__ import annotations
 
@@ -24,18 +30,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from runtime import numbers
+from runtime.errors import InputError
+from toolchain import cache, requirements
 from toolchain.atomic import write_atomic
 from toolchain.blobs import file_sha256
 from toolchain.config import Settings, TorchSettings
 from toolchain.errors import ConfigError, WheelhouseError
 from toolchain.hashing import key_of
 from toolchain.progress import Reporter, human_bytes
+from toolchain.requirements import Requirement
 from toolchain.wheel_checks import PLATFORMS  # the image's interpreter and glibc, not the host's
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST = "manifest.json"
 LOCK = "requirements.lock"
-POOL = "pool"  # <build_dir>/wheelhouse/pool/<wheel file>: every wheel once, whichever sets use it
+MAX_POOL_ENV = "RAYTRAIN_WHEELS_MAX_GB"
+MAX_POOL_GB = 40
 # pip download's line for each file of the resolved set: fetched now, or found in the download directory
 _PIP_FILE = re.compile(r"\s*(?:Saved|File was already downloaded) (.+\.whl)\s*")
 
@@ -74,38 +85,54 @@ _WHEEL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\.whl")
 
 @dataclass
 class Wheelhouse:
-    path: Path
+    path: Path          # the set's directory (manifest and lock)
     key: str
     requirements: list[str]
-    wheels: list[str]
+    wheels: list[str]   # file names, in the pool
     size: int
     torch_source: str
     sha256: tuple = ()  # each wheel's sha256 hex, in the order of `wheels`
+    pool: Optional[Path] = None  # where the wheels are (None: in PATH itself)
 
-    def digest_of(self, wheel: str) -> str:
-        """The sha256 hex the manifest pins WHEEL (a file name of this set) to."""
-        return dict(zip(self.wheels, self.sha256))[wheel]
+    @property
+    def files(self) -> list[Path]:
+        """The set's wheel files."""
+        where = self.pool or self.path
+        return [where / w for w in self.wheels]
 
 
-def read_requirements(settings: Settings) -> list[str]:
-    lines: list[str] = []
+def project_requirements(settings: Settings) -> tuple[list[Requirement], list[Requirement]]:
+    """(the runtime's requirements, the project's), each source read once (toolchain/requirements.py)."""
+    own = settings.runtime_dir / "requirements.txt"
+    if not own.is_file():
+        raise ConfigError(f"project.runtime_dir: {settings.runtime_dir} has no requirements.txt, so it is not the "
+                          "runtime package; point it at one, or leave it empty for the runtime installed with the tool")
+    runtime = requirements.read(own, "the runtime's requirements.txt")
+    user: list[Requirement] = []
     for rel in settings.project.requirements:
-        path = settings.path(rel)
-        if not path.is_file():
-            raise ConfigError(f"project.requirements: {rel!r} does not exist; create it or remove it from invoke.yaml")
-        for line in path.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if line.startswith("-"):
-                raise ConfigError(f"{rel}: pip options ({line!r}) are not supported in a lock file; list requirements only")
-            if line:
-                lines.append(line)
-    for line in lines:
-        if line.lower().replace("_", "-").split("=")[0].split("<")[0].split(">")[0].strip() == "torch":
-            raise ConfigError(f"requirement {line!r}: torch is chosen per image variant; set image.torch.<variant> in invoke.yaml instead")
-    return lines
+        user += requirements.read(settings.path(rel), rel)
+    return runtime, user
+
+
+def requirements_key(settings: Settings) -> list:
+    """What the requirement set depends on, before a Python or a torch is chosen (the held cluster's check)."""
+    runtime, user = project_requirements(settings)
+    return [r.key() for r in runtime + user]
+
+
+def pool_bound() -> int:
+    """The pool's bound in bytes (RAYTRAIN_WHEELS_MAX_GB)."""
+    given = os.environ.get(MAX_POOL_ENV)
+    if not given:
+        return MAX_POOL_GB << 30
+    try:
+        return numbers.whole(given, MAX_POOL_ENV, 1, 1 << 20) << 30
+    except InputError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _pip_download(dest: Path, reqs: list[str], python_version: str, extra: list[str]) -> subprocess.CompletedProcess:
+    """pip download of REQS into DEST for the image's CPython and platforms (wheels only)."""
     cmd = [sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "--progress-bar", "off",
            "-d", str(dest), "--only-binary=:all:", "--implementation", "cp", "--python-version", python_version]
     for p in PLATFORMS:
@@ -119,14 +146,16 @@ def choose_torch(settings: Settings, variant: str, python_version: str, rep: Rep
     if not torch.index_url:
         return torch.requirement, "default index"
     wanted = torch.index_requirement or torch.requirement
-    memo = settings.build_dir / "wheelhouse" / f"torch-{key_of(python_version, torch.model_dump())[:16]}.json"
+    memo = cache.writable(cache.WHEEL_SETS) / f"torch-{key_of(python_version, torch.model_dump())[:16]}.json"
     known = {(wanted, torch.index_url), (torch.requirement, "default index (fallback)")}  # the only two choices
     remembered = _own_json(memo, _TorchChoice)
     if remembered is not None and (remembered.requirement, remembered.source) in known:
         return remembered.requirement, remembered.source
     rep.step(f"wheelhouse[{variant}]: looking for {wanted} on {torch.index_url}")
-    with tempfile.TemporaryDirectory() as tmp:
-        res = _pip_download(Path(tmp), [wanted], python_version, ["--no-deps", "--index-url", torch.index_url])
+    pool = cache.writable(cache.WHEELS)  # what the look downloads is the wheel the set then takes
+    with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
+        res = _pip_download(pool, [wanted], python_version, ["--no-deps", "--index-url", torch.index_url,
+                                                              "--find-links", str(pool)])
     if res.returncode == 0:
         choice = {"requirement": wanted, "source": torch.index_url}
     else:
@@ -137,32 +166,74 @@ def choose_torch(settings: Settings, variant: str, python_version: str, rep: Rep
     return choice["requirement"], choice["source"]
 
 
+def image_set(settings: Settings, variant: str, python_version: str, torch_req: str) -> list[Requirement]:
+    """The variant's whole requirement set for the image's Python: the runtime's, the project's, torch."""
+    runtime, user = project_requirements(settings)
+    torch = requirements.parse_line(torch_req, f"image.torch.{variant}")
+    return requirements.combine(requirements.for_image(runtime, python_version),
+                                requirements.for_image(user, python_version), torch)
+
+
 def ensure_wheelhouse(settings: Settings, variant: str, python_version: str, rep: Reporter) -> Wheelhouse:
     torch_req, torch_source = choose_torch(settings, variant, python_version, rep)
     index = settings.image.torch[variant].index_url if torch_source not in ("default index", "default index (fallback)") else None
-    full = read_requirements(settings) + [torch_req]
-    req_key = key_of("wheelhouse", python_version, sorted(full), index)
-    path = settings.build_dir / "wheelhouse" / req_key[:16]
-    found = _reuse(path, variant, torch_source, rep)
+    wanted = image_set(settings, variant, python_version, torch_req)
+    req_key = key_of("wheelhouse", python_version, sorted(r.key() for r in wanted), index)
+    path = cache.writable(cache.WHEEL_SETS) / req_key[:16]
+    pool = cache.writable(cache.WHEELS)
+    found = _reuse(path, pool, variant, torch_source, rep)
     if found:
         return found
     with _exclusive(path.with_name(path.name + ".lock"), rep, f"wheelhouse[{variant}]"):
         # another build of the same requirements may have filled it while this one waited
-        return _reuse(path, variant, torch_source, rep) or _fill(path, full, torch_req, index, variant,
-                                                                   python_version, torch_source, rep)
+        return _reuse(path, pool, variant, torch_source, rep) or _fill(path, pool, wanted, torch_req, index, variant,
+                                                                         python_version, torch_source, rep)
 
 
-def _reuse(path: Path, variant: str, torch_source: str, rep: Reporter) -> Optional[Wheelhouse]:
+def _reuse(path: Path, pool: Path, variant: str, torch_source: str, rep: Reporter) -> Optional[Wheelhouse]:
     data = _own_json(path / MANIFEST, _Manifest)
     if data is None:  # missing, a link, or damaged: filled again
         return None
     if len(data.sha256) != len(data.wheels) or not all(re.fullmatch(r"[0-9a-f]{64}", d) for d in data.sha256):
-        return None  # a set written before the pool, or damaged: filled again
-    if not all(_WHEEL_FILE.fullmatch(w) and os.path.isfile(path / w) and not os.path.islink(path / w)
+        return None  # damaged: filled again
+    if not all(_WHEEL_FILE.fullmatch(w) and os.path.isfile(pool / w) and not os.path.islink(pool / w)
                for w in data.wheels):
-        return None
-    rep.step(f"wheelhouse[{variant}]: reusing {path} ({len(data.wheels)} wheels, {human_bytes(data.size)})")
-    return Wheelhouse(path, data.key, data.requirements, data.wheels, data.size, torch_source, tuple(data.sha256))
+        return None  # a wheel pruned from the pool (or the cache cleared): filled again, only that one downloaded
+    _touch(pool, data.wheels)
+    rep.step(f"wheelhouse[{variant}]: reusing {path.name} ({len(data.wheels)} wheels, {human_bytes(data.size)}, "
+             f"in {pool})")
+    return Wheelhouse(path, data.key, data.requirements, data.wheels, data.size, torch_source, tuple(data.sha256), pool)
+
+
+def _touch(pool: Path, wheels: list[str]) -> None:
+    """Mark the set's wheels used now: the pool's bound removes those used longest ago first."""
+    for w in wheels:
+        try:
+            os.utime(pool / w)
+        except OSError:
+            pass
+
+
+def prune_pool(pool: Path, bound: int, keep: set[str], rep: Reporter) -> None:
+    """Remove the wheels used longest ago until the pool holds at most BOUND bytes; never one in KEEP."""
+    entries = []
+    for e in os.scandir(pool):
+        if e.is_file(follow_symlinks=False) and e.name.endswith(".whl"):
+            st = e.stat(follow_symlinks=False)
+            entries.append((st.st_mtime, e.name, st.st_size))
+    total = sum(size for _, _, size in entries)
+    if total <= bound:
+        return
+    freed = 0
+    for _, name, size in sorted(entries):
+        if total - freed <= bound:
+            break
+        if name in keep:
+            continue
+        (pool / name).unlink(missing_ok=True)
+        freed += size
+    rep.detail(f"wheel pool over its bound ({human_bytes(bound)}, {MAX_POOL_ENV}): removed {human_bytes(freed)} of "
+               "wheels used longest ago")
 
 
 @contextmanager
@@ -179,16 +250,15 @@ def _exclusive(lock: Path, rep: Reporter, what: str):
         yield
 
 
-def _fill(path: Path, full: list[str], torch_req: str, index: Optional[str], variant: str, python_version: str,
-          torch_source: str, rep: Reporter) -> Wheelhouse:
-    """Download the set into the pool (pip skips the wheels already there) and link the set's wheels into PATH."""
-    pool = path.parent / POOL
-    pool.mkdir(parents=True, exist_ok=True)
+def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, index: Optional[str], variant: str,
+          python_version: str, torch_source: str, rep: Reporter) -> Wheelhouse:
+    """Download the set into the pool (pip skips the wheels already there) and write its manifest and lock at PATH."""
+    full = [r.text for r in wanted]
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     extra = ["--find-links", str(pool)]
-    with _exclusive(pool.with_name(POOL + ".lock"), rep, f"wheelhouse[{variant}]"):
+    with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
         if index:
             res = _pip_download(pool, [torch_req], python_version, ["--no-deps", "--index-url", index])
             if res.returncode != 0:
@@ -214,11 +284,16 @@ def _fill(path: Path, full: list[str], torch_req: str, index: Optional[str], var
         if not wheels:
             shutil.rmtree(tmp, ignore_errors=True)
             raise WheelhouseError(f"pip download named no wheel for {variant}; its last line: {_last_line(res.stdout)}")
-        for w in wheels:
-            os.link(pool / w, tmp / w)  # the set's view of the pool: no second copy
-    new = [w for w in wheels if w not in before]
-    sizes = {w: (tmp / w).stat().st_size for w in wheels}
-    digests = [file_sha256(tmp / w).removeprefix("sha256:") for w in wheels]
+        _touch(pool, wheels)
+        new = [w for w in wheels if w not in before]
+        sizes = {w: (pool / w).stat().st_size for w in wheels}
+        digests = [file_sha256(pool / w).removeprefix("sha256:") for w in wheels]
+        try:
+            requirements.check_hashes(wanted, dict(zip(wheels, digests)))
+        except ConfigError:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        prune_pool(pool, pool_bound(), set(wheels), rep)
     (tmp / LOCK).write_text("".join(f"{_pin(w)} --hash=sha256:{d}\n" for w, d in zip(wheels, digests)))
     key = key_of("wheels", list(zip(wheels, digests)), sorted(full))
     data = {"key": key, "requirements": full, "wheels": wheels, "size": sum(sizes.values()), "sha256": digests}
@@ -227,7 +302,7 @@ def _fill(path: Path, full: list[str], torch_req: str, index: Optional[str], var
     os.replace(tmp, path)
     rep.detail(f"{len(wheels)} wheels, {human_bytes(data['size'])}, torch from {torch_source}; "
                f"{len(new)} downloaded ({human_bytes(sum(sizes[w] for w in new))}), the rest already in the pool")
-    return Wheelhouse(path, key, full, wheels, data["size"], torch_source, tuple(digests))
+    return Wheelhouse(path, key, full, wheels, data["size"], torch_source, tuple(digests), pool)
 
 
 def _pin(wheel: str) -> str:
