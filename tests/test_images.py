@@ -160,3 +160,10 @@ def test_the_image_imports_every_top_level_module_of_every_wheel(client, built, 
     from toolchain.wheelhouse import ensure_wheelhouse
     wh = ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True))  # the set the build used
     assert dists == len(wh.wheels) and modules >= dists and out[1:] == []
+
+
+def test_the_code_s_directory_is_the_image_user_s_and_the_runtime_root_s(client, built):
+    """A script that writes beside itself (generated data, a plot, a checkpoint) can, as in a checkout."""
+    out = run_in(client, built["cpu"]["local_ref"], ["sh", "-c", "touch /app/project/made && stat -c '%u %g' "
+                 "/app/project /app/project/train.py; touch /app/runtime/x 2>/dev/null && echo writable || echo ro"])
+    assert out.split("\n")[:3] == ["1000 1000", "1000 1000", "ro"], out

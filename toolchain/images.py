@@ -22,7 +22,7 @@ import docker
 
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, load_spec, spec_hash
-from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, SKYPILOT_PROFILE, SPEC_PATH as SPEC_ENV, VENV
+from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, PROJECT_DIR, SKYPILOT_PROFILE, SPEC_PATH as SPEC_ENV, VENV
 from toolchain import __version__, bytecode, layers, skypilot_profile, venv_layer, venv_plan
 from toolchain.bootstrap import BaseImage, ensure_base
 from toolchain.deps_stage import DepsAssembly
@@ -34,12 +34,13 @@ from toolchain.records import BuildRecord, write_builds
 from toolchain.progress import Reporter, human_bytes
 from toolchain.templates import render, template_hash
 from toolchain.venv_layer import Python
-from toolchain.wheelhouse import Wheelhouse, ensure_wheelhouse, requirements_key
+from toolchain.wheelhouse import Wheelhouse, ensure_wheelhouse, image_set, requirements_key
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE_SCRIPT = "00-raytrain-venv.sh"
 LAYER_STORE = "layers"  # <build_dir>/layers/<diff id>.tar: the assembled layers, for the incremental .sqsh
+APP_FORMAT = 2  # the app layer's own format: its project directory is the image user's
 
 
 def profile_script() -> str:
@@ -216,17 +217,22 @@ class Builder:
         return ref, key, wh
 
     def app(self, deps_ref: str, deps_key: str, sources: dict, rebuilt: list) -> tuple[str, str]:
-        """The runtime package and the user's code as one layer, assembled directly (toolchain/layers.py)."""
+        """The runtime package and the user's code as one layer, assembled directly (toolchain/layers.py).
+        The code's directory is the image user's, as a checkout is its user's: a script that writes beside
+        itself (a plot, data it generates, a checkpoint) can; the runtime stays root's."""
         app_dir = self.settings.path(self.settings.project.app_dir)
         if not app_dir.is_dir():
             raise ConfigError(f"project.app_dir: {app_dir} is not a directory; point it at your training code")
         runtime_dir = self.settings.runtime_dir
-        key = key_of("app", deps_key, sources["runtime_sha256"], sources["code_sha256"], layers.LAYER_FORMAT)
+        user = self.settings.image.user
+        key = key_of("app", deps_key, sources["runtime_sha256"], sources["code_sha256"], layers.LAYER_FORMAT,
+                     APP_FORMAT)
         ref = f"{self.stage_repo}:app-{key[:16]}"
 
         def make() -> layers.Layer:
             return layers.make_layer(layers.files_under(runtime_dir, f"{APP_ROOT}/runtime")
-                                     + layers.files_under(app_dir, f"{APP_ROOT}/project"))
+                                     + layers.files_under(app_dir, PROJECT_DIR),
+                                     owned={PROJECT_DIR: (user.uid, user.gid)})
         t0 = time.monotonic()
         layer = self._assemble("app", ref, deps_ref, make)
         if layer is not None:
@@ -260,10 +266,13 @@ class Builder:
 
     def build(self, variant: str, spec_file: Path) -> BuildRecord:
         load_spec(spec_file)  # fail before any work
+        minor = suite_python(self.settings)
+        # a requirement file that does not parse, or a conflict with the runtime's or the variant's torch:
+        # said before any work (judged again for the base's own Python once it is known)
+        image_set(self.settings, variant, minor or "3", self.settings.image.torch[variant].requirement)
         rebuilt: list = []
         # the wheelhouse downloads while debootstrap does, for the Python the suite ships (both wait on
         # the network); a base with another Python gets its own wheelhouse below
-        minor = suite_python(self.settings)
         with ThreadPoolExecutor(1, thread_name_prefix="wheelhouse") as fetching:
             early = fetching.submit(ensure_wheelhouse, self.settings, variant, minor, self.rep) if minor else None
             try:

@@ -20,7 +20,7 @@ import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Union
+from typing import Iterable, Iterator, Optional, Union
 
 from runtime.contract import BIG_LAYER_BYTES
 from toolchain.errors import BuildError
@@ -87,14 +87,18 @@ def files_under(src: Path, dest: str) -> list[tuple[str, bytes, bool]]:
     return out
 
 
-def make_layer(files: Iterable[tuple[str, bytes, bool]]) -> Layer:
+def make_layer(files: Iterable[tuple[str, bytes, bool]], owned: Optional[dict[str, tuple[int, int]]] = None) -> Layer:
+    """A layer of FILES (path in the image, content, executable), every entry root's, but those at or under
+    a directory of OWNED ({path: (uid, gid)}), which are that owner's."""
     entries = {str(PurePosixPath("/", p)).lstrip("/"): (data, exe) for p, data, exe in files}
     dirs = {str(parent) for p in entries for parent in PurePosixPath(p).parents if str(parent) != "."}
+    owners = [(str(PurePosixPath("/", d)).lstrip("/"), ids) for d, ids in (owned or {}).items()]
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
         for name in sorted(dirs | set(entries)):
             info = tarfile.TarInfo(name)
-            info.mtime, info.uid, info.gid, info.uname, info.gname = MTIME, 0, 0, "", ""
+            uid, gid = next((ids for d, ids in owners if name == d or name.startswith(d + "/")), (0, 0))
+            info.mtime, info.uid, info.gid, info.uname, info.gname = MTIME, uid, gid, "", ""
             if name in entries:
                 data, exe = entries[name]
                 info.size, info.mode = len(data), 0o755 if exe else 0o644
