@@ -112,6 +112,21 @@ def is_serving(log_text: str) -> bool:
     return SERVING_LINE in log_text
 
 
+# A worker that leaves because the head published the driver's exit code says this line last
+# (runtime/cluster/launch.py): its exit code is the driver's, a consequence, never the cause of a failure.
+def driver_finished_line(code: int) -> str:
+    return f"driver finished with {code}; leaving"
+
+
+_DRIVER_FINISHED = re.compile(r"driver finished with -?[0-9]+; leaving\s*$")
+
+
+def left_after_driver(log_text: str) -> bool:
+    """Whether a worker's log ends with its leaving on the driver's published exit code."""
+    lines = [l for l in log_text.rstrip().splitlines() if l.strip()]
+    return bool(lines) and bool(_DRIVER_FINISHED.search(lines[-1]))
+
+
 # The sbatch script names its head node in one line (`head_line_echo`, rendered by
 # deploy/targets/slurm/sbatch.py); `head_of` reads it back from the job's output (deploy/targets/slurm/held.py).
 _HEAD_LINE = re.compile(r"raytrain: job (\S+) head (\S+) ")

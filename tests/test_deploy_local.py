@@ -139,6 +139,19 @@ def test_a_worker_that_fails_first_is_named_with_its_lines_and_the_fix(client, b
     assert "job-w1" not in text  # it only lost the head (exit 3)
 
 
+def test_a_failing_driver_is_named_not_the_workers_that_left_after_it(client, pushed, settings):
+    """The driver raises on the head; the workers then leave with its code: the job's failure names the
+    driver on the head, with its last lines, not a worker."""
+    from toolchain.errors import ToolchainError
+    name = unique("driverfail")
+    s = with_deploy(settings, name=name, command=["python", "-c", "raise SystemExit('the driver gives up: 7')"])
+    with pytest.raises(ToolchainError) as e:
+        pipeline.deploy(s, str(SPEC), "local", rep=Reporter(quiet=True), nodes=3)
+    text = str(e.value)
+    assert f"the driver on the head ({name}-head) failed first (exit 1)" in text, text
+    assert "the driver gives up: 7" in text and f"{name}-w" not in text.split("its last lines")[0], text
+
+
 def curve(run_dir: Path, who: str, tag: str) -> list:
     """The scalars TAG of one writer of a run, read by TensorBoard's own reader (every event file of the
     directory, as `tensorboard --logdir` shows them): [(step, value)]."""

@@ -144,15 +144,20 @@ def _watch(head, workers: list, timeout_s: float) -> tuple[int, bool]:
 
 def diagnose(head, head_alias: str, workers: list, aliases: list[str], cores: int, nodes: int,
              head_stopped: bool = False) -> str:
-    """Which node failed first (its own failure, not one that only lost the head, unless the head was
-    stopped here because a worker failed), its last lines, and the fix."""
+    """Which process failed first, its last lines, and the fix: a worker that failed by itself (not
+    one that only lost the head, unless the head was stopped here because a worker failed, nor one
+    that left with the driver's published exit code), else the head, whose driver it is."""
     def finished(c) -> str:
         return c.attrs["State"].get("FinishedAt", "")
+
+    def tail(c) -> list[str]:
+        return c.logs(tail=12).decode(errors="replace").rstrip().splitlines()
     consequence = () if head_stopped else (EXIT_HEAD_LOST,)
     failed = sorted(((finished(w), alias, w) for w, alias in zip(workers, aliases)
-                     if _exit_code(w) not in (None, 0, *consequence)), key=lambda t: t[0])
+                     if _exit_code(w) not in (None, 0, *consequence) and not C.left_after_driver("\n".join(tail(w)))),
+                    key=lambda t: t[0])
     _, alias, culprit = failed[0] if failed else ("", head_alias, head)
-    lines = culprit.logs(tail=12).decode(errors="replace").rstrip().splitlines()
+    lines = tail(culprit)
     text = "\n".join(lines)
     if any(mark in text for mark in SLOW_START):
         fix = (f"this machine could not start every node's Ray in time ({nodes} nodes on {cores} core(s), "
@@ -160,7 +165,8 @@ def diagnose(head, head_alias: str, workers: list, aliases: list[str], cores: in
     else:
         fix = "its lines say why; fix that and deploy again"
     stopped = f" (the head was stopped {WORKER_GRACE_S} s later)" if head_stopped and culprit is not head else ""
-    return (f"node {alias} failed first (exit {_exit_code(culprit)}){stopped}; its last lines:\n    "
+    who = f"node {alias}" if culprit is not head or head_stopped else f"the driver on the head ({alias})"
+    return (f"{who} failed first (exit {_exit_code(culprit)}){stopped}; its last lines:\n    "
             + "\n    ".join(lines) + f"\n  fix: {fix}")
 
 

@@ -305,7 +305,7 @@ def run_worker(ident: NodeIdentity, opts: LaunchOptions, env: dict, ip: str, ray
         line = agent.next_line(node, None)
         kind, _, rest = line.partition(" ")
         if kind == EXIT:
-            log(ident, "the held cluster was stopped; leaving" if opts.serve else f"driver finished with {rest}; leaving")
+            log(ident, "the held cluster was stopped; leaving" if opts.serve else C.driver_finished_line(int(rest)))
             return int(rest)
         if kind == LOST:
             return leave_head_lost(rest)
