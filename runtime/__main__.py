@@ -63,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
                          "(invoke run into a container: Pyxis, Kubernetes); unpacked unless --code-dir exists "
                          "(it is named by the code's hash). The driver's stdin is then /dev/null.")
     ru.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the driver command.")
+    sub.add_parser("torchrun", help="Run a script written for torchrun on every node of the cluster: NPROC ranks a node, "
+                                    "torchrun's environment, its restarts (the job's driver, on the head).",
+                   add_help=False)
     sub.add_parser("stop", help="Stop the held cluster this head serves (invoke down): the head stops serving and "
                                 "publishes exit code 0, every node leaves in order.",
                    description="On the head of a held cluster: python -m runtime stop",
@@ -108,6 +111,10 @@ def _stop(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["torchrun"]:  # its own parser (runtime/workers/script_ranks.py): the script's args pass through
+        from runtime.workers import script_ranks
+        return script_ranks.main(argv[1:])
     args = parser().parse_args(argv)
     if args.command == "selfcheck":
         return selfcheck.run(require_cuda=args.require_cuda)

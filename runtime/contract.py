@@ -54,6 +54,10 @@ GPUS_PER_NODE = "RAYTRAIN_GPUS_PER_NODE"
 NODE_IP = "RAYTRAIN_NODE_IP"                    # the address this node's Ray was started with (set by launch)
 NODE_NAME = "RAYTRAIN_NODE_NAME"                # the scheduler's name for this machine (Kubernetes: spec.nodeName)
 JOB_NAME = "RAYTRAIN_JOB_NAME"
+ZYGOTE_ENV = "RAYTRAIN_ZYGOTE_SOCKET"  # this node's zygote (launch sets it for every process of the node's Ray)
+TORCHRUN_MAX_NPROC = 1024     # --nproc-per-node's bound, where the deploy side and the runtime take it
+TORCHRUN_MAX_RESTARTS = 1000  # --max-restarts's
+NODE_RESOURCE_PREFIX = "raytrain_node_"  # each node's Ray has the resource <prefix><node rank>: 1 (a job's node by rank)
 KV_STATS = "RAYTRAIN_KV_STATS"  # "1": the launchers' Ray agents say the GCS key-value operations they made (bench/scale.py)
 JOB_NAME_RE = r"^[a-z]([-a-z0-9]{0,38}[a-z0-9])?$"  # a job's name: a DNS label, in file names and scheduler names
 RUN_ID = "RAYTRAIN_RUN_ID"                      # one deploy = one run (checkpoints are per run); restarts keep it

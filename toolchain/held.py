@@ -32,7 +32,7 @@ from toolchain import layers, pipeline
 from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
-from toolchain.job_inputs import given, now, parse_command, pick_run, resolve_spec
+from toolchain.job_inputs import driver_command, given, now, pick_run, resolve_spec
 from toolchain.images import source_keys
 from toolchain.progress import Reporter
 from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, read_runs, restore_run,
@@ -138,7 +138,8 @@ def code_archive(app_dir: Path, rel_dir: str) -> bytes:
 
 
 def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None = None,
-        command: str | None = None, env: dict | None = None, out=None) -> dict:
+        command: str | None = None, env: dict | None = None, out=None, torchrun: str | None = None,
+        nproc_per_node: int | None = None, max_restarts: int | None = None) -> dict:
     t0 = time.monotonic()
     record = _cluster(settings, name)
     target = _target(record.target)
@@ -156,7 +157,7 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
     app_dir = settings.path(settings.project.app_dir)
     code_sha = keys["code_sha256"]
     rel_dir = f"{CODE_DIR}/{code_sha[:16]}"
-    argv = list(settings.deploy.command) if command is None else parse_command(command)
+    argv = driver_command(settings, command, torchrun, nproc_per_node, max_restarts)
     run_id = pick_run(settings, record.name, resume=False)
     tar = code_archive(app_dir, rel_dir)
     rep.step(f"run {run_id}: code {code_sha[:12]} ({len(tar) // 1024} KiB) to {record.name} "

@@ -27,19 +27,61 @@ def resolve_spec(settings: Settings, spec: str | None) -> Path:
     return path
 
 
-def parse_command(text: str) -> list[str]:
-    """--command as a shell would split it (quotes kept together); nothing is ever run through a shell."""
+def parse_command(text: str, flag: str = "--command") -> list[str]:
+    """FLAG's command as a shell would split it (quotes kept together); nothing is ever run through a shell.
+    For --command, the first word is the program; for --torchrun, the script (or -m MODULE)."""
     import shlex
     try:
         argv = shlex.split(text)
     except ValueError as e:
-        raise ConfigError(f"--command: {text[:80]!r} cannot be split as a shell would ({e}); close the quotes") from None
+        raise ConfigError(f"{flag}: {text[:80]!r} cannot be split as a shell would ({e}); close the quotes") from None
+    example = "\"train.py --epochs 3\"" if flag == "--torchrun" else "\"python train.py --steps 200\""
     if not argv:
-        raise ConfigError("--command: empty; give the driver command, e.g. \"python train.py --steps 200\"")
-    if argv[0].startswith("-"):  # it would follow a scheduler tool's own options (srun, kubectl exec, sky)
-        raise ConfigError(f"--command: {argv[0][:40]!r} is an option, not a program; the command starts with the "
-                          "program to run, e.g. \"python train.py --steps 200\"")
+        raise ConfigError(f"{flag}: empty; give it, e.g. {example}")
+    if argv[0].startswith("-") and argv[:1] != ["-m"] or argv[:1] == ["-m"] and flag != "--torchrun":
+        # it would follow a scheduler tool's own options (srun, kubectl exec, sky), or torchrun's
+        raise ConfigError(f"{flag}: {argv[0][:40]!r} is an option, not a {'script' if flag == '--torchrun' else 'program'}; "
+                          f"give e.g. {example}")
     return argv
+
+
+TORCHRUN = ("python", "-m", "runtime", "torchrun")  # runtime/workers/script_ranks.py, the driver of a torchrun script
+
+
+def driver_command(settings: Settings, command: str | None, torchrun: str | None = None, nproc: int | None = None,
+                   max_restarts: int | None = None) -> list[str]:
+    """The job's driver: --command, or a torchrun script (--torchrun "train.py ARGS", every node running
+    --nproc-per-node ranks of it, restarted together up to --max-restarts), else deploy.command. A
+    script that is not in the code is refused here, before any node starts (and `ranks_fit`)."""
+    torchrun = given(torchrun, "--torchrun")
+    if torchrun is None:
+        if nproc is not None or max_restarts is not None:
+            flag = "--nproc-per-node" if nproc is not None else "--max-restarts"
+            raise ConfigError(f"{flag}: it is a --torchrun option; give --torchrun \"train.py ARGS\" with it")
+        return list(settings.deploy.command) if command is None else parse_command(command)
+    if command is not None:
+        raise ConfigError("--torchrun and --command: give one (--torchrun runs a torchrun script on every node; "
+                          "--command runs a driver on the head)")
+    target = parse_command(torchrun, "--torchrun")
+    if target[0] == "-m":
+        if len(target) < 2:
+            raise ConfigError("--torchrun: -m needs the module, e.g. --torchrun \"-m mypackage.train\"")
+    else:
+        app_dir = settings.path(settings.project.app_dir)
+        script = Path(target[0])
+        if script.is_absolute() or ".." in script.parts or not (app_dir / script).is_file():
+            raise ConfigError(f"--torchrun: {target[0][:80]!r} is not a script in the project's code ({app_dir}); give "
+                              "its path relative to project.app_dir, e.g. --torchrun \"train.py --epochs 3\"")
+    options = [*(["--nproc-per-node", str(nproc)] if nproc is not None else []),
+               *(["--max-restarts", str(max_restarts)] if max_restarts is not None else [])]
+    return [*TORCHRUN, *options, "--", *target]
+
+
+def ranks_fit(nproc: int | None, gpus: int) -> None:
+    """--nproc-per-node against the GPUS a node of the job asks for (none asked: any number of CPU ranks)."""
+    if nproc is not None and gpus and nproc > gpus:
+        raise ConfigError(f"--nproc-per-node: {nproc} ranks per node, but the job asks for {gpus} GPU(s) a node; "
+                          f"give at most {gpus} (one rank per GPU), or more --gpus")
 
 
 def pick_run(settings: Settings, name: str, resume: bool) -> str:

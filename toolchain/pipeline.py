@@ -16,7 +16,7 @@ from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.images import LAYER_STORE, build_all
-from toolchain.job_inputs import given, now, parse_command, pick_run, resolve_spec
+from toolchain.job_inputs import driver_command, given, now, pick_run, ranks_fit, resolve_spec
 from runtime import contract as C
 from runtime.contract import PROFILE_LABEL
 from toolchain.records import (PushRecord, RunRecord, add_launches, drop_launches, read_builds, read_launches,
@@ -172,6 +172,7 @@ class DeployResult(BaseModel):
 def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, dry_run: bool = False,
            name: str | None = None, nodes: int | None = None, gpus: int | None = None, out: str | None = None,
            env: dict | None = None, resume: bool = False, command: str | None = None, serve: bool = False,
+           torchrun: str | None = None, nproc_per_node: int | None = None, max_restarts: int | None = None,
            **flags) -> DeployResult:
     """Pre-flight (spec, pushed digest, job values, the target's own checks), render, then apply.
     Each deploy is a new run (RAYTRAIN_RUN_ID, recorded in build/runs.json); `resume` continues the last
@@ -192,12 +193,14 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
               for v, r in read_pushes(settings.build_dir).items()}
     job_name = d.name if given(name, "--name") is None else name
     run_id = pick_run(settings, job_name, resume)
+    driver = driver_command(settings, command, torchrun, nproc_per_node, max_restarts)
     job_values = dict(name=job_name, nodes=d.nodes if nodes is None else nodes,
-                      command=list(d.command) if command is None else parse_command(command), cpus_per_node=d.cpus_per_node,
+                      command=driver, cpus_per_node=d.cpus_per_node,
                       memory=d.memory, port_base=d.port_base,
                       time_limit=d.time_limit, env={C.RUN_ID: run_id}, serve=serve)
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
                        job_values, gpus, settings.path(settings.project.app_dir), settings.build_dir)
+    ranks_fit(nproc_per_node, req.job.gpus_per_node)
     try:
         artifacts = plan(req, dry_run)
     except PreflightError as e:

@@ -27,6 +27,7 @@ from deploy.job import MAX_NODES
 from deploy.targets import HOLDING, TARGETS
 from deploy.targets.flags import FLAGS as TARGET_FLAGS  # the target flags, from the targets' Options models
 from runtime import numbers
+from runtime.contract import TORCHRUN_MAX_NPROC, TORCHRUN_MAX_RESTARTS
 from runtime.errors import InputError
 from toolchain import boundary, pipeline, project, registry as registry_mod
 from toolchain.config import check_env, defaults, load_settings
@@ -101,6 +102,14 @@ COMMON = {
     "quiet": "Print only errors (for CI logs); the result summary still prints.",
     "json": "Print a machine-readable JSON summary on stdout.",
 }
+TORCHRUN_HELP = {
+    "torchrun": "A script written for torchrun, as one shell-quoted string (\"train.py --epochs 3\", or \"-m pkg.train\"): "
+                "every node runs --nproc-per-node ranks of it with torchrun's environment (RANK, LOCAL_RANK, "
+                "WORLD_SIZE, MASTER_ADDR, ...). Instead of --command.",
+    "nproc_per_node": "With --torchrun: ranks on each node (default: the node's GPUs, or 1 without GPUs).",
+    "max_restarts": "With --torchrun: how often the whole group starts again after a rank fails (default 0), as "
+                    "torchrun's; then the job's exit code is the first failing rank's.",
+}
 
 
 @task(help={
@@ -148,12 +157,13 @@ TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
     "resume": "Continue the last run deployed under this --name (its checkpoints) instead of starting a new run. "
               "Without it every deploy is a new run; a scheduler's own restart (requeue, a replaced pod) "
               "always continues its run.",
+    **TORCHRUN_HELP,
     **TARGET_FLAGS.help(),  # every target option: help, type and default from its target's Options model
     **COMMON,
 })
 @TARGET_FLAGS.add_to  # one parameter per target option in place of **options (Invoke reads __signature__)
 def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, resume=False,
-           command=None, quiet=False, json=False, **options):
+           command=None, torchrun=None, nproc_per_node=None, max_restarts=None, quiet=False, json=False, **options):
     """Render the job for a target from the pushed digest (build/images.json); run it (local) or write it.
 
     Pre-flight checks (the spec baked into the image, registry reachability, job values, the target's
@@ -163,7 +173,9 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
     """
     flags = _target_flags(options)
     result = _run(c, pipeline.deploy, spec, target, quiet=quiet, as_json=json, dry_run=dry_run, resume=resume,
-                  command=command, name=name, nodes=_count(nodes, "--nodes", 1, MAX_NODES), gpus=_count(gpus, "--gpus"), out=out, **flags)
+                  command=command, name=name, nodes=_count(nodes, "--nodes", 1, MAX_NODES), gpus=_count(gpus, "--gpus"), out=out,
+                  torchrun=torchrun, nproc_per_node=_count(nproc_per_node, "--nproc-per-node", 1, TORCHRUN_MAX_NPROC),
+                  max_restarts=_count(max_restarts, "--max-restarts", 0, TORCHRUN_MAX_RESTARTS), **flags)
     if json:
         return
     if dry_run:
@@ -218,10 +230,12 @@ def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=
     "name": "The held cluster (default: deploy.name).",
     "command": "The driver command, as one shell-quoted string (default: deploy.command); it runs on the head "
                "in the code that was sent.",
+    **TORCHRUN_HELP,
     "spec": "Cluster spec JSON (default: project.spec); a spec other than the cluster's is refused.",
     **COMMON,
 })
-def held_run(c, name=None, command=None, spec=None, quiet=False, json=False):
+def held_run(c, name=None, command=None, torchrun=None, nproc_per_node=None, max_restarts=None, spec=None,
+             quiet=False, json=False):
     """Send the project's code (project.app_dir) to a held cluster and run the driver there; its exit code.
 
     Only the code moves: a change to requirements, the base, the runtime package or the spec is refused
@@ -229,7 +243,9 @@ def held_run(c, name=None, command=None, spec=None, quiet=False, json=False):
     the image digest and the code's hash.
     """
     from toolchain import held
-    out = _run(c, held.run, spec, quiet=quiet, as_json=json, name=name, command=command)
+    out = _run(c, held.run, spec, quiet=quiet, as_json=json, name=name, command=command, torchrun=torchrun,
+               nproc_per_node=_count(nproc_per_node, "--nproc-per-node", 1, TORCHRUN_MAX_NPROC),
+               max_restarts=_count(max_restarts, "--max-restarts", 0, TORCHRUN_MAX_RESTARTS))
     if not json:
         print(f"run {out['run_id']} finished with exit code {out['exit_code']}")
 

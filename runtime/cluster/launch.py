@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Optional
 
 from runtime import contract as C
-from runtime.cluster import lifeline, log_relay, node_records, preload, ray_node, serving, zygote
+from runtime.cluster import lifeline, log_relay, node_records, preload, ray_node, ray_train_defaults, serving, zygote
 from runtime.cluster.agent_client import BARRIER, EXIT, LOST, PUBLISHED, RayAgent
 from runtime.cluster.node_log import LaunchError, log
 from runtime.contract import DEFAULT_PORT_BASE, EXIT_HEAD_LOST, EXIT_NODE_LOST
@@ -129,7 +130,9 @@ def port_open(host: str, port: int) -> bool:
 
 
 def _start_args(opts: LaunchOptions, ident: NodeIdentity, ip: str) -> list[str]:
-    args = [f"--node-ip-address={ip}", "--disable-usage-stats"]
+    # the node's rank as a resource: a driver finds the job's node k by it (runtime/workers/script_ranks.py)
+    args = [f"--node-ip-address={ip}", "--disable-usage-stats",
+            f"--resources={json.dumps({f'{C.NODE_RESOURCE_PREFIX}{ident.node_rank}': 1})}"]
     if opts.num_cpus is not None:
         args.append(f"--num-cpus={opts.num_cpus}")
     gpus = opts.num_gpus if opts.num_gpus is not None else (ident.gpus_per_node or None)
@@ -205,8 +208,8 @@ def run_head(ident: NodeIdentity, opts: LaunchOptions, cmd: list[str], env: dict
                 early.wait()
             raise
         log(ident, f"barrier passed: {ident.num_nodes} node(s) alive {time.monotonic() - t0:.2f}s after head start; "
-                   f"driver starts {1000 * since_last:.0f} ms after the last node registered "
-                   f"(at {time.time():.3f}{', imports preloaded' if early else ''})")
+                   f"driver starts {1000 * since_last:.0f} ms after the last node registered"
+                   f"{' (imports preloaded)' if early else ''}")
         if opts.serve:
             code = serving.hold(address, ip, lambda msg: log(ident, msg), driver_env)
             TERMINATING.set()  # the cluster is being taken down (invoke down): this node goes without the normal grace
@@ -357,6 +360,10 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
         env["PYTHONPATH"] = serving.without_image_code(env.get("PYTHONPATH", ""))
     ip = routable_ip(ident, opts.node_ip)
     env[C.NODE_IP] = ip  # Ray's workers inherit it: their log prefixes name the node as this line does
+    if spec is not None and spec.fileroot:  # Ray Train's default storage: the shared fileroot (ray_train_defaults)
+        job = env.get(C.JOB_NAME) or ""
+        env.setdefault(ray_train_defaults.STORAGE_ENV,
+                       f"{spec.fileroot.rstrip('/')}/ray_results/{job if re.fullmatch(C.JOB_NAME_RE, job) else 'job'}")
     log(ident, f"identity from {ident.source}: node {ident.node_rank} of {ident.num_nodes}, head {ident.head_address}, "
                f"ip {ip}, gpus {ident.gpus_per_node}, node {ident.node_name}: node type {ident.node_type}, "
                f"gpu type {ident.gpu_type}")
@@ -374,8 +381,9 @@ def launch(cmd: list[str], opts: LaunchOptions, env_in: Optional[dict] = None) -
     try:
         if zyg:
             ray_cmd = zyg.ray_argv()
-            if opts.serve:  # a held cluster's drivers are forked from it too (runtime/cluster/serving.py)
-                env[serving.ZYGOTE_ENV] = zyg.socket
+            # every process of this node's Ray can have it fork a process (a torchrun-style rank:
+            # runtime/workers/script_ranks.py); a held cluster's drivers are forked from it too (serving)
+            env[C.ZYGOTE_ENV] = zyg.socket
         if ident.is_head:
             return run_head(ident, opts, cmd, env, ip, ray_cmd)
         return run_worker(ident, opts, env, ip, ray_cmd)

@@ -43,14 +43,28 @@ GLOO_CONNECTED = re.compile(rb"\[Gloo\] Rank \d+ is connected to (\d+) peer rank
 EMPTY_WORKER_LINE = re.compile(rb"(?:\x1b\[[0-9;]*m)?\([^()\n]* pid=\d+(?:, ip=[^()\s]+)?\)(?:\x1b\[[0-9;]*m)?\s*")
 
 
+# Ray Train's placement-group cleaner asks the state API (the dashboard's, which the images do not run)
+# whether its controller lives, once every few seconds, and warns each time it cannot: said once, with
+# what it means, then left out
+STATE_API_MISSING = re.compile(rb"Failed to query Ray Train Controller actor state\. State API may be temporarily "
+                               rb"unavailable")
+STATE_API_NOTE = (b"[raytrain] (Ray Train's state-API check has no dashboard to ask here, so its placement groups "
+                  b"are freed when the job ends; the warning above is not repeated)\n")
+
+
 def dropped() -> Callable[[bytes], bool]:
     """Whether the relay leaves a line out: the lines above (the missing metrics agent's only while
-    collection is off)."""
+    collection is off; the state API's after its first)."""
     metrics_off = os.environ.get(METRICS_ENV, METRICS_DEFAULT) == "0"
+    said: set = set()
 
     def drop(line: bytes) -> bool:
         if metrics_off and METRICS_AGENT_MISSING.search(line):
             return True
+        if STATE_API_MISSING.search(line):
+            if "state-api" in said:
+                return True
+            said.add("state-api")
         if EMPTY_WORKER_LINE.fullmatch(line):
             return True
         gloo = GLOO_CONNECTED.search(line)
@@ -75,6 +89,8 @@ def _copy(src: IO[bytes], dst: IO[bytes], close_dst: bool = False) -> None:
             if writing and not drop(line):
                 try:
                     dst.write(ANSI.sub(b"", line))
+                    if STATE_API_MISSING.search(line):
+                        dst.write(STATE_API_NOTE)
                     dst.flush()
                 except OSError:  # the reader went away (an interrupted client): keep draining, write no more
                     writing = False

@@ -103,6 +103,8 @@ def import_all(names, on_error=None, yield_cpu: bool = True) -> list[str]:
 
 
 def run(target: Target) -> None:
+    from runtime.cluster import ray_train_defaults
+    ray_train_defaults.install()  # a driver's Ray Train keeps its checkpoints on the fileroot (no-op elsewhere)
     if target.module:
         sys.argv = [target.module, *target.args]  # run_module puts the module's path in argv[0]
         sys.path[0] = os.getcwd()

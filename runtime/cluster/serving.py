@@ -18,8 +18,8 @@ once, content-addressed (gcs://_ray_pkg_<hash>.zip), and every node's runtime-en
 once and starts this job's workers in it. Workers are new processes of this job (forked from the
 node's zygote with the working directory applied, runtime/cluster/trampoline.py): no module of an earlier
 run survives in them. A held cluster starts no warm hosts, since they would hold the image's code.
-A `python script.py` driver is forked from the head's zygote as well (its imports done), so a
-run's first step comes without a torch import on the way.
+A `python script.py` or `python -m module` driver is forked from the head's zygote as well (its
+imports done), so a run's first step comes without a torch import on the way.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from runtime.cluster import code_unpack, lifeline, log_relay, preload, trampolin
 from runtime.errors import InputError, RaytrainError
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.constants: what the job supervisor sets
-ZYGOTE_ENV = "RAYTRAIN_ZYGOTE_SOCKET"  # the head's zygote, which forks drivers as it forks workers (launch sets it)
+ZYGOTE_ENV = C.ZYGOTE_ENV  # the head's zygote, which forks drivers as it forks workers (launch sets it)
 
 
 MAX_REQUEST = 1 << 20
@@ -170,9 +170,12 @@ def _start_driver(code_dir: Path, cmd: list[str], env: dict, fds: list[int], on_
     try:
         target = preload.target_of(cmd)
         zygote = env.get(ZYGOTE_ENV)
-        if zygote and target is not None and target.script is not None:
-            script = target.script if os.path.isabs(target.script) else str(code_dir / target.script)
-            status = trampoline.fork_from_zygote(zygote, [script, *target.args], env, str(code_dir),
+        if zygote and target is not None:
+            if target.script is not None:
+                first = [target.script if os.path.isabs(target.script) else str(code_dir / target.script)]
+            else:
+                first = ["-m", target.module]
+            status = trampoline.fork_from_zygote(zygote, [*first, *target.args], env, str(code_dir),
                                                  fds=(fds[0], out_w, err_w), on_pid=on_pid, forward_signals=False)
             if status is not None:
                 return status

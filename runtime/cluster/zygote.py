@@ -31,7 +31,7 @@ import signal
 import socket
 import sys
 
-from runtime.cluster.preload import Target, import_all, run
+from runtime.cluster.preload import import_all, parse, run
 from runtime.cluster.trampoline import EXIT, PID, REFUSED, protocol_line, python_for_raylet
 
 # What a forked worker finds imported; one that fails to import is skipped (the worker imports it
@@ -79,15 +79,17 @@ def _threads() -> int:
         return threading.active_count()
 
 
-def _apply_thread_env() -> None:
-    """What OMP_NUM_THREADS would have done at load in a fresh process: now, and again when Ray sets
-    it for the worker's first task (ray._private.utils.set_omp_num_threads_if_unset: the actor's
-    CPUs, or 1), which in a fresh worker comes before the user's code imports torch."""
+def _apply_thread_env(ray_worker: bool = True) -> None:
+    """What OMP_NUM_THREADS would have done at load in a fresh process: now, and for a RAY_WORKER again
+    when Ray sets it for the worker's first task (ray._private.utils.set_omp_num_threads_if_unset: the
+    actor's CPUs, or 1), which in a fresh worker comes before the user's code imports torch."""
     def apply() -> None:
         value = os.environ.get("OMP_NUM_THREADS") or os.environ.get("MKL_NUM_THREADS")
         if "torch" in sys.modules and value and value.isdigit() and int(value) > 0:
             sys.modules["torch"].set_num_threads(int(value))
     apply()
+    if not ray_worker:  # another program (a torchrun-style rank): Ray is not imported for it
+        return
     import ray._private.utils as ray_utils
     original = ray_utils.set_omp_num_threads_if_unset
 
@@ -134,11 +136,11 @@ def _child(req: dict, fds: list[int]) -> None:
         sys.stderr = open(2, "w", buffering=1, closefd=False)
         os.environ.clear()
         os.environ.update(req["env"])
-        _apply_thread_env()
+        _apply_thread_env(ray_worker=os.path.basename(req["argv"][0]) == "default_worker.py")
         os.chdir(req["cwd"])
         _apply_pythonpath(req["env"].get("PYTHONPATH", ""))
         try:
-            run(Target(req["argv"][0], None, tuple(req["argv"][1:])))  # as `python default_worker.py ARGS`
+            run(parse(req["argv"]))  # as `python default_worker.py ARGS` (or `python -m module ARGS`)
             code = 0
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
