@@ -14,6 +14,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_serial
 
 from runtime import contract as C
 from runtime import numbers
+# a job's nodes (head, workers and spares), a node's CPUs and GPUs: bounded once, in runtime/contract.py,
+# where the launcher's flags read them too
+from runtime.contract import MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE, MAX_NODES  # noqa: F401 (MAX_NODES: re-exported)
 from runtime.errors import InputError
 from runtime.imageref import ImageRef
 from runtime.spec import Mount, describe_errors
@@ -75,11 +78,6 @@ def time_limit_seconds(text: str) -> int:
     return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
-# a job's nodes (head, workers and spares), bounded here only: the CLI flag, the settings, the job model
-# and the held-cluster handles read this one number
-MAX_NODES = 10_000
-# a node's CPUs, bounded here only (the settings and the job model read it)
-MAX_CPUS_PER_NODE = 4096
 
 
 class JobSpec(BaseModel):
@@ -88,7 +86,7 @@ class JobSpec(BaseModel):
     name: str = Field(..., pattern=JOB_NAME_RE,
                       description="Job name: a DNS-1035 label (lowercase letter first, then letters, digits, '-'; <= 40).")
     nodes: int = Field(..., ge=1, le=MAX_NODES)
-    gpus_per_node: int = Field(0, ge=0, le=64)
+    gpus_per_node: int = Field(0, ge=0, le=MAX_GPUS_PER_NODE)
     cpus_per_node: int = Field(..., ge=1, le=MAX_CPUS_PER_NODE)
     image: Optional[ImageRef] = Field(None, description="Pinned image; None = the nodes' own environment (plain sbatch).")
     image_info: Optional[ImageInfo] = None

@@ -8,7 +8,8 @@ from typing import Callable, Optional
 from runtime import addresses, numbers
 
 from runtime.cluster import selfcheck
-from runtime.contract import DEFAULT_PORT_BASE, EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START, EXIT_NODE_LOST
+from runtime.contract import (DEFAULT_PORT_BASE, EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START, EXIT_NODE_LOST,
+                              MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -30,8 +31,10 @@ def parser() -> argparse.ArgumentParser:
     la.add_argument("--barrier-timeout", type=numbers.arg_finite(0, 7 * 86400, low_open=True), default=300, help="Seconds the head waits for all nodes.")
     la.add_argument("--join-timeout", type=numbers.arg_finite(0, 7 * 86400, low_open=True), default=300, help="Seconds a worker waits for the head.")
     la.add_argument("--no-auth", action="store_true", help="Run Ray without token authentication (trusted networks only).")
-    la.add_argument("--num-cpus", type=numbers.arg_whole(1, 100_000), default=None, help="CPUs this node offers Ray (default: detected).")
-    la.add_argument("--num-gpus", type=numbers.arg_whole(0, 1024), default=None, help="GPUs this node offers Ray (default: from the scheduler).")
+    la.add_argument("--num-cpus", type=numbers.arg_whole(1, MAX_CPUS_PER_NODE), default=None,
+                    help="CPUs this node offers Ray (default: detected).")
+    la.add_argument("--num-gpus", type=numbers.arg_whole(0, MAX_GPUS_PER_NODE), default=None,
+                    help="GPUs this node offers Ray (default: from the scheduler).")
     la.add_argument("--node-ip", type=addresses.arg_host, default=None, help="Address other nodes reach this one at (default: detected).")
     la.add_argument("--warm-hosts", type=numbers.arg_whole(0, 1024), default=None,
                     help="Worker hosts started per node while the barrier waits, for the driver's first worker "

@@ -55,6 +55,11 @@ NODE_IP = "RAYTRAIN_NODE_IP"                    # the address this node's Ray wa
 NODE_NAME = "RAYTRAIN_NODE_NAME"                # the scheduler's name for this machine (Kubernetes: spec.nodeName)
 JOB_NAME = "RAYTRAIN_JOB_NAME"
 ZYGOTE_ENV = "RAYTRAIN_ZYGOTE_SOCKET"  # this node's zygote (launch sets it for every process of the node's Ray)
+# a job's sizes, bounded here only: the deploy flags, the settings, the job model (deploy/job.py), the held
+# clusters' handles and the launcher's own flags (runtime/__main__.py) read these numbers
+MAX_NODES = 10_000
+MAX_CPUS_PER_NODE = 4096
+MAX_GPUS_PER_NODE = 64
 TORCHRUN_MAX_NPROC = 1024     # --nproc-per-node's bound, where the deploy side and the runtime take it
 TORCHRUN_MAX_RESTARTS = 1000  # --max-restarts's
 NODE_RESOURCE_PREFIX = "raytrain_node_"  # each node's Ray has the resource <prefix><node rank>: 1 (a job's node by rank)

@@ -29,9 +29,18 @@ def test_every_package_of_the_tree_is_in_the_wheel_s_list():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("dist")
+    """The wheel built from the files git has (as `pip install git+...` would), in a copy: setuptools'
+    build/ and egg-info stay out of this checkout."""
+    import shutil
+    src, out = tmp_path_factory.mktemp("src"), tmp_path_factory.mktemp("dist")
+    listed = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            check=True, capture_output=True).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        if (ROOT / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, timeout=600)
+                    str(src)], check=True, capture_output=True, timeout=600)
     (made,) = out.glob("raytrain_toolchain-*.whl")
     return made
 

@@ -61,7 +61,6 @@ class PushResult:
     layers_mounted: int = 0
     bytes_uploaded: int = 0
     attempts: int = 1
-    engine_retries: int = 0  # kept for readers of older results: the engine no longer pushes
     seconds: float = 0.0
     extra_tags: list = field(default_factory=list)
     layers_compressed: int = 0
