@@ -97,6 +97,21 @@ def test_the_job_s_command_is_the_runtime_s_torchrun(project):
         "probe.py", "--fail-on", "0"]
     assert driver_command(s, None, "-m pkg.train --x") == ["python", "-m", "runtime", "torchrun", "--", "-m",
                                                             "pkg.train", "--x"]
+    # a project whose deploy.command is a torchrun one (raytrain init --torchrun): the flags go into it
+    (project / "requirements.txt").write_text("")
+    r = subprocess.run([RAYTRAIN, "init", "--torchrun", "probe.py --fail-on 9"], cwd=project, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 2 and "already holds raytrain settings" in r.stderr  # the fixture's raytrain.yaml
+    (project / "raytrain.yaml").unlink()
+    r = subprocess.run([RAYTRAIN, "init", "--torchrun", "probe.py --fail-on 9"], cwd=project, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    from toolchain.project import forget
+    forget()  # this process looked before: it looks again
+    s = project_settings(project)
+    assert s.deploy.command == ["python", "-m", "runtime", "torchrun", "--", "probe.py", "--fail-on", "9"]
+    assert driver_command(s, None, None, 2, 1) == ["python", "-m", "runtime", "torchrun", "--nproc-per-node", "2",
+                                                  "--max-restarts", "1", "--", "probe.py", "--fail-on", "9"]
 
 
 # -- real Ray nodes on this host (the launcher, as every target starts it) -------------------------
@@ -116,8 +131,8 @@ def test_on_two_nodes_every_rank_has_torchrun_s_environment_and_the_all_reduce_a
     seen = contracts(out)
     check_contract(seen, nodes=2, nproc=2, restart=0, max_restarts=0)
     assert {c["TORCHELASTIC_RUN_ID"] for c in seen} == {"host-run"}
-    for c in seen:  # each rank's lines carry its rank
-        assert re.search(rf"\(rank{c['RANK']}@\S+ pid=\d+[^)]*\) CONTRACT", out), out[-3000:]
+    for c in seen:  # each rank's lines carry its node and its rank
+        assert re.search(rf"\(node{c['GROUP_RANK']}@\S+ pid=\d+[^)]*\) \[rank{c['RANK']}\] CONTRACT", out), out[-3000:]
 
 
 @pytest.mark.cluster

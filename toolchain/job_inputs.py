@@ -54,11 +54,18 @@ def driver_command(settings: Settings, command: str | None, torchrun: str | None
     --nproc-per-node ranks of it, restarted together up to --max-restarts), else deploy.command. A
     script that is not in the code is refused here, before any node starts (and `ranks_fit`)."""
     torchrun = given(torchrun, "--torchrun")
+    options = [*(["--nproc-per-node", str(nproc)] if nproc is not None else []),
+               *(["--max-restarts", str(max_restarts)] if max_restarts is not None else [])]
     if torchrun is None:
-        if nproc is not None or max_restarts is not None:
+        configured = list(settings.deploy.command)
+        if options and (command is not None or tuple(configured[:len(TORCHRUN)]) != TORCHRUN or "--" not in configured):
             flag = "--nproc-per-node" if nproc is not None else "--max-restarts"
-            raise ConfigError(f"{flag}: it is a --torchrun option; give --torchrun \"train.py ARGS\" with it")
-        return list(settings.deploy.command) if command is None else parse_command(command)
+            raise ConfigError(f"{flag}: it is a --torchrun option; give --torchrun \"train.py ARGS\" with it (or make "
+                              "deploy.command a torchrun one: raytrain init --torchrun)")
+        if options:  # the settings' torchrun command, these options last (the runtime takes the last of each)
+            cut = configured.index("--")
+            return [*configured[:cut], *options, *configured[cut:]]
+        return configured if command is None else parse_command(command)
     if command is not None:
         raise ConfigError("--torchrun and --command: give one (--torchrun runs a torchrun script on every node; "
                           "--command runs a driver on the head)")
@@ -72,8 +79,6 @@ def driver_command(settings: Settings, command: str | None, torchrun: str | None
         if script.is_absolute() or ".." in script.parts or not (app_dir / script).is_file():
             raise ConfigError(f"--torchrun: {target[0][:80]!r} is not a script in the project's code ({app_dir}); give "
                               "its path relative to project.app_dir, e.g. --torchrun \"train.py --epochs 3\"")
-    options = [*(["--nproc-per-node", str(nproc)] if nproc is not None else []),
-               *(["--max-restarts", str(max_restarts)] if max_restarts is not None else [])]
     return [*TORCHRUN, *options, "--", *target]
 
 

@@ -6,7 +6,8 @@ found out:
   - the code is the repository (project.app_dir "."), and its requirements the first of: uv.lock,
     pylock.toml, requirements.txt, pyproject.toml's [project] dependencies (each read and checked
     now: a file that does not parse is refused before anything is written);
-  - the driver is `python <--entry>` (or `--command`), or train.py when the repository has one;
+  - the driver is `python <--entry>` (or `--command`, or `--torchrun "train.py ARGS"`: every node runs
+    the script's ranks as torchrun would), or train.py when the repository has one;
   - the spec is a copy of the toolchain's cluster_specs/local.json named for the project (its
     images `<name>-cpu` / `<name>-gpu`), at cluster_specs/local.json unless one is there already.
 Existing settings are never overwritten: init says what it would have written and exits 2.
@@ -27,7 +28,7 @@ import yaml
 from runtime.spec import ClusterSpec
 from toolchain import assets, project, requirements
 from toolchain.errors import ConfigError
-from toolchain.job_inputs import parse_command
+from toolchain.job_inputs import TORCHRUN, parse_command
 
 SPEC = "cluster_specs/local.json"
 EXAMPLE_COMMAND = ["python", "train.py", "--cpus-per-worker", "0.5"]
@@ -66,11 +67,16 @@ def _requirement_source(root: Path, pyproject: Optional[dict]) -> Optional[str]:
     return None
 
 
-def _command(root: Path, entry: Optional[str], command: Optional[str]) -> list[str]:
-    if entry is not None and command is not None:
-        raise ConfigError("--entry and --command: give one (--entry train.py runs `python train.py`)")
+def _command(root: Path, entry: Optional[str], command: Optional[str], torchrun: Optional[str] = None) -> list[str]:
+    if sum(x is not None for x in (entry, command, torchrun)) > 1:
+        raise ConfigError("--entry, --command and --torchrun: give one (--entry train.py runs `python train.py`)")
     if command is not None:
         return parse_command(command)
+    if torchrun is not None:  # every node runs the script's ranks (runtime/workers/script_ranks.py)
+        target = parse_command(torchrun, "--torchrun")
+        if target[0] != "-m" and not (root / target[0]).is_file():
+            raise ConfigError(f"--torchrun: {target[0][:80]!r} is not a file in {root}; give the script torchrun runs")
+        return [*TORCHRUN, "--", *target]
     if entry is None:
         if (root / "train.py").is_file():
             return ["python", "train.py"]
@@ -100,7 +106,7 @@ def _toml_tables(settings: dict) -> str:
 
 
 def plan_init(root: Path, entry: Optional[str] = None, command: Optional[str] = None,
-              name: Optional[str] = None) -> Plan:
+              name: Optional[str] = None, torchrun: Optional[str] = None) -> Plan:
     """What `init` would write in ROOT; ConfigError (nothing written) for a directory that is no project,
     settings already there, or a requirement file that does not parse."""
     py_file = root / project.PYPROJECT
@@ -113,7 +119,7 @@ def plan_init(root: Path, entry: Optional[str] = None, command: Optional[str] = 
     located = project.Located(root, None, {}, project.declared_name(pyproject))
     project_name = located.name(name or "")
     source = _requirement_source(root, pyproject)
-    settings: dict = {"project": {}, "deploy": {"command": _command(root, entry, command)}}
+    settings: dict = {"project": {}, "deploy": {"command": _command(root, entry, command, torchrun)}}
     if name or not located.declared_name:  # a directory's name changes with the checkout: written down
         settings["project"]["name"] = project_name
     settings["project"].update({"app_dir": ".", "requirements": [source] if source else [], "spec": SPEC})

@@ -288,12 +288,14 @@ def held_down(c, name=None, quiet=False):
     "entry": "The script that starts the training, in the project (default: train.py when there is one); "
              "the job runs `python ENTRY` on the head.",
     "command": "The driver command instead of --entry, as one shell-quoted string (\"python -m pkg.train --x 1\").",
+    "torchrun": "A script written for torchrun instead of --entry (\"train.py --epochs 3\"): every node runs its ranks "
+                "with torchrun's environment (deploy --nproc-per-node sets how many).",
     "name": "The project's name: its images (<name>-cpu, <name>-gpu) and jobs (default: [project] name of "
             "pyproject.toml, else the directory's name).",
     "example": "Write the toolchain's example project (a Ray driver over worker groups) into this empty directory.",
     "dry_run": "Print what would be written; write nothing.",
 })
-def init(c, entry=None, command=None, name=None, example=False, dry_run=False):
+def init(c, entry=None, command=None, torchrun=None, name=None, example=False, dry_run=False):
     """Make this directory a raytrain project: its settings in pyproject.toml ([tool.raytrain]) or
     raytrain.yaml, and a cluster spec for the local target (cluster_specs/local.json).
 
@@ -305,7 +307,8 @@ def init(c, entry=None, command=None, name=None, example=False, dry_run=False):
     with _boundary():
         root = Path.cwd()
         plan = (scaffold.plan_example(root, given(name, "--name")) if example else
-                scaffold.plan_init(root, given(entry, "--entry"), given(command, "--command"), given(name, "--name")))
+                scaffold.plan_init(root, given(entry, "--entry"), given(command, "--command"), given(name, "--name"),
+                                   given(torchrun, "--torchrun")))
         if dry_run:
             for path, text in plan.writes.items():
                 print(f"--- {path} ---\n{text}")

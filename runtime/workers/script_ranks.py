@@ -11,9 +11,9 @@ TORCHELASTIC_USE_AGENT_STORE=False, so `init_process_group()` with no arguments,
 TorchElasticEnvironment and Accelerate find them. CUDA_VISIBLE_DEVICES is the node's (every GPU; the
 rank picks by LOCAL_RANK); OMP_NUM_THREADS is the job's, else 1 when K > 1, as torchrun's.
 
-A rank is a process started by a Ray actor on its node (ScriptRank, one per rank, no resources held),
+A rank is a process started by its node's Ray actor (NodeRanks, one per node, no resources held),
 forked from the node's zygote when there is one (torch imported: runtime/cluster/zygote.py), else a
-new interpreter; its lines reach the driver through Ray's log stream, named `rankR@IP`. Failures
+new interpreter; its lines reach the driver through Ray's log stream, `(nodeK@IP ...) [rankR] line`. Failures
 follow torchrun: the first rank to exit non-zero stops the others (SIGTERM, SIGKILL after
 STOP_GRACE_S), and the whole group starts again with TORCHELASTIC_RESTART_COUNT one higher, up to
 MAX_RESTARTS; then the exit code is that rank's, and the message names it, its node and its last lines.
@@ -107,31 +107,34 @@ class Ended:
     at: float = 0.0
 
 
-@ray.remote(num_cpus=0, max_concurrency=4)
-class ScriptRank:
-    """The actor that runs one rank's process on its node and passes its lines on."""
+class NodeRanks:
+    """The actor that runs one node's ranks, each a process, and passes their lines on, each named by its
+    rank. Threaded: each rank's `run` waits for its process while `stop` and the others are served."""
 
-    def __init__(self, rank: int):
-        self.rank, self.ip = rank, ray.util.get_node_ip_address()
-        self.pid: Optional[int] = None
+    def __init__(self, node_rank: int):
+        self.node_rank, self.ip = node_rank, ray.util.get_node_ip_address()
+        self.pids: dict[int, int] = {}         # rank -> its process
         self.attempt = -1
         self.stopping = threading.Event()
 
-    def __repr__(self) -> str:  # Ray names the actor's lines with it: rank3@10.0.0.2
-        return f"rank{self.rank}@{self.ip}"
+    def __repr__(self) -> str:  # Ray names the actor's lines with it: node1@10.0.0.2
+        return f"node{self.node_rank}@{self.ip}"
 
     def free_port(self) -> tuple[str, int]:
         from runtime.workers import free_ports
         return self.ip, free_ports.any_port()
 
     def code_dir(self, driver_cwd: str) -> str:
-        """Where the rank runs: the job's working_dir on this node (a held cluster's run), else the driver's."""
+        """Where the ranks run: the job's working_dir on this node (a held cluster's run), else the driver's."""
         return os.getcwd() if ray.get_runtime_context().runtime_env.get("working_dir") else driver_cwd
 
-    def run(self, attempt: int, argv: list[str], contract: dict, omp: Optional[str], cwd: str) -> Ended:
-        """Attempt ATTEMPT: run `python ARGV` with the rank's environment in CWD until it ends."""
+    def begin(self, attempt: int) -> None:
+        """Attempt ATTEMPT starts: a stop for an earlier one is void from now on."""
         self.attempt = attempt
         self.stopping.clear()
+
+    def run(self, attempt: int, rank: int, argv: list[str], contract: dict, omp: Optional[str], cwd: str) -> Ended:
+        """Rank RANK of attempt ATTEMPT: `python ARGV` with its environment in CWD, until it ends."""
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}  # Ray set it for this actor
         env.update(contract)
         if omp:
@@ -139,55 +142,56 @@ class ScriptRank:
         tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        pumps = [threading.Thread(target=_pump, args=(fd, stream, tail), daemon=True)
+        pumps = [threading.Thread(target=_pump, args=(fd, stream, tail, f"[rank{rank}] "), daemon=True)
                  for fd, stream in ((out_r, sys.stdout), (err_r, sys.stderr))]
         for p in pumps:
             p.start()
         try:
-            status = self._start(argv, env, cwd, (out_w, err_w))
+            status = self._start(rank, argv, env, cwd, (out_w, err_w)) if attempt == self.attempt else -signal.SIGTERM
         finally:
             os.close(out_w)
             os.close(err_w)
         ended_at = time.time()
         for p in pumps:
             p.join(timeout=5)
-        self.pid = None
+        self.pids.pop(rank, None)
         code = 128 - status if status < 0 else status
-        return Ended(code, tuple(tail), self.stopping.is_set(), ended_at)
+        return Ended(code, tuple(tail), self.stopping.is_set() or attempt != self.attempt, ended_at)
 
-    def _start(self, argv: list[str], env: dict, cwd: str, fds: tuple[int, int]) -> int:
+    def _start(self, rank: int, argv: list[str], env: dict, cwd: str, fds: tuple[int, int]) -> int:
         socket_path = os.environ.get(C.ZYGOTE_ENV)
         with open(os.devnull, "rb") as devnull:
             if socket_path:
                 from runtime.cluster.trampoline import fork_from_zygote
                 status = fork_from_zygote(socket_path, argv, env, cwd, fds=(devnull.fileno(), *fds),
-                                          on_pid=self._started, forward_signals=False)
+                                          on_pid=lambda pid: self._started(rank, pid), forward_signals=False)
                 if status is not None:
                     return status
             proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd, stdin=devnull, stdout=fds[0],
                                     stderr=fds[1], start_new_session=True)
-            self._started(proc.pid)
+            self._started(rank, proc.pid)
             return proc.wait()
 
-    def _started(self, pid: int) -> None:
-        self.pid = pid
+    def _started(self, rank: int, pid: int) -> None:
+        self.pids[rank] = pid
         if self.stopping.is_set():  # told to stop while it was starting
-            self.stop()
+            self._stop_one(rank, pid)
 
-    def stop(self, attempt: Optional[int] = None) -> None:
-        """SIGTERM to the rank's process group, SIGKILL after STOP_GRACE_S (returns at once); a stop meant
+    def stop(self, attempt: int) -> None:
+        """SIGTERM to each rank's process group, SIGKILL after STOP_GRACE_S (returns at once); a stop meant
         for an earlier ATTEMPT (calls to a threaded actor may overtake each other) does nothing."""
-        if attempt is not None and attempt != self.attempt:
+        if attempt != self.attempt:
             return
         self.stopping.set()
-        pid = self.pid
-        if pid is None:
-            return
+        for rank, pid in list(self.pids.items()):
+            self._stop_one(rank, pid)
+
+    def _stop_one(self, rank: int, pid: int) -> None:
         _signal_group(pid, signal.SIGTERM)
 
         def kill_later() -> None:
             time.sleep(STOP_GRACE_S)
-            if self.pid == pid:
+            if self.pids.get(rank) == pid:
                 _signal_group(pid, signal.SIGKILL)
         threading.Thread(target=kill_later, daemon=True).start()
 
@@ -201,12 +205,12 @@ def _signal_group(pid: int, sig: int) -> None:
             continue
 
 
-def _pump(fd: int, stream, tail: collections.deque) -> None:
+def _pump(fd: int, stream, tail: collections.deque, prefix: str) -> None:
     with os.fdopen(fd, "rb", closefd=True) as f:
         for raw in f:
             line = raw.decode(errors="replace").rstrip("\n")
             tail.append(line)
-            print(line, file=stream, flush=True)
+            print(prefix + line, file=stream, flush=True)
 
 
 @dataclass(frozen=True)
@@ -237,27 +241,32 @@ def script_argv(target: list[str], cwd: str) -> list[str]:
 def run_group(target: list[str], nproc: Optional[int] = None, max_restarts: int = 0, say=None) -> int:
     """Run TARGET as torchrun would, on every node of the cluster this driver is connected to; its exit code."""
     say = say or (lambda m: print(f"[torchrun] {m}", file=sys.stderr, flush=True))
+    t0 = time.monotonic()
     cwd = os.getcwd()
     argv = script_argv(target, cwd)
     if not ray.is_initialized():
         ray.init()
+    t_init = time.monotonic()
     nodes = job_nodes()
     per_node = ranks_per_node(nodes, nproc)
     run_id = os.environ.get(C.RUN_ID) or os.environ.get("TORCHELASTIC_RUN_ID") or "none"
     omp = os.environ.get("OMP_NUM_THREADS") or ("1" if per_node > 1 else None)
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    places = [(node, local) for node in nodes for local in range(per_node)]
-    ranks = [ScriptRank.options(scheduling_strategy=NodeAffinitySchedulingStrategy(node.node_id, soft=False))
-             .remote(node.rank * per_node + local) for node, local in places]
-    cwds = ray.get([r.code_dir.remote(cwd) for r in ranks])
-    say(f"{len(nodes)} node(s) x {per_node} rank(s): world size {len(ranks)}, run {run_id}, up to {max_restarts} "
-        "restart(s)")
+    hosts = [ray.remote(NodeRanks).options(num_cpus=0, max_concurrency=per_node + 4, scheduling_strategy=
+                                           NodeAffinitySchedulingStrategy(node.node_id, soft=False)).remote(node.rank)
+             for node in nodes]
+    cwds = ray.get([h.code_dir.remote(cwd) for h in hosts])
+    places = [(host, node, local, d) for host, node, d in zip(hosts, nodes, cwds) for local in range(per_node)]
+    world = len(places)
+    say(f"{len(nodes)} node(s) x {per_node} rank(s): world size {world}, run {run_id}, up to {max_restarts} "
+        f"restart(s) (ray.init {t_init - t0:.2f} s, the nodes' hosts {time.monotonic() - t_init:.2f} s)")
     failure: Optional[Failure] = None
     for restart in range(max_restarts + 1):
-        master = ray.get(ranks[0].free_port.remote())
-        running = {r.run.remote(restart, argv, rank_env(node, local, per_node, len(nodes), master, run_id, restart,
-                                                        max_restarts), omp, d): (i, node, local)
-                   for i, (r, (node, local), d) in enumerate(zip(ranks, places, cwds))}
+        master = ray.get(hosts[0].free_port.remote())
+        ray.get([h.begin.remote(restart) for h in hosts])
+        running = {host.run.remote(restart, i, argv, rank_env(node, local, per_node, len(nodes), master, run_id, restart,
+                                                              max_restarts), omp, d): (i, node, local)
+                   for i, (host, node, local, d) in enumerate(places)}
         failed: list[Failure] = []
         while running:
             done, _ = ray.wait(list(running), num_returns=1)
@@ -270,14 +279,14 @@ def run_group(target: list[str], nproc: Optional[int] = None, max_restarts: int 
             if ended.code != 0 and not ended.stopped:
                 if not failed:
                     say(f"rank {i} (node {node.rank}, {node.ip}) exited with {ended.code}; stopping the other ranks")
-                    for r in ranks:
-                        r.stop.remote(restart)
+                    for h in hosts:
+                        h.stop.remote(restart)
                 failed.append(Failure(i, node, local, ended))
         # the first to fail by when it ended, not by when the driver heard: a rank whose peer left may fail
         # on the lost connection a moment later, and its word can arrive first
         failure = min(failed, key=lambda f: f.ended.at) if failed else None
         if failure is None:
-            say(f"all {len(ranks)} ranks exited with 0")
+            say(f"all {world} ranks exited with 0")
             return 0
         if restart < max_restarts:
             say(f"restarting the group ({restart + 1} of {max_restarts}), TORCHELASTIC_RESTART_COUNT={restart + 1}")
