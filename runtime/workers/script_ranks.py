@@ -36,6 +36,7 @@ import ray
 from runtime import contract as C
 from runtime import numbers
 from runtime.errors import InputError
+from runtime.workers import output_flush
 
 STOP_GRACE_S = 10   # a rank told to stop has this long after SIGTERM before SIGKILL (torchrun: 30 s)
 TAIL_LINES = 12
@@ -128,6 +129,13 @@ class NodeRanks:
         """Where the ranks run: the job's working_dir on this node (a held cluster's run), else the driver's."""
         return os.getcwd() if ray.get_runtime_context().runtime_env.get("working_dir") else driver_cwd
 
+    def mark_output(self, line: str) -> None:
+        """`line` on this actor's stdout and stderr, after every rank's line before it (output_flush)."""
+        with _WRITING:
+            for stream in (sys.stdout, sys.stderr):
+                stream.write(line + "\n")
+                stream.flush()
+
     def begin(self, attempt: int) -> None:
         """Attempt ATTEMPT starts: a stop for an earlier one is void from now on."""
         self.attempt = attempt
@@ -205,12 +213,17 @@ def _signal_group(pid: int, sig: int) -> None:
             continue
 
 
+_WRITING = threading.Lock()  # one line at a time: the node's ranks share its actor's stdout and stderr
+
+
 def _pump(fd: int, stream, tail: collections.deque, prefix: str) -> None:
     with os.fdopen(fd, "rb", closefd=True) as f:
         for raw in f:
             line = raw.decode(errors="replace").rstrip("\n")
             tail.append(line)
-            print(prefix + line, file=stream, flush=True)
+            with _WRITING:
+                stream.write(f"{prefix}{line}\n")
+                stream.flush()
 
 
 @dataclass(frozen=True)
@@ -264,8 +277,8 @@ def run_group(target: list[str], nproc: Optional[int] = None, max_restarts: int 
     for restart in range(max_restarts + 1):
         master = ray.get(hosts[0].free_port.remote())
         ray.get([h.begin.remote(restart) for h in hosts])
-        running = {host.run.remote(restart, i, argv, rank_env(node, local, per_node, len(nodes), master, run_id, restart,
-                                                              max_restarts), omp, d): (i, node, local)
+        running = {host.run.remote(restart, rank=i, argv=argv, omp=omp, cwd=d, contract=rank_env(
+                       node, local, per_node, len(nodes), master, run_id, restart, max_restarts)): (i, node, local)
                    for i, (host, node, local, d) in enumerate(places)}
         failed: list[Failure] = []
         while running:
@@ -285,6 +298,7 @@ def run_group(target: list[str], nproc: Optional[int] = None, max_restarts: int 
         # the first to fail by when it ended, not by when the driver heard: a rank whose peer left may fail
         # on the lost connection a moment later, and its word can arrive first
         failure = min(failed, key=lambda f: f.ended.at) if failed else None
+        output_flush.flush(hosts, timeout_s=10)  # the ranks' lines before what this says of them
         if failure is None:
             say(f"all {world} ranks exited with 0")
             return 0
