@@ -121,6 +121,28 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.docker)
 
 
+# what the Docker tier writes at its peak, in GiB: in the temp dir, the session's wheels, layer store, blobs,
+# registry and an image's tree (7 GB); in the engine, the session's images (their layers once)
+DISK_NEEDED_GB = {"temp": 25, "engine": 10}
+
+
+def _short_of_disk(c) -> str:
+    """Why the disks the Docker tier writes to have too little room for it, or ''."""
+    need: dict = {}
+    places = {"temp": Path(tempfile.gettempdir()), "engine": Path((c.info() or {}).get("DockerRootDir") or "/")}
+    for what, path in places.items():
+        if not path.is_dir():
+            continue
+        dev = os.stat(path).st_dev
+        gb, where = need.get(dev, (0, path))
+        need[dev] = (gb + DISK_NEEDED_GB[what], where)
+    short = [f"{where} has {shutil.disk_usage(where).free / 2**30:.1f} GiB free, the Docker tier needs about {gb} there"
+             for gb, where in need.values() if shutil.disk_usage(where).free / 2**30 < gb]
+    if not short:
+        return ""
+    return "; ".join(short) + " (free some: docker system prune, ~/.cache/raytrain, old /tmp/pytest-of-*)"
+
+
 @pytest.fixture(scope="session")
 def client():
     import docker  # here: the engine-free tests do not need the SDK's import or an engine
@@ -133,6 +155,11 @@ def client():
             pytest.fail(f"{why}: CI requires the Docker tier", pytrace=False)
         pytest.skip(why)
     _remove_images(c, _session_images(c, alive_only=False))  # what a killed session left
+    short = _short_of_disk(c)
+    if short:
+        if os.environ.get("CI"):
+            pytest.fail(f"{short}: CI requires the Docker tier", pytrace=False)
+        pytest.skip(short)
     _ENGINE["client"] = c
     return c
 

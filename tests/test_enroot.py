@@ -5,9 +5,9 @@ is converted and compared with facts recorded from a real `enroot import dockerd
 image (tests/data/enroot_import_facts.json): superblock options, root mode, every entry's type,
 mode, owner and symlink target (a non-ASCII absolute link among them), the permission fix-up,
 and the four configuration files. A small image on the bootstrapped base checks /etc/rc's
-behaviour; the cpu image, converted with the same code, is booted the way enroot starts it, both
-from a full conversion and from an incremental one (deploy/targets/pyxis/enroot_incremental.py), which must list
-the same entries, modes, owners, link targets and configuration files.
+behaviour; the cpu image is converted in full and incrementally (deploy/targets/pyxis/enroot_incremental.py,
+what `deploy --target pyxis --sqsh` does after a build), which must list the same entries, modes, owners,
+link targets and configuration files, and the incremental one is booted the way enroot starts it.
 """
 import io
 import json
@@ -108,41 +108,45 @@ def enroot_start(tree: Path, user: str, shell: str, *argv: str) -> subprocess.Co
 
 
 @pytest.fixture(scope="module")
-def cpu_facts() -> dict:
-    """how -> (SquashResult, facts) of each conversion of the cpu image, as they are made."""
-    return {}
+def cpu_full(client, built, tmp_path_factory):
+    """The cpu image converted in full: its SquashResult and facts (the .sqsh goes once they are read)."""
+    work = tmp_path_factory.mktemp("cpu-full")
+    res = sqsh.convert(client, built["cpu"]["local_ref"], work, progress=print)
+    facts = enroot_fixture.facts(str(res.path))
+    shutil.rmtree(work, ignore_errors=True)
+    return res, facts
 
 
-@pytest.fixture(scope="module", params=["full", "incremental"])
-def cpu_tree(request, client, built, settings, tmp_path_factory, cpu_facts):
-    """The cpu image converted in full, then incrementally (the lower layers squashed into a cache,
-    the app and spec layers from the build's layer store appended), and unpacked: what enroot
-    mounts. One at a time: a .sqsh is GBs and its tree 7 GB, so each .sqsh is gone once unpacked
-    (pytest finishes the tests of one parameter, and its teardown, before the next)."""
-    how = request.param
-    work = tmp_path_factory.mktemp(f"cpu-{how}")
-    extra = dict(layer_store=settings.build_dir / LAYER_STORE, spare=False) if how == "incremental" else {}
-    res = sqsh.convert(client, built["cpu"]["local_ref"], work / "out", progress=print, **extra)
+@pytest.fixture(scope="module")
+def cpu_incremental(client, built, settings, tmp_path_factory):
+    """The cpu image converted incrementally (the lower layers squashed into a cache, the app and spec layers
+    from the build's layer store appended), its facts, and the tree enroot would mount, unpacked from it.
+    The .sqsh (GBs) goes once it is unpacked; the tree (7 GB) with the module."""
+    work = tmp_path_factory.mktemp("cpu-incremental")
+    res = sqsh.convert(client, built["cpu"]["local_ref"], work / "out", progress=print,
+                       layer_store=settings.build_dir / LAYER_STORE, spare=False)
     shutil.rmtree(work / "out" / ".lower", ignore_errors=True)  # the lower chain's cache: only a next conversion needs it
-    cpu_facts[how] = (res, enroot_fixture.facts(str(res.path)))
+    facts = enroot_fixture.facts(str(res.path))
     enroot_fixture.unsquash(res.path, work / "tree")
     res.path.unlink()
-    yield work / "tree"
+    yield res, facts, work / "tree"
     shutil.rmtree(work, ignore_errors=True)
 
 
-def test_cpu_image_incremental_sqsh_equals_the_full_conversion(cpu_tree, cpu_facts, request):
-    """[full]: the full conversion holds the app and the venv; [incremental]: the incremental one
-    lists the same entries, modes, owners and link targets, with the same superblock and config files."""
-    if request.node.callspec.params["cpu_tree"] == "full":
-        full, want = cpu_facts["full"]
-        assert full.how == "full"
-        assert "/app/project/train.py" in want["listing"] and "/opt/venv/bin/python" in want["listing"]
-        return
-    (_, want), (inc, got) = cpu_facts["full"], cpu_facts["incremental"]
+def test_cpu_image_incremental_sqsh_equals_the_full_conversion(cpu_full, cpu_incremental):
+    """The full conversion holds the app and the venv; the incremental one lists the same entries, modes,
+    owners and link targets, with the same superblock and configuration files."""
+    (full, want), (inc, got, _) = cpu_full, cpu_incremental
+    assert full.how == "full"
+    assert "/app/project/train.py" in want["listing"] and "/opt/venv/bin/python" in want["listing"]
     assert inc.how == "incremental", inc.note
     assert got["superblock"] == want["superblock"] and got["files"] == want["files"]
     assert got["listing"] == want["listing"]
+
+
+@pytest.fixture
+def cpu_tree(cpu_incremental):
+    return cpu_incremental[2]
 
 
 @pytest.mark.parametrize("user,shell", [("0:0", "/bin/sh"), ("1000:1000", "/bin/bash"), ("4242:4242", "/bin/sh")],

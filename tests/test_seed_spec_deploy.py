@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, make_settings
+from conftest import ROOT, SESSION, make_settings
 from runtime.imageref import ImageRef
 from toolchain import pipeline
 from toolchain.progress import Reporter
@@ -17,8 +17,8 @@ from toolchain.progress import Reporter
 SEED = {
     "cluster_type": "slurm", "cluster_name": "seed-cluster", "fileroot": "/storage/exp",
     "default_mount": "/storage:/storage", "node_type_from_node_name": {"slurmd-\\d+$": "g8"},
-    "gpu_type_from_node_name": {"slurmd-\\d+$": "tesla"}, "cpu_image": "raytrain-cpu", "gpu_image": "raytrain-gpu",
-    "node_name_prefix": "slurmd-"}
+    "gpu_type_from_node_name": {"slurmd-\\d+$": "tesla"}, "cpu_image": f"{SESSION}-cpu",
+    "gpu_image": f"{SESSION}-gpu", "node_name_prefix": "slurmd-"}
 
 
 @pytest.fixture(scope="module")

@@ -38,6 +38,8 @@ MpiDefault=none
 ReturnToService=2
 InactiveLimit=0
 KillWait=5
+# a requeued job starts again cred_expire seconds later (Slurm's default: 120)
+AuthInfo=cred_expire=30
 MinJobAge=600
 NodeName=n[1-{n}] NodeHostname={host} NodeAddr=127.0.0.1 Port=[{node_port}-{last_port}] CPUs=2 State=UNKNOWN
 PartitionName=debug Nodes=n[1-{n}] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
