@@ -11,6 +11,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from packaging.version import Version
 
 from conftest import ROOT, SESSION
 
@@ -56,15 +57,17 @@ def test_the_wheel_carries_the_tasks_templates_specs_runtime_requirements_and_ex
 
 
 USER_DRIVER = textwrap.dedent('''\
-    """A Ray driver of the user's: counts the cluster's nodes and uses a package the runtime lacks."""
+    """A Ray driver of the user's: counts the cluster's nodes and uses packages the runtime lacks."""
     import json
 
+    import hydra
     import ray
     import tabulate
 
     ray.init()
     nodes = [n for n in ray.nodes() if n["Alive"]]
-    print("SUMMARY " + json.dumps({"nodes": len(nodes), "table": tabulate.tabulate([["ok", len(nodes)]])}))
+    print("SUMMARY " + json.dumps({"nodes": len(nodes), "table": tabulate.tabulate([["ok", len(nodes)]]),
+                                   "hydra": hydra.__version__}))
     ''')
 
 
@@ -84,7 +87,8 @@ def test_the_installed_tool_runs_a_user_s_project_end_to_end(installed, client, 
     user.mkdir()
     assert ROOT not in user.parents
     (user / "train.py").write_text(USER_DRIVER)
-    (user / "requirements.txt").write_text("tabulate==0.9.0\n")
+    # hydra-core, unpinned as users list it: its 1.3 releases need antlr4-python3-runtime 4.9.3, an sdist only
+    (user / "requirements.txt").write_text("tabulate==0.9.0\nhydra-core\n")
     env = {**os.environ, "INVOKE_REGISTRY_ADDRESS": settings.registry.address,
            "INVOKE_IMAGE_REPOSITORY": SESSION}  # the session's stage names (hermetic: tests/conftest.py)
 
@@ -102,6 +106,7 @@ def test_the_installed_tool_runs_a_user_s_project_end_to_end(installed, client, 
     assert run.returncode == 0, out[-4000:]
     summary = json.loads(re.search(r"SUMMARY (\{.*\})", out).group(1))
     assert summary["nodes"] == 3 and "ok" in summary["table"]
+    assert Version(summary["hydra"]) >= Version("1.3"), summary  # the newest, not pip's wheels-only 0.11
     assert f"job {SESSION}-userproj finished with exit code 0" in out
     pushed = json.loads((user / "build" / "images.json").read_text())["cpu"]
     assert pushed["repo_digest"].startswith(f"{settings.registry.address}/{SESSION}-userproj-cpu@sha256:")

@@ -7,6 +7,7 @@
       blobs/          compressed layers of builds that keep no blob cache of their own (toolchain/push.py)
       blob-digests/   each layer's compressed digest, per diff ID (toolchain/blobs.py)
       blob-homes/     where each blob was pushed, for cross-repository mounts (toolchain/blobs.py)
+      uv/             uv's own cache: the metadata a requirement set's resolution reads (toolchain/resolver.py)
 
 Everything in it is content-addressed: two projects that need the same wheel or layer find it here,
 and a build whose cache is empty makes it again. `raytrain clean --cache` removes it.
@@ -26,7 +27,8 @@ LAYER_INDEX = "layer-index"
 BLOBS = "blobs"
 BLOB_DIGESTS = "blob-digests"
 BLOB_HOMES = "blob-homes"
-PARTS = (WHEELS, WHEEL_SETS, LAYER_INDEX, BLOBS, BLOB_DIGESTS, BLOB_HOMES)
+UV = "uv"
+PARTS = (WHEELS, WHEEL_SETS, LAYER_INDEX, BLOBS, BLOB_DIGESTS, BLOB_HOMES, UV)
 
 
 def root() -> Path:

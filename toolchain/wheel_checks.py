@@ -51,14 +51,23 @@ def _refuse(wheel: Path, why: str) -> BuildError:
 
 
 @lru_cache(maxsize=8)
-def supported_tags(minor: str) -> frozenset[Tag]:
-    """The tags a wheel for CPython MINOR ("3.11") on the wheelhouse's platforms may carry."""
+def supported_tag_order(minor: str) -> dict[Tag, int]:
+    """The tags a wheel for CPython MINOR ("3.11") on the wheelhouse's platforms may carry, each with its
+    rank: 0 is the most specific, the one pip prefers among the wheels of one release."""
     try:
         version = tuple(int(p) for p in minor.split("."))
     except ValueError:
         raise BuildError("deps", minor, f"the image's Python version {minor!r} is not MAJOR.MINOR", []) from None
-    return frozenset([*cpython_tags(version, platforms=_TAG_PLATFORMS),
-                      *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms=_TAG_PLATFORMS)])
+    order: dict[Tag, int] = {}
+    for tag in [*cpython_tags(version, platforms=_TAG_PLATFORMS),
+                *compatible_tags(version, f"cp{version[0]}{version[1]}", platforms=_TAG_PLATFORMS)]:
+        order.setdefault(tag, len(order))
+    return order
+
+
+def supported_tags(minor: str) -> frozenset[Tag]:
+    """The tags a wheel for CPython MINOR ("3.11") on the wheelhouse's platforms may carry."""
+    return frozenset(supported_tag_order(minor))
 
 
 def check_wheel(wheel: Path, minor: str) -> None:

@@ -25,6 +25,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +33,7 @@ from typing import Optional
 
 from runtime import numbers
 from runtime.errors import InputError
-from toolchain import cache, requirements
+from toolchain import cache, requirements, resolver
 from toolchain.atomic import write_atomic
 from toolchain.blobs import file_sha256
 from toolchain.config import Settings, TorchSettings
@@ -257,7 +258,6 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
     tmp = path.with_name(path.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    extra = ["--find-links", str(pool)]
     with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
         if index:
             res = _pip_download(pool, [torch_req], python_version, ["--no-deps", "--index-url", index])
@@ -265,25 +265,14 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise WheelhouseError(f"pip could not fetch {torch_req} from {index}: {_last_line(res.stderr)}")
         before = set(os.listdir(pool))
-        rep.step(f"wheelhouse[{variant}]: pip download of {len(full)} requirements for Python {python_version} "
-                 f"(into {pool}: only the wheels it lacks)")
-        res = _pip_download(pool, full, python_version, extra)
-        built: set[str] = set()
-        while res.returncode != 0:
-            # a pure-Python package published only as an sdist (e.g. python-hostlist): build its wheel
-            # here; a py3-none-any wheel is the same for the image's Python and platform
-            m = re.search(r"No matching distribution found for (\S+)", res.stderr)
-            if not m or m.group(1) in built or not _build_pure_wheel(m.group(1), pool, rep):
-                break
-            built.add(m.group(1))
-            res = _pip_download(pool, full, python_version, extra)
-        if res.returncode != 0:
+        try:
+            wheels = _download(pool, full, python_version, variant, rep)
+        except WheelhouseError:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise WheelhouseError(f"pip download failed for {variant} ({', '.join(full)}):\n    " + "\n    ".join(res.stderr.strip().splitlines()[-8:]))
-        wheels = sorted({Path(m[1]).name for line in res.stdout.splitlines() if (m := _PIP_FILE.fullmatch(line))})
+            raise
         if not wheels:
             shutil.rmtree(tmp, ignore_errors=True)
-            raise WheelhouseError(f"pip download named no wheel for {variant}; its last line: {_last_line(res.stdout)}")
+            raise WheelhouseError(f"the requirement set of {variant} came to no wheel ({', '.join(full)[:2000]})")
         _touch(pool, wheels)
         new = [w for w in wheels if w not in before]
         sizes = {w: (pool / w).stat().st_size for w in wheels}
@@ -303,6 +292,48 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
     rep.detail(f"{len(wheels)} wheels, {human_bytes(data['size'])}, torch from {torch_source}; "
                f"{len(new)} downloaded ({human_bytes(sum(sizes[w] for w in new))}), the rest already in the pool")
     return Wheelhouse(path, key, full, wheels, data["size"], torch_source, tuple(digests), pool)
+
+
+def _download(pool: Path, full: list[str], python_version: str, variant: str, rep: Reporter) -> list[str]:
+    """The set's wheel files in the pool, downloading the ones it lacks: uv resolves the set (toolchain/resolver.py)
+    and pip downloads the missing pins alone; without uv, pip resolves and downloads (wheels only)."""
+    t0 = time.monotonic()
+    try:
+        pins = resolver.resolve(full, python_version, pool)
+    except resolver.ResolveError as e:
+        rep.warn(f"wheelhouse[{variant}]: {e}; pip resolves the set instead, from wheels only (where a dependency "
+                 "is published only as an sdist, pip chooses an older release that does without it)")
+        rep.step(f"wheelhouse[{variant}]: pip download of {len(full)} requirements for Python {python_version} "
+                 f"(into {pool}: only the wheels it lacks)")
+        return _pip_fetch(pool, full, python_version, variant, [], rep)
+    have = resolver.in_pool(pins, pool, python_version)
+    missing = [p.text for p in pins if p not in have]
+    rep.step(f"wheelhouse[{variant}]: {len(pins)} packages resolved by uv in {time.monotonic() - t0:.1f}s; "
+             f"{len(pins) - len(missing)} in the pool, {len(missing)} to download" + (f" ({', '.join(missing[:6])}"
+                                                                                      f"{', ...' if len(missing) > 6 else ''})"
+                                                                                      if missing else ""))
+    fetched = _pip_fetch(pool, missing, python_version, variant, ["--no-deps"], rep) if missing else []
+    return sorted(set(have.values()) | set(fetched))
+
+
+def _pip_fetch(pool: Path, reqs: list[str], python_version: str, variant: str, extra: list[str],
+               rep: Reporter) -> list[str]:
+    """pip download of REQS into the pool (the wheels already there are found, not fetched): their file names."""
+    extra = [*extra, "--find-links", str(pool)]
+    res = _pip_download(pool, reqs, python_version, extra)
+    built: set[str] = set()
+    while res.returncode != 0:
+        # a pure-Python package published only as an sdist (antlr4-python3-runtime 4.9.3, python-hostlist):
+        # its wheel is built here; a py3-none-any wheel is the same for the image's Python and platform
+        m = re.search(r"No matching distribution found for (\S+)", res.stderr)
+        if not m or m.group(1) in built or not _build_pure_wheel(m.group(1), pool, rep):
+            break
+        built.add(m.group(1))
+        res = _pip_download(pool, reqs, python_version, extra)
+    if res.returncode != 0:
+        raise WheelhouseError(f"pip download failed for {variant} ({', '.join(reqs)[:2000]}):\n    "
+                              + "\n    ".join(res.stderr.strip().splitlines()[-8:]))
+    return sorted({Path(m[1]).name for line in res.stdout.splitlines() if (m := _PIP_FILE.fullmatch(line))})
 
 
 def _pin(wheel: str) -> str:

@@ -1,0 +1,58 @@
+"""The requirement set's resolution for the image (toolchain/resolver.py): uv, against the real index, keeps
+the newest release of a package whose dependency is published only as an sdist, where pip's wheels-only
+resolution steps back to an old one; the pool's wheel for each pin is the one the image takes."""
+import pytest
+from packaging.version import Version
+
+from toolchain import resolver
+from toolchain.wheelhouse import _pip_download
+
+PY = "3.11"
+
+
+def test_uv_keeps_the_newest_release_whose_dependency_is_only_an_sdist(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYTRAIN_CACHE", str(tmp_path / "cache"))
+    pins = {p.name: p.version for p in resolver.resolve(["hydra-core"], PY, tmp_path / "pool")}
+    assert pins["hydra-core"] >= Version("1.3"), pins
+    assert pins["antlr4-python3-runtime"] == Version("4.9.3"), pins  # hydra-core 1.3 needs 4.9.*: an sdist only
+    # what pip chooses from wheels alone, for the same platform: a hydra-core of before 1.0
+    pool = tmp_path / "pip"
+    res = _pip_download(pool, ["hydra-core"], PY, ["--quiet"])
+    assert res.returncode == 0, res.stderr[-2000:]
+    (chosen,) = [w.name for w in pool.glob("hydra_core-*.whl")]
+    assert Version(chosen.split("-")[1]) < Version("1.0"), chosen
+
+
+def test_a_set_that_cannot_be_resolved_is_one_line_naming_the_package(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYTRAIN_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(resolver.ResolveError, match="no-such-package-raytrain") as e:
+        resolver.resolve(["no-such-package-raytrain-test==1.0"], PY, tmp_path / "pool")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text,says", [
+    ("numpy>=2\n", "not name==version"),
+    ("numpy==2.0\nnumpy==2.1\n", "names numpy twice"),
+    ("numpy==not-a-version\n", "not one"),
+    ("\n# nothing\n", "empty"),
+])
+def test_a_resolution_that_is_not_pins_is_refused(text, says):
+    with pytest.raises(resolver.ResolveError, match=says):
+        resolver.parse_pins(text)
+
+
+def test_the_pool_s_wheel_for_a_pin_is_the_most_specific_the_image_takes(tmp_path):
+    pool = tmp_path / "pool"
+    pool.mkdir()
+    for name in ("foo-1.0-cp311-cp311-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+                 "foo-1.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+                 "foo-1.0-cp311-cp311-manylinux_2_39_x86_64.whl",   # a newer glibc than the base's
+                 "foo-1.0-cp312-cp312-manylinux_2_28_x86_64.whl",   # another Python
+                 "foo-1.1-cp311-cp311-manylinux_2_28_x86_64.whl",   # another release
+                 "Bar_Baz-2.0-py3-none-any.whl", "qux-1.0-cp311-cp311-macosx_11_0_arm64.whl", "not a wheel.whl"):
+        (pool / name).write_bytes(b"")
+    (pool / "link-1.0-py3-none-any.whl").symlink_to(pool / "Bar_Baz-2.0-py3-none-any.whl")
+    pins = resolver.parse_pins("foo==1.0\nbar-baz==2.0\nqux==1.0\nlink==1.0\nabsent==3\n")
+    have = {p.text: w for p, w in resolver.in_pool(pins, pool, PY).items()}
+    assert have == {"foo==1.0": "foo-1.0-cp311-cp311-manylinux_2_28_x86_64.whl",
+                    "bar-baz==2.0": "Bar_Baz-2.0-py3-none-any.whl"}
