@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 INVOKE = [sys.executable, "-m", "invoke"]
 # the deploy task's own flags (the job, not a target's option), declared in tasks.py
 JOB_FLAGS = {"--target", "--spec", "--nodes", "--name", "--gpus", "--out", "--dry-run", "--command", "--resume",
-             "--torchrun", "--nproc-per-node", "--max-restarts", "--quiet", "--json"}
+             "--torchrun", "--nproc-per-node", "--max-restarts", "--env", "--quiet", "--json"}
 
 
 def inv(*args):

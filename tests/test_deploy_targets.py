@@ -1,5 +1,6 @@
 """`invoke deploy` for the artifact targets: pre-flight, dry run, all-or-nothing writes (no engine needed)."""
 import json
+import re
 import stat
 from pathlib import Path
 
@@ -195,6 +196,31 @@ def test_command_flag_reaches_every_target(settings, spec, target):
     assert "two words; $(not run)" in text or "'two words; $(not run)'" in text
     with pytest.raises(ConfigError, match="--command: .* cannot be split as a shell would .*close the quotes"):
         deploy(settings, spec, target, dry_run=True, command="python train.py --note 'unclosed")
+
+
+@pytest.mark.parametrize("spec,target", [("local.json", "local"), ("slurm.json", "slurm"),
+                                         ("slurm-pyxis.json", "pyxis"), ("kubernetes.json", "k8s"),
+                                         ("kubernetes.json", "skypilot")])
+def test_env_reaches_every_target_over_the_settings(settings, spec, target):
+    """deploy.env, then each --env KEY=VALUE over it, in the job every target renders; the value kept as given."""
+    s = settings.model_copy(deep=True)
+    s.deploy.env = {"NCCL_DEBUG": "WARN", "KEEP": "kept"}
+    res = deploy(s, spec, target, dry_run=True, job_env=["NCCL_DEBUG=INFO", "NOTE=two words; $(not run)"])
+    assert {k: res.job["env"][k] for k in ("NCCL_DEBUG", "KEEP", "NOTE")} == \
+        {"NCCL_DEBUG": "INFO", "KEEP": "kept", "NOTE": "two words; $(not run)"}
+    text = json.dumps(res.objects) + "".join((res.rendered or {}).values())
+    assert "NCCL_DEBUG" in text and "INFO" in text and "KEEP" in text
+
+
+@pytest.mark.parametrize("given,says", [
+    (["NOEQUALS"], "--env: 'NOEQUALS' is not KEY=VALUE"),
+    (["1BAD=x"], "--env: '1BAD' is not an environment variable name"),
+    (["RAYTRAIN_RUN_ID=mine"], "--env: RAYTRAIN_RUN_ID is the runtime's own variable"),
+    (["A=x\x00y"], "--env: the value of A contains NUL"),
+])
+def test_bad_env_is_one_error_naming_the_flag(settings, given, says):
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        deploy(settings, "slurm.json", "slurm", dry_run=True, job_env=given)
 
 
 @pytest.mark.parametrize("spec,target", [("slurm-pyxis.json", "pyxis"), ("kubernetes.json", "skypilot")])

@@ -81,6 +81,9 @@ class DeploySettings(_Strict):
         "The driver: it runs on the head, in the image's copy of project.app_dir."))
     port_base: int = Field(DEFAULT_PORT_BASE, ge=1024, le=65535)
     time_limit: str = "01:00:00"
+    env: dict[str, str] = Field(default_factory=dict, description=(
+        "Environment variables every process of the job gets (deploy --env adds to them). Not for secrets: "
+        "they are written into the job's artifacts."))
 
 
 def _path_text(value: str) -> str:

@@ -82,7 +82,7 @@ def _cluster(settings: Settings, name: Optional[str]) -> ClusterRecord:
 
 
 def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, name: str | None = None,
-       nodes: int | None = None, env: dict | None = None, **flags) -> dict:
+       nodes: int | None = None, env: dict | None = None, job_env: list[str] | None = None, **flags) -> dict:
     job_name = settings.deploy.name if name is None else name
     if job_name in read_clusters(settings.build_dir):
         raise ConfigError(f"a held cluster named {job_name!r} is already recorded; `{hint.cmd(f'status --name {job_name}')}`, "
@@ -101,7 +101,7 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
         keys = source_keys(settings)
         spec_sha = spec_hash(resolve_spec(settings, spec))
     deployed = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True,
-                               env=_context(env).env, **{"submit": True, **flags})
+                               env=_context(env).env, job_env=job_env, **{"submit": True, **flags})
     record = ClusterRecord(name=job_name, target=target_name, image=deployed.job["image"] or "", variant=variant or "",
                            spec_sha256=spec_sha, below_app_key=keys["below_app_key"],
                            runtime_sha256=keys["runtime_sha256"], project=str(settings.root.resolve()),

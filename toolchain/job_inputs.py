@@ -3,6 +3,7 @@ toolchain/pipeline.py, up and run in toolchain/held.py): text flags, the spec fi
 command, the run id and the time it is recorded with."""
 from __future__ import annotations
 
+import re
 import secrets
 import time
 from pathlib import Path
@@ -43,6 +44,33 @@ def parse_command(text: str, flag: str = "--command") -> list[str]:
         raise ConfigError(f"{flag}: {argv[0][:40]!r} is an option, not a {'script' if flag == '--torchrun' else 'program'}; "
                           f"give e.g. {example}")
     return argv
+
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+OWN_ENV = "RAYTRAIN_"  # the runtime's own variables (runtime/contract.py): set by the targets, never by the user
+
+
+def job_env(settings: Settings, given_env: list[str] | None) -> dict[str, str]:
+    """The environment every process of the job gets: deploy.env, then each --env KEY=VALUE over it. Not for
+    secrets: the values are written into the job's artifacts (an sbatch script, a manifest, a task)."""
+    out: dict[str, str] = {}
+    items = [(f"deploy.env.{k}", k, v) for k, v in settings.deploy.env.items()]
+    for text in given_env or []:
+        key, eq, value = text.partition("=")
+        if not eq:
+            raise ConfigError(f"--env: {text[:80]!r} is not KEY=VALUE; give e.g. --env NCCL_DEBUG=INFO")
+        items.append(("--env", key, value))
+    for where, key, value in items:
+        if not ENV_NAME.fullmatch(key):
+            raise ConfigError(f"{where}: {key[:60]!r} is not an environment variable name (a letter or '_' first, "
+                              "then letters, digits, '_')")
+        if key.upper().startswith(OWN_ENV):
+            raise ConfigError(f"{where}: {key} is the runtime's own variable (RAYTRAIN_*), set for every job; give "
+                              "another name")
+        if "\x00" in value:
+            raise ConfigError(f"{where}: the value of {key} contains NUL, which no process can be given")
+        out[key] = value
+    return out
 
 
 TORCHRUN = ("python", "-m", "runtime", "torchrun")  # runtime/workers/script_ranks.py, the driver of a torchrun script

@@ -17,6 +17,7 @@ from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.images import LAYER_STORE, build_all
 from toolchain.job_inputs import driver_command, given, now, pick_run, ranks_fit, resolve_spec
+from toolchain.job_inputs import job_env as job_env_of
 from runtime import contract as C
 from runtime.contract import PROFILE_LABEL
 from toolchain.records import (PushRecord, RunRecord, add_launches, drop_launches, read_builds, read_launches,
@@ -173,13 +174,14 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
            name: str | None = None, nodes: int | None = None, gpus: int | None = None, out: str | None = None,
            env: dict | None = None, resume: bool = False, command: str | None = None, serve: bool = False,
            torchrun: str | None = None, nproc_per_node: int | None = None, max_restarts: int | None = None,
-           **flags) -> DeployResult:
+           job_env: list[str] | None = None, **flags) -> DeployResult:
     """Pre-flight (spec, pushed digest, job values, the target's own checks), render, then apply.
     Each deploy is a new run (RAYTRAIN_RUN_ID, recorded in build/runs.json); `resume` continues the last
     run of this job name instead.
 
     `flags` are the target's options as given (only those set); one the target does not take is an
-    error. --dry-run returns the rendered files and writes, converts and starts nothing.
+    error. --dry-run returns the rendered files and writes, converts and starts nothing. `env`: the
+    environment of the tools the target runs (sbatch, kubectl); `job_env`: --env KEY=VALUE as given.
     """
     from deploy.job import ImageInfo
     from deploy.plan import make_request, plan
@@ -197,7 +199,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     job_values = dict(name=job_name, nodes=d.nodes if nodes is None else nodes,
                       command=driver, cpus_per_node=d.cpus_per_node,
                       memory=d.memory, port_base=d.port_base,
-                      time_limit=d.time_limit, env={C.RUN_ID: run_id}, serve=serve)
+                      time_limit=d.time_limit, env={**job_env_of(settings, job_env), C.RUN_ID: run_id}, serve=serve)
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
                        job_values, gpus, settings.path(settings.project.app_dir), settings.build_dir)
     ranks_fit(nproc_per_node, req.job.gpus_per_node)

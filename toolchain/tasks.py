@@ -110,6 +110,8 @@ TORCHRUN_HELP = {
     "max_restarts": "With --torchrun: how often the whole group starts again after a rank fails (default 0), as "
                     "torchrun's; then the job's exit code is the first failing rank's.",
 }
+ENV_HELP = ("KEY=VALUE: an environment variable for every process of the job, over deploy.env (repeat it: "
+            "--env NCCL_DEBUG=INFO --env ACCELERATE_USE_CPU=1). Not for secrets: it is written into the artifacts.")
 
 
 @task(help={
@@ -158,12 +160,14 @@ TARGET_HELP = "; ".join(f"{name}: {t.summary}" for name, t in TARGETS.items())
               "Without it every deploy is a new run; a scheduler's own restart (requeue, a replaced pod) "
               "always continues its run.",
     **TORCHRUN_HELP,
+    "env": ENV_HELP,
     **TARGET_FLAGS.help(),  # every target option: help, type and default from its target's Options model
     **COMMON,
-})
+}, iterable=["env"])
 @TARGET_FLAGS.add_to  # one parameter per target option in place of **options (Invoke reads __signature__)
 def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None, dry_run=False, resume=False,
-           command=None, torchrun=None, nproc_per_node=None, max_restarts=None, quiet=False, json=False, **options):
+           command=None, torchrun=None, nproc_per_node=None, max_restarts=None, env=None, quiet=False, json=False,
+           **options):
     """Render the job for a target from the pushed digest (build/images.json); run it (local) or write it.
 
     Pre-flight checks (the spec baked into the image, registry reachability, job values, the target's
@@ -175,7 +179,7 @@ def deploy(c, target=None, spec=None, nodes=None, name=None, gpus=None, out=None
     result = _run(c, pipeline.deploy, spec, target, quiet=quiet, as_json=json, dry_run=dry_run, resume=resume,
                   command=command, name=name, nodes=_count(nodes, "--nodes", 1, MAX_NODES), gpus=_count(gpus, "--gpus"), out=out,
                   torchrun=torchrun, nproc_per_node=_count(nproc_per_node, "--nproc-per-node", 1, TORCHRUN_MAX_NPROC),
-                  max_restarts=_count(max_restarts, "--max-restarts", 0, TORCHRUN_MAX_RESTARTS), **flags)
+                  max_restarts=_count(max_restarts, "--max-restarts", 0, TORCHRUN_MAX_RESTARTS), job_env=env, **flags)
     if json:
         return
     if dry_run:
@@ -206,11 +210,12 @@ def destroy(c, target=None, spec=None, name=None):
     "spec": "Cluster spec JSON (default: project.spec); must be the one baked into the pushed image.",
     "nodes": "Number of nodes, head included (default: deploy.nodes).",
     "name": "The cluster's name (default: deploy.name); `invoke run/status/down --name` use it.",
+    "env": ENV_HELP,
     **TARGET_FLAGS.help(),  # the same target options as deploy (a Slurm partition, a port stride, ...)
     **COMMON,
-})
+}, iterable=["env"])
 @TARGET_FLAGS.add_to
-def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=False, **options):
+def held_up(c, target=None, spec=None, nodes=None, name=None, env=None, quiet=False, json=False, **options):
     """Start a held cluster: deploy's nodes, the head serving drivers (invoke run) instead of running one.
 
     The nodes run the pushed digest, or the nodes' own environment on plain Slurm.
@@ -221,7 +226,7 @@ def held_up(c, target=None, spec=None, nodes=None, name=None, quiet=False, json=
     from toolchain import held
     flags = _target_flags(options)
     out = _run(c, held.up, spec, target, quiet=quiet, as_json=json, name=name, nodes=_count(nodes, "--nodes", 1, MAX_NODES),
-               **flags)
+               job_env=env, **flags)
     if quiet and not json:  # otherwise its progress line said it
         print(f"cluster {out['cluster']['name']} is up ({out['cluster']['target']}, {out['cluster']['image']})")
 
