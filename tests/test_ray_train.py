@@ -71,7 +71,7 @@ def test_ray_train_checkpoints_go_to_the_fileroot_and_a_resumed_run_continues(cl
     name = f"rtrain-{uuid.uuid4().hex[:6]}"
     store = Path("/tmp/raytrain") / "ray_results" / name  # the spec's fileroot, bound into every container
     try:
-        first = pipeline.deploy(train_project, str(SPEC), "local", rep=Reporter(), nodes=3, name=name,
+        first = pipeline.deploy(train_project, str(SPEC), "local", rep=Reporter(), nodes=2, name=name,
                                 command="python rt_train.py 2")
         text = "".join(capfd.readouterr())
         assert first.applied.exit_code == 0, text[-4000:]
@@ -82,7 +82,7 @@ def test_ray_train_checkpoints_go_to_the_fileroot_and_a_resumed_run_continues(cl
         assert got["checkpoint"].startswith(str(store / run_id)) and Path(got["checkpoint"], "state.json").is_file()
         assert text.count("State API may be temporarily unavailable") <= 1, text[-3000:]
 
-        resumed = pipeline.deploy(train_project, str(SPEC), "local", rep=Reporter(), nodes=3, name=name,
+        resumed = pipeline.deploy(train_project, str(SPEC), "local", rep=Reporter(), nodes=2, name=name,
                                   command="python rt_train.py 4", resume=True)
         text = "".join(capfd.readouterr())
         assert resumed.applied.exit_code == 0 and resumed.job["env"]["RAYTRAIN_RUN_ID"] == run_id, text[-4000:]
