@@ -199,3 +199,17 @@ def test_bare_raytrain_and_help_list_the_tasks_first():
         head = res.stdout.split("Core options")[0]
         for task in ("build", "push", "deploy", "up", "run", "status", "down"):
             assert f"\n  {task} " in head, (argv, res.stdout[:500])
+
+
+def test_help_into_a_pipe_whose_reader_left_says_nothing():
+    """`raytrain --help | head -1`: the reader leaves, and raytrain ends as a Unix tool does (141), without an
+    error line about the pipe. The pipe's read end is closed before raytrain writes, so every write fails."""
+    for argv in (["--help"], ["deploy", "--help"]):
+        r, w = os.pipe()
+        os.close(r)
+        try:
+            res = subprocess.run([str(ROOT / ".venv" / "bin" / "raytrain"), *argv], stdout=w, stderr=subprocess.PIPE,
+                                 text=True, timeout=120)
+        finally:
+            os.close(w)
+        assert res.returncode == 141 and res.stderr == "", res

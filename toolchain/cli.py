@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import importlib
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -106,6 +107,9 @@ def main(argv: Optional[list[str]] = None) -> None:
         program.run(argv)
     except (SystemExit, KeyboardInterrupt, Exit):
         raise
+    except BrokenPipeError:  # `raytrain --help | head`: the reader left, as for any Unix tool; nothing to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the flush at exit writes nowhere
+        sys.exit(141)  # 128 + SIGPIPE, as a shell reports a tool the pipe ended
     except Exception as e:  # noqa: BLE001 - the boundary decides what is the user's doing
         if isinstance(e, AmbiguousMergeError):  # raised while the files are merged, just before the first task
             e = _config_error("a file's value where the defaults have a mapping", e)
