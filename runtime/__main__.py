@@ -6,8 +6,6 @@ import sys
 from typing import Callable, Optional
 
 from runtime import addresses, numbers
-
-from runtime.cluster import selfcheck
 from runtime.contract import (DEFAULT_PORT_BASE, EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START, EXIT_NODE_LOST,
                               MAX_CPUS_PER_NODE, MAX_GPUS_PER_NODE)
 
@@ -119,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
         from runtime.workers import script_ranks
         return script_ranks.main(argv[1:])
     args = parser().parse_args(argv)
-    if args.command == "selfcheck":
+    if args.command == "selfcheck":  # imported here: it loads the spec's models, which `run` (a held run) does not need
+        from runtime.cluster import selfcheck
         return selfcheck.run(require_cuda=args.require_cuda)
     if args.command == "stop":
         return _reported("stop", lambda: _stop(args))
