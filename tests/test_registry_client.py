@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -232,6 +233,24 @@ def test_a_redirect_to_another_host_drops_the_login(servers, tmp_path):
     assert bystander.seen and bystander.seen[-1][2] == ""
 
 
+def test_a_401_from_the_host_a_redirect_led_to_gets_no_login(servers, tmp_path):
+    """The registry redirects; the host it names answers 401 with a Basic challenge and with a Bearer one whose
+    realm is its own: neither gets the registry's login (it is judged by the answer's own URL, not the
+    request's), and the refusal names the other host."""
+    for challenge in ('Basic realm="other"', None):
+        realm_seen = []
+        realm = servers(lambda h: (realm_seen.append(h.headers.get("Authorization") or ""),
+                                   (200, {"Content-Type": "application/json"}, b'{"token": "t"}'))[1])
+        other = servers(lambda h, c=challenge: (401, {"WWW-Authenticate": c or
+                                                      f'Bearer realm="http://{realm.address}/token",service="x"'}, b""))
+        reg = servers(lambda h: (307, {"Location": f"http://{other.address}/v2/"}, b""))
+        client = RegistryClient(reg.address, "repo", stall_s=5, scheme="http", env=_login_env(tmp_path, reg.address))
+        with pytest.raises(RegistryError, match=re.escape(other.address)):
+            client.check()
+        assert all(a == "" for _, _, a in other.seen), other.seen
+        assert realm_seen == [], realm_seen
+
+
 def test_a_token_realm_that_is_not_http_is_refused_and_a_bad_token_is_not_sent(servers, tmp_path):
     reg = servers(lambda h: (401, {"WWW-Authenticate": 'Bearer realm="file:///etc/passwd",service="x"'}, b""))
     client = RegistryClient(reg.address, "repo", stall_s=5, scheme="http", env=_login_env(tmp_path, reg.address))
@@ -292,8 +311,8 @@ def test_challenges_as_registries_send_them():
         "bearer", {"realm": "https://auth.docker.io/token", "service": "registry.docker.io",
                    "scope": "repository:samalba/my-app:pull,push"})
     assert auth.parse_challenge('Basic realm="Registry Realm"') == ("basic", {"realm": "Registry Realm"})
-    # an escaped quote, spaces around '=', a bare token value, a repeated name
-    assert auth.parse_challenge('Bearer realm = "a\\"b" , error=insufficient_scope,realm="second"') == (
+    # an escaped quote, spaces around '=', a bare token value (a repeated name: refused, below)
+    assert auth.parse_challenge('Bearer realm = "a\\"b" , error=insufficient_scope') == (
         "bearer", {"realm": 'a"b', "error": "insufficient_scope"})
     assert auth.parse_challenge("") == ("", {})
     # a part without '=', and text after a value, are refused saying so
@@ -330,6 +349,20 @@ def test_a_challenge_with_a_stray_part_is_one_error_naming_the_registry(servers,
     client = RegistryClient(reg.address, "repo", stall_s=5, scheme="http", env=_env(tmp_path))
     with pytest.raises(RegistryError, match=f"{reg.address} asked for a login with a challenge that cannot be read"):
         client.check()
+
+
+@pytest.mark.parametrize("header", ['Bearer realm="http://other/t",service="x",realm="http://reg/t"',
+                                    'Basic realm="a", REALM="b"'])
+def test_a_challenge_that_names_a_parameter_twice_is_refused(header, servers, tmp_path):
+    """RFC 7235: a parameter occurs once per challenge. With two realms, either choice sends the login to a
+    realm the registry may not mean; none is made."""
+    with pytest.raises(ValueError, match="realm.* twice"):
+        auth.parse_challenge(header)
+    reg = servers(lambda h: (401, {"WWW-Authenticate": header}, b""))
+    client = RegistryClient(reg.address, "repo", stall_s=5, scheme="http", env=_login_env(tmp_path, reg.address))
+    with pytest.raises(RegistryError, match=f"{reg.address} asked for a login with a challenge that cannot be read"):
+        client.check()
+    assert all(a == "" for _, _, a in reg.seen)
 
 
 # -- answers that trickle: the whole answer within the stall timeout --------------------------------

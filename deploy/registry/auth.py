@@ -24,8 +24,8 @@ _ESCAPE = re.compile(r"\\(.)")
 
 
 def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
-    """(scheme in lower case, parameters) of a WWW-Authenticate value; the first value of a repeated
-    name is kept. ValueError, saying what, for a part that is not name=value or text after a value."""
+    """(scheme in lower case, parameters) of a WWW-Authenticate value. ValueError, saying what, for a part
+    that is not name=value, text after a value, or a name given twice (names are case-insensitive)."""
     header = header.strip()
     scheme, _, rest = header.partition(" ")
     params: dict[str, str] = {}
@@ -38,8 +38,10 @@ def parse_challenge(header: str) -> tuple[str, dict[str, str]]:
         if not m:
             end = _next_comma(rest, pos)
             raise ValueError(f"a part that is not name=value: {rest[pos:end if end >= 0 else None][:60]!r}")
-        params.setdefault(m.group(1).lower(), _ESCAPE.sub(r"\1", m.group(2)) if m.group(2) is not None
-                          else m.group(3))
+        name = m.group(1).lower()
+        if name in params:  # RFC 7235: once per challenge; two realms leave no right one to send a login to
+            raise ValueError(f"it names {name!r} twice")
+        params[name] = _ESCAPE.sub(r"\1", m.group(2)) if m.group(2) is not None else m.group(3)
         pos = m.end()
         if pos < len(rest) and rest[pos] != ",":
             raise ValueError(f"text after the value of {m.group(1)!r}: {rest[pos:pos + 60]!r}")

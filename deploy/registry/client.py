@@ -157,7 +157,12 @@ class RegistryClient:
             if self._authorization and self._ours(url):
                 sent_headers["Authorization"] = self._authorization
             answer = self._send(method, url, what, body, sent_headers, **kw)
-            if answer.status_code == 401 and round_ == 1 and self._ours(url):
+            if answer.status_code == 401 and not self._ours(answer.url or url):
+                # a redirect led elsewhere, and that host asks for a login: the registry's is not its
+                raise RegistryError(f"{what}: {self.host} redirected to {shown(urlsplit(answer.url).netloc, 120)}, "
+                                    f"which asked for a login; the login for {self.host} is sent to {self.host} "
+                                    "(and the token service it names) only")
+            if answer.status_code == 401 and round_ == 1:
                 self._authenticate(answer)
                 if not replayable:
                     raise TransientRegistryError(f"{what}: {self.host} asked for a login in the middle of an upload; "
