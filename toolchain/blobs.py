@@ -42,7 +42,8 @@ from typing import BinaryIO, Callable, Optional
 
 from isal import isal_zlib
 
-from runtime.imageref import DIGEST
+from runtime.imageref import DIGEST, ImageRef, ImageRefError
+from toolchain.cache import BadEntry, read_entry
 from toolchain.atomic import write_atomic
 from toolchain.errors import ToolchainError
 
@@ -258,11 +259,20 @@ class _Tee:
         self.tee(block)
 
 
+def _home_ok(address: str, repo: str) -> bool:
+    """Whether ADDRESS/REPO is a registry and a repository, as an image name has them (no path, query or tag)."""
+    try:
+        ref = ImageRef.parse(f"{address}/{repo}", "a blob's home")
+    except ImageRefError:
+        return False
+    return ref.registry == address and ref.repository == repo and ref.tag is None and ref.digest is None
+
+
 def _read_sidecar(side: Path, diff_id: str, gz: Path) -> Optional[Blob]:
     try:
-        meta = json.loads(side.read_text())
+        meta = json.loads(read_entry(side, 64 << 10) or b"null")
         blob = Blob(path=gz, **{k: meta[k] for k in ("digest", "size", "diff_id", "diff_size", "level", "chunk")})
-    except (OSError, ValueError, KeyError, TypeError):
+    except (BadEntry, ValueError, KeyError, TypeError, RecursionError):
         return None
     ok = (blob.diff_id == diff_id and isinstance(blob.digest, str) and DIGEST.fullmatch(blob.digest) is not None
           and all(type(v) is int and v > 0 for v in (blob.size, blob.diff_size, blob.chunk)) and type(blob.level) is int)
@@ -281,14 +291,18 @@ class BlobHomes:
         self.root = Path(root)
 
     def of(self, digest: str) -> list[tuple[str, str]]:
+        """The homes recorded for DIGEST, read as untrusted: only (registry address, repository) pairs that
+        parse as one image name, at most MAX (an entry that is not a list of such pairs is no entry)."""
+        if not DIGEST.fullmatch(digest):
+            return []
         try:
-            data = json.loads((self.root / f"{digest.removeprefix('sha256:')}.json").read_text())
-        except (OSError, ValueError):
+            data = json.loads(read_entry(self.root / f"{digest.removeprefix('sha256:')}.json", 64 << 10) or b"[]")
+        except (BadEntry, ValueError, RecursionError):
             return []
         if not isinstance(data, list):
             return []
-        return [(a, r) for a, r in (x for x in data if isinstance(x, list) and len(x) == 2)
-                if isinstance(a, str) and isinstance(r, str)]
+        return [(a, r) for a, r in (x for x in data[-self.MAX:] if isinstance(x, list) and len(x) == 2)
+                if isinstance(a, str) and isinstance(r, str) and _home_ok(a, r)]
 
     def add(self, digests, address: str, repo: str) -> None:
         self.root.mkdir(parents=True, exist_ok=True)

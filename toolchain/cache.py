@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 from pathlib import Path
+from typing import Optional
 
 from toolchain.errors import ConfigError
 
@@ -85,3 +87,32 @@ def clear() -> tuple[Path, int]:
         elif d.is_symlink():
             d.unlink()
     return root(), freed
+
+
+class BadEntry(Exception):
+    """A cache file that cannot be what this toolchain wrote (the message says why): it is dropped and made again."""
+
+
+def read_entry(path: Path, max_bytes: int = 1 << 20) -> Optional[bytes]:
+    """The bytes of the cache file PATH, or None when there is none. A link, a FIFO or anything but a regular
+    file, or one over MAX_BYTES, is a BadEntry: everything in the cache is read as untrusted, and opening it
+    never follows a link or waits on a pipe."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise BadEntry(f"cannot be opened as a file ({e.strerror or e}: a link, or not a file)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise BadEntry("is not a regular file")
+        if st.st_size > max_bytes:
+            raise BadEntry(f"is {st.st_size} bytes, more than the {max_bytes} such a file can be")
+        data = os.read(fd, max_bytes + 1)
+        if len(data) > max_bytes:
+            raise BadEntry(f"grew past {max_bytes} bytes while read")
+        return data
+    finally:
+        os.close(fd)
+

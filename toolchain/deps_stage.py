@@ -65,7 +65,7 @@ class DepsAssembly:
         self.index = index or LayerIndex(default_index())
         self.slots = [_Slot(p) for p in planned]
         for s in self.slots:
-            entry = self.index.get(s.planned.key)
+            entry = self.index.get(s.planned.key, on_bad=rep.warn)
             if entry is not None:
                 s.diff_id, s.scripts = entry["diff_id"], scripts_of(entry)
                 tar = store / f"{s.diff_id[7:]}.tar"

@@ -275,7 +275,7 @@ class _TarDestination(SchemeDictionaryDestination):
     def write_script(self, name: str, module: str, attr: str, section) -> RecordEntry:
         """A console script goes to the venv's top layer (`write_top_layer`); its RECORD line stays here."""
         script_name, data = Script(name, module, attr, section).generate(self.interpreter, self.script_kind)
-        if not _SCRIPT_NAME.fullmatch(script_name) or _PYTHON_NAME.fullmatch(script_name):
+        if not is_script_name(script_name):
             raise BuildError("deps", self.out.wheel, f"{self.out.wheel}: the console script name {script_name[:80]!r} is "
                              "not a plain file name the venv may take (letters, digits, '.', '_', '+', '-'; not "
                              "python*); remove the wheel from the requirements", [])
@@ -286,6 +286,11 @@ class _TarDestination(SchemeDictionaryDestination):
 
 _SCRIPT_NAME = re.compile(r"[A-Za-z0-9_+][A-Za-z0-9._+-]{0,199}")
 _PYTHON_NAME = re.compile(r"python(3(\.[0-9]+)?)?")  # the top layer's links to the interpreter
+
+
+def is_script_name(name: str) -> bool:
+    """Whether NAME may be a console script in the venv's bin/: one plain file name, not the interpreter's links."""
+    return bool(_SCRIPT_NAME.fullmatch(name)) and not _PYTHON_NAME.fullmatch(name)
 
 
 def in_scheme(scheme_dir: str, path: str, wheel: str) -> str:

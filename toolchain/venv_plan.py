@@ -28,11 +28,12 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from toolchain import cache
 from toolchain.hashing import key_of
-from toolchain.venv_layer import dist_name
+from runtime.imageref import DIGEST
+from toolchain.venv_layer import dist_name, is_script_name
 
 FORMAT = 1                 # bump when a layer's bytes change for the same key (toolchain/venv_layer.py)
 OWN_LAYER_BYTES = 4 << 20  # unpacked: this big and up, a layer of its own
@@ -100,15 +101,21 @@ class LayerIndex:
     def __init__(self, directory: Path):
         self.dir = Path(directory)
 
-    def get(self, key: str) -> Optional[dict]:
+    def get(self, key: str, on_bad: Optional[Callable[[str], None]] = None) -> Optional[dict]:
+        """The entry of KEY, checked as untrusted (toolchain/cache.py read_entry): a diff ID that is a digest,
+        a size, console-script names a wheel may install. None when there is none, or when it fails a check
+        (ON_BAD is told why; the layer is then written again and the entry replaced)."""
+        path = self.dir / f"{key}.json"
         try:
-            entry = json.loads((self.dir / f"{key}.json").read_text())
-        except (OSError, ValueError):
+            data = cache.read_entry(path, MAX_ENTRY)
+            if data is None:
+                return None
+            return _checked_entry(json.loads(data))
+        except (cache.BadEntry, ValueError, RecursionError) as e:
+            if on_bad is not None:
+                on_bad(f"the layer index entry {path} {e if isinstance(e, cache.BadEntry) else 'is damaged: ' + str(e)[:160]}; "
+                       "the layer is written again")
             return None
-        ok = (isinstance(entry, dict) and isinstance(entry.get("diff_id"), str) and len(entry["diff_id"]) == 71
-              and entry["diff_id"].startswith("sha256:") and isinstance(entry.get("size"), int)
-              and isinstance(entry.get("scripts"), list))
-        return entry if ok else None
 
     def put(self, key: str, diff_id: str, size: int, scripts: list[tuple[str, bytes]]) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +123,31 @@ class LayerIndex:
         tmp = self.dir / f".{key}.{os.getpid()}.partial"
         tmp.write_text(json.dumps(doc))
         tmp.replace(self.dir / f"{key}.json")
+
+
+MAX_ENTRY = 4 << 20   # an entry's file: a diff ID, a size and the console scripts' texts
+MAX_SIZE = 1 << 42    # a layer's bytes (torch's is 1.7 GiB)
+MAX_SCRIPTS = 10_000
+
+
+def _checked_entry(entry: object) -> dict:
+    """ENTRY as LayerIndex.put writes it, or ValueError naming what is not."""
+    if not isinstance(entry, dict) or set(entry) != {"diff_id", "size", "scripts"}:
+        raise ValueError("not an object of diff_id, size and scripts")
+    if not isinstance(entry["diff_id"], str) or not DIGEST.fullmatch(entry["diff_id"]):
+        raise ValueError(f"diff_id {str(entry['diff_id'])[:80]!r} is not a sha256 digest")
+    size = entry["size"]
+    if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_SIZE:
+        raise ValueError(f"size {str(size)[:40]!r} is not a layer's size")
+    scripts = entry["scripts"]
+    if not isinstance(scripts, list) or len(scripts) > MAX_SCRIPTS:
+        raise ValueError(f"scripts is not a list of at most {MAX_SCRIPTS}")
+    for item in scripts:
+        if not (isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+            raise ValueError("a script is not [name, text]")
+        if not is_script_name(item[0]):
+            raise ValueError(f"the console script name {item[0][:80]!r} is not one a wheel may install")
+    return entry
 
 
 def scripts_of(entry: dict) -> list[tuple[str, bytes]]:
