@@ -173,3 +173,52 @@ def test_nodes_sharing_a_host_take_turns_starting(tmp_path):
         assert later >= earlier_started + ray_node.SETTLE_S - 0.5
     begins, _ = run_four(None, tmp_path / "ungated.log")
     assert begins[-1] - begins[0] < 1.0
+
+
+@pytest.mark.parametrize("planted", ["a link to another directory", "a file", "writable by others",
+                                     "another user's", "slots that are a fifo, a link and a directory"])
+def test_the_host_gate_takes_only_a_private_directory_and_regular_slots(tmp_path, planted):
+    """Anyone may make the gate's name in /tmp first. What is planted there is never written through,
+    never waited on, and never a traceback: the start goes ahead, ungated where the directory is not this
+    user's private one (said once), gated by the slots that are regular files otherwise."""
+    import threading
+    gate_dir, elsewhere = tmp_path / "gate", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    if planted == "a link to another directory":
+        gate_dir.symlink_to(elsewhere)
+    elif planted == "a file":
+        gate_dir.write_text("x")
+    elif planted == "writable by others":
+        gate_dir.mkdir(mode=0o777)
+        gate_dir.chmod(0o777)
+    elif planted == "another user's":
+        gate_dir.mkdir(mode=0o700)
+        os.chown(gate_dir, 4242, 4242)
+    else:
+        gate_dir.mkdir(mode=0o700)
+        os.mkfifo(gate_dir / "slot-0")
+        (gate_dir / "slot-1").symlink_to(elsewhere / "victim")
+        (gate_dir / "slot-2").mkdir()
+    gate = ray_node.HostGate(gate_dir, 4)
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_take(gate)), daemon=True)
+    t.start()
+    t.join(10)
+    assert not t.is_alive(), "the gate waited"
+    gated, unusable = out[0]
+    assert list(elsewhere.iterdir()) == []  # nothing made through a link
+    if planted.startswith("slots"):
+        assert gated and unusable is None and (gate_dir / "slot-3").is_file()
+    else:
+        assert not gated and unusable, unusable
+
+
+def _take(gate):
+    with gate.slot(time.monotonic() + 3) as gated:
+        return gated, gate.unusable
+
+
+def test_the_host_gate_s_own_directory_is_made_private(tmp_path):
+    gate = ray_node.HostGate(tmp_path / "gate", 2)
+    assert _take(gate) == (True, None)
+    assert oct((tmp_path / "gate").stat().st_mode & 0o777) == "0o700"

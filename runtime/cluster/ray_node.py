@@ -21,6 +21,7 @@ import fcntl
 import os
 import random
 import signal
+import stat
 import subprocess
 import tempfile
 import time
@@ -45,37 +46,88 @@ class StartFailed(RaytrainError):
 
 class HostGate:
     """At most SLOTS Ray starts at once on this host: each start takes a free one of SLOTS lock files in
-    DIRECTORY (flock: a start that dies frees its slot with it) and waits while all are taken."""
+    DIRECTORY (flock: a start that dies frees its slot with it) and waits while all are taken.
+
+    The directory is the user's own: under $XDG_RUNTIME_DIR when there is one, else in the temp directory
+    by the user's uid, made with mode 0700. Anyone may create a name in /tmp first, so it is checked when
+    opened: a directory (not a link), owned by this user, that no one else may write. A slot is opened
+    without following a link and used only if it is a regular file. Where any of that fails the start is
+    not gated (`unusable` says why, once): gating only keeps starts from competing for the cores, it never
+    decides whether one happens."""
 
     def __init__(self, directory: Path, slots: int):
         self.directory, self.slots = Path(directory), max(1, slots)
+        self.unusable: Optional[str] = None
 
     @classmethod
     def shared_host(cls) -> "HostGate":
+        runtime_dir = os.environ.get("XDG_RUNTIME_DIR")
+        if runtime_dir and os.path.isdir(runtime_dir) and _private_to_me(runtime_dir) is None:
+            return cls(Path(runtime_dir) / "raytrain-start-gate", os.cpu_count() or 1)
         return cls(Path(tempfile.gettempdir()) / f"raytrain-start-gate-{os.getuid()}", os.cpu_count() or 1)
+
+    def _ready(self) -> bool:
+        """Whether the directory is this user's private one (made so if missing); else `unusable` says why."""
+        try:
+            os.mkdir(self.directory, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as e:
+            self.unusable = f"{self.directory} cannot be made ({e.strerror or e})"
+            return False
+        self.unusable = _private_to_me(self.directory)
+        return self.unusable is None
+
+    def _open_slot(self, i: int) -> Optional[int]:
+        try:
+            fd = os.open(self.directory / f"slot-{i}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        except OSError:
+            return None  # a link, a directory: not a slot
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            return None
+        return fd
 
     @contextlib.contextmanager
     def slot(self, deadline: float) -> Iterator[bool]:
-        """Hold a slot for the block; yields False when none came free before DEADLINE (the start goes
-        ahead ungated rather than never)."""
-        self.directory.mkdir(parents=True, exist_ok=True)
+        """Hold a slot for the block; yields False when none came free before DEADLINE, or when the
+        directory is not one to trust (the start goes ahead ungated rather than never)."""
         held = None
-        while held is None and time.monotonic() < deadline:
+        ready = self._ready()
+        while ready and held is None and time.monotonic() < deadline:
             for i in random.sample(range(self.slots), self.slots):
-                f = open(self.directory / f"slot-{i}", "a")
+                fd = self._open_slot(i)
+                if fd is None:
+                    continue
                 try:
-                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    held = f
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = fd
                     break
                 except BlockingIOError:
-                    f.close()
+                    os.close(fd)
             if held is None:
                 time.sleep(random.uniform(0.1, 0.3))
         try:
             yield held is not None
         finally:
             if held is not None:
-                held.close()  # closing the file drops the lock
+                os.close(held)  # closing the file drops the lock
+
+
+def _private_to_me(directory) -> Optional[str]:
+    """Why DIRECTORY is not this user's private directory (a link, not a directory, another owner, writable
+    by others), or None when it is."""
+    try:
+        st = os.lstat(directory)
+    except OSError as e:
+        return f"{directory} cannot be read ({e.strerror or e})"
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        return f"{directory} is not a directory (a link, or a file)"
+    if st.st_uid != os.getuid():
+        return f"{directory} belongs to uid {st.st_uid}, not to this user ({os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"{directory} may be written by others (mode {stat.S_IMODE(st.st_mode):o})"
+    return None
 
 
 @dataclass
@@ -180,6 +232,8 @@ def start(ray_cmd: list[str], args: list[str], env: dict, *, timeout_s: float, w
         began = time.monotonic()
         try:
             with (gate.slot(deadline) if gate else contextlib.nullcontext(False)) as gated:
+                if gate is not None and gate.unusable and attempt == 1:
+                    say(f"{what}: not taking turns with this host's other nodes: {gate.unusable}")
                 node = _attempt(ray_cmd, args, env, min(attempt_s, max(1.0, deadline - time.monotonic())),
                                 SETTLE_S if gated else 0.0)
             if attempt > 1:
