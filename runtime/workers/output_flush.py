@@ -20,6 +20,7 @@ turns it off, RAY_DEDUP_LOGS=0, for every driver it starts.)
 """
 from __future__ import annotations
 
+import re
 import secrets
 import sys
 import threading
@@ -39,17 +40,26 @@ def _word(text: str) -> str:
     return text.translate(_LETTERS)
 
 
+TOKEN_LETTERS = 12  # a flush's token: 6 random bytes as letters (_word), new for every flush
+# a whole marker line as Ray shows it: its prefix `(name pid=N, ip=...) ` (colored or not), then the marker;
+# a user's line that holds the words somewhere else is the user's
+_MARKER_LINE = re.compile(rf"(?:\x1b\[[0-9;]*m)?(?:\([^()\n]*\)(?:\x1b\[[0-9;]*m)?[ \t]+)?"
+                          rf"{MARK} ([g-v]{{{TOKEN_LETTERS}}}) ([g-p]{{1,20}})[ \t]*\r?\n?")
+MAX_HELD = 64 << 10  # output without a newline held back at most this long: a marker line is far shorter
+
+
+def new_token() -> str:
+    return _word(secrets.token_hex(TOKEN_LETTERS // 2))
+
+
 def marker(token: str, rank: int) -> str:
     return f"{MARK} {token} {_word(str(rank))}"
 
 
 def parse(line: str) -> Optional[tuple[str, str]]:
-    """(token, rank word) of a marker line (after Ray's prefix), else None."""
-    at = line.find(MARK + " ")
-    if at < 0:
-        return None
-    parts = line[at + len(MARK) + 1:].split()
-    return (parts[0], parts[1]) if len(parts) == 2 and parts[0].isalpha() and parts[1].isalpha() else None
+    """(token, rank word) of a whole marker line (after Ray's prefix), else None."""
+    m = _MARKER_LINE.fullmatch(line)
+    return (m.group(1), m.group(2)) if m else None
 
 
 class MarkerFilter:
@@ -66,6 +76,9 @@ class MarkerFilter:
             self._buf += text
             whole, end, self._buf = self._buf.rpartition("\n")
             if not end:  # no line ended yet: rpartition left it all in _buf
+                if len(self._buf) > MAX_HELD:  # too long to be a marker: it goes out as it is
+                    self.real.write(self._buf)
+                    self._buf = ""
                 return len(text)
             shown = []
             for line in (whole + end).splitlines(keepends=True):
@@ -121,7 +134,7 @@ def flush(hosts: list, timeout_s: float = 10.0, poll_s: float = 0.05) -> list[in
     if not hosts:
         return []
     from ray.experimental import internal_kv
-    token = _word(secrets.token_hex(6))
+    token = new_token()
     rank_of = {_word(str(r)): r for r in range(len(hosts))}
     pending = {(w, s) for w in rank_of for s in STREAMS}
     here: set = set()
