@@ -47,7 +47,7 @@ def test_up_run_status_down(client, registry, project, capfd):
         with pytest.raises(ConfigError, match="already recorded"):
             held.up(s, str(SPEC), "local", rep=Reporter(), name=name, nodes=3)
         assert held.status(s, rep=Reporter(), name=name)[name]["up"]
-        assert read_clusters(s.build_dir)[name].up_args == f"--spec {SPEC} --nodes 3"  # what hints repeat
+        assert read_clusters(s.build_dir)[name].up_args == ["--spec", str(SPEC), "--nodes", "3"]  # what hints repeat
         app = s.path(s.project.app_dir)
         train = app / "train.py"
         train.write_text(train.read_text().replace(OLD_PRINT, NEW_PRINT))

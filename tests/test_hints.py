@@ -50,8 +50,30 @@ def cli(request, tmp_path):
 
 def test_the_flags_up_was_given_are_kept_as_typed():
     assert _up_args(None, 2, {"sqsh": True, "allow_local_registry": True, "port_stride": 200, "partition": None,
-                              "exclusive": False}) == "--nodes 2 --sqsh --allow-local-registry --port-stride 200"
-    assert _up_args("specs/my spec.json", None, {}) == "--spec 'specs/my spec.json'"
+                              "exclusive": False}) == ["--nodes", "2", "--sqsh", "--allow-local-registry",
+                                                        "--port-stride", "200"]
+    assert _up_args("specs/my spec.json", None, {}) == ["--spec", "specs/my spec.json"]
+
+
+@pytest.mark.parametrize("up_args", [["--spec", "specs/my spec; rm x.json"], "--spec 'specs/my spec; rm x.json'"])
+def test_a_recorded_value_comes_back_quoted_in_the_hint(cli, up_args):
+    """The record's words (or an older record's shell-quoted string) are checked when read, then each is
+    quoted for a shell where a hint repeats them."""
+    r = cli("run", "--name", "job", state="", records={"job": record("pyxis", SLURM, up_args)})
+    assert f"`{cli.program} up --target pyxis --name job --spec 'specs/my spec; rm x.json'`" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("up_args,says", [
+    ("--nodes 2; touch /tmp/x", "touch"),                    # a command after a flag's value
+    (["--nodes", "2\nerror: fake line"], "control character"),
+    (["--nodes", "\x1b[2J"], "control character"),
+    (["rm", "-rf"], "'rm' is neither a flag"),
+    ("--spec 'unclosed", "not shell words"),
+])
+def test_a_recorded_up_that_is_not_flags_is_refused_when_read(cli, up_args, says):
+    r = cli("run", "--name", "job", state="", records={"job": record("pyxis", SLURM, up_args)})
+    assert r.returncode == 2 and "up_args" in r.stderr and says in r.stderr, r.stderr
+    assert "touch /tmp/x`" not in r.stderr and "\x1b" not in r.stderr and "\nerror: fake" not in r.stderr
 
 
 def test_status_without_clusters_names_up(cli):

@@ -53,8 +53,8 @@ def _context(env: dict | None, out=None):
     return HeldContext(engine=engine, env=dict(os.environ if env is None else env), out=out)
 
 
-def _up_args(spec: str | None, nodes: int | None, flags: dict) -> str:
-    """The flags `up` was given beyond --target and --name, as a user types them (quoted for a shell)."""
+def _up_args(spec: str | None, nodes: int | None, flags: dict) -> list[str]:
+    """The flags `up` was given beyond --target and --name, word by word (each flag, then its value)."""
     given_flags = {"spec": spec, "nodes": nodes, **flags}
     words = []
     for key, value in given_flags.items():
@@ -62,13 +62,15 @@ def _up_args(spec: str | None, nodes: int | None, flags: dict) -> str:
             continue
         words.append(f"--{key.replace('_', '-')}")
         if value is not True:
-            words.append(shlex.quote(str(value)))
-    return " ".join(words)
+            words.append(str(value))
+    return words
 
 
 def _up_again(record: ClusterRecord) -> str:
-    """The `up` that starts this cluster again, with the flags it was started with."""
-    return hint.cmd(" ".join(filter(None, (f"up --target {record.target} --name {record.name}", record.up_args))))
+    """The `up` that starts this cluster again, with the flags it was started with: every word quoted for a
+    shell, from the record's checked values."""
+    words = ["up", "--target", record.target, "--name", record.name, *record.up_args]
+    return hint.cmd(" ".join(shlex.quote(w) for w in words))
 
 
 def _cluster(settings: Settings, name: Optional[str]) -> ClusterRecord:

@@ -119,6 +119,38 @@ class RunRecord(_Record):
     code_sha256: str = ""  # `invoke run` on a held cluster: the code it sent (the image holds the rest)
 
 
+_FLAG = re.compile(r"--[a-z][a-z0-9-]{0,40}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _words_of(value: object) -> object:
+    """A record written before the words were kept apart holds them as one shell-quoted string."""
+    if isinstance(value, str):
+        import shlex
+        try:
+            return shlex.split(value)
+        except ValueError as e:
+            raise ValueError(f"not shell words ({e})") from None
+    return value
+
+
+def _flag_words(words: list[str]) -> list[str]:
+    """Flags, each followed by its value or by none: what `up` was given, never anything to run."""
+    if len(words) > 200:
+        raise ValueError(f"{len(words)} words; `up` takes far fewer")
+    previous_flag = False
+    for word in words:
+        if _CONTROL.search(word) or len(word) > 4096:
+            raise ValueError(f"{word[:40]!r} holds a control character or is too long")
+        if _FLAG.fullmatch(word):
+            previous_flag = True
+        elif previous_flag and not word.startswith("-"):
+            previous_flag = False
+        else:
+            raise ValueError(f"{word[:40]!r} is neither a flag of `up` nor a flag's value")
+    return words
+
+
 class ClusterRecord(_Record):
     """A held cluster (`invoke up`): what it runs, so that `invoke run` sends only code it can honour.
     Its handle is checked against its target's model when read (deploy/handles.py)."""
@@ -133,7 +165,8 @@ class ClusterRecord(_Record):
     started: str = Field(..., pattern=STARTED)
     # the target's own (local: containers, network): typed by deploy/handles.py when read (read_clusters)
     handle: Annotated[Any, PlainSerializer(handles.as_json)] = Field(default_factory=dict)
-    up_args: str = ""            # the flags `up` was given beyond --target and --name (hints repeat them)
+    # the flags `up` was given beyond --target and --name, word by word (hints repeat them, each quoted)
+    up_args: Annotated[list[str], BeforeValidator(_words_of), AfterValidator(_flag_words)] = Field(default_factory=list)
 
 
 class LaunchRecord(_Record):
