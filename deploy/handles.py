@@ -9,6 +9,7 @@ another object (the network `host`) is refused here, naming the field, before an
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
@@ -25,6 +26,14 @@ DNS_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 POD_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 DOCKER_NAME = r"^[a-z0-9][-a-z0-9]{0,127}$"                    # what the local target names its objects
 SKY_CLUSTER = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+@dataclass(frozen=True)
+class ClusterStatus:
+    """A held cluster as its scheduler sees it now: whether its head runs, and each node's (or the job's)
+    state by the name the scheduler knows it by."""
+    up: bool
+    nodes: dict[str, str]
 
 
 class Handle(BaseModel):

@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from typing import Optional
 
 from runtime import numbers
+from runtime.digest import Digest, DigestError
 from runtime.errors import InputError
 
 _COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
 _REPOSITORY = re.compile(rf"{_COMPONENT}(?:/{_COMPONENT})*")
 _HOST = re.compile(r"(?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*")
 _TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
-DIGEST = re.compile(r"sha256:[0-9a-f]{64}")  # a content digest (the registry API, the records, the blob cache)
 MAX_LENGTH = 4096
 
 
@@ -71,9 +71,11 @@ class ImageRef:
         rest, digest = text, None
         if "@" in rest:
             rest, _, digest = rest.partition("@")
-            if not DIGEST.fullmatch(digest):
+            try:
+                digest = Digest(digest)
+            except DigestError:
                 raise ImageRefError(f"{what}: digest {digest[:80]!r} in {text[:120]!r} is not sha256: followed by "
-                                    "64 lowercase hex digits")
+                                    "64 lowercase hex digits") from None
         registry = None
         first, sep, remainder = rest.partition("/")
         if sep and _is_registry(first):
@@ -129,7 +131,11 @@ class ImageRef:
     def sqsh_name(self) -> str:
         """'raytrain-cpu+sha256-<hex>.sqsh': no '@' or ':', which Pyxis would read as a registry image."""
         self.require_pinned()
-        return f"{self.repository.rsplit('/', 1)[-1]}+{self.digest.replace(':', '-')}.sqsh"
+        return f"{self.repository.rsplit('/', 1)[-1]}+sha256-{Digest(self.digest).hex}.sqsh"
+
+    def at(self, digest: str) -> "ImageRef":
+        """This repository pinned by DIGEST (what a push of it made), without a tag."""
+        return ImageRef(self.repository, self.registry, None, Digest(digest, f"digest of {self.name}"))
 
     def require_pinned(self) -> "ImageRef":
         if not self.pinned:

@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -364,13 +365,18 @@ def parse_spec(data: Any, source: str = "<spec>") -> ClusterSpec:
         raise SpecError(source, describe_errors(e)) from None
 
 
-# One command parses and validates a spec once: each spec is remembered by the sha256 of its bytes, so
-# the second `load_spec` of an unchanged file reads a few KB and returns the first one's spec (an edit
-# is parsed afresh, whatever its timestamps). Specs are frozen: sharing one is safe.
-_PARSED: dict[str, ClusterSpec] = {}
+@dataclass(frozen=True)
+class LoadedSpec:
+    """A spec file read once: where it is, its bytes, their sha256 and the spec validated from those same
+    bytes. A command reads it at its start and passes it on; what the image bakes in, what its label
+    says and what was validated are one version of the file, whatever happens to the file meanwhile."""
+    path: Path
+    raw: bytes
+    sha256: str
+    model: ClusterSpec
 
 
-def load_spec(path: str | Path) -> ClusterSpec:
+def read_spec(path: str | Path) -> LoadedSpec:
     """Read and validate a spec file; every way it can be wrong is a SpecError (exit 2), never a traceback."""
     path = Path(path)
     source = str(path)
@@ -383,14 +389,12 @@ def load_spec(path: str | Path) -> ClusterSpec:
         raw = path.read_bytes()[:MAX_SPEC_BYTES + 1]
     except OSError as e:
         raise SpecError(source, [f"cannot read the file: {e.strerror}"]) from None
-    digest = hashlib.sha256(raw).hexdigest()
-    spec = _PARSED.get(digest)
-    if spec is None:
-        spec = _parse_bytes(raw, source)
-        if len(_PARSED) > 32:
-            _PARSED.clear()
-        _PARSED[digest] = spec
-    return spec
+    return LoadedSpec(path, raw, hashlib.sha256(raw).hexdigest(), _parse_bytes(raw, source))
+
+
+def load_spec(path: str | Path) -> ClusterSpec:
+    """The validated spec of a file (`read_spec`'s model)."""
+    return read_spec(path).model
 
 
 def _parse_bytes(raw: bytes, source: str) -> ClusterSpec:
@@ -410,7 +414,8 @@ def _parse_bytes(raw: bytes, source: str) -> ClusterSpec:
 
 
 def spec_hash(path: str | Path) -> str:
-    """sha256 of the spec file's bytes: the file baked into the image is this exact file."""
+    """sha256 of a spec file's bytes as they are now, valid or not (what a build made from a LoadedSpec
+    recorded is compared with it)."""
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 

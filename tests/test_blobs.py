@@ -183,7 +183,7 @@ def test_a_layer_is_compressed_once_across_pushes_and_registries(client, image, 
     assert {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in blobs.iterdir()} == cached
     assert other.digest == first.digest == again.digest  # same blobs, same config: the same manifest
 
-    _pull_back(client, image, other.repo_digest)
+    _pull_back(client, image, other.repo_digest.docker())
 
 
 def test_a_damaged_cache_entry_is_made_again(client, image, two_registries, tmp_path):
@@ -201,7 +201,7 @@ def test_a_damaged_cache_entry_is_made_again(client, image, two_registries, tmp_
     # the layer again, its tar no longer in the store (a pushed layer whose blob is cached is dropped there)
     assert hashlib.sha256(gzip.decompress(top.read_bytes())).hexdigest() == top.name[:-3]
     assert not (image.store / f"{top.name[:-3]}.tar").exists()
-    _pull_back(client, image, other.repo_digest)
+    _pull_back(client, image, other.repo_digest.docker())
 
 
 # -- reading `docker save` streams (toolchain/layer_sources.py) ---------------------------------------

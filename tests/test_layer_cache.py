@@ -94,7 +94,7 @@ def test_the_pushed_image_s_lower_layers_are_those_the_sqsh_cache_is_keyed_on(cl
     from deploy.targets.pyxis import enroot_incremental as inc
     from toolchain.images import LAYER_STORE
     from toolchain.records import read_pushes
-    ref = read_pushes(settings.build_dir)["cpu"].repo_digest
+    ref = read_pushes(settings.build_dir)["cpu"].repo_digest.docker()
     chain = client.images.get(ref).attrs["RootFS"]["Layers"]
     sp = inc.split(chain, settings.build_dir / LAYER_STORE)
     assert sp.lower_chain == layers(client, built["cpu"]["deps_ref"])

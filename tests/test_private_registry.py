@@ -142,7 +142,7 @@ def test_push_to_a_registry_that_asks_for_bearer_tokens(client, tmp_path, monkey
         assert res.layers_pushed == 2
         assert ["repository:team/raytrain-cpu:pull,push"] in service.scopes
         client.images.remove(img.image_id, force=True)
-        pulled = client.images.pull(res.repo_digest, auth_config={"username": "trainer", "password": password})
+        pulled = client.images.pull(res.repo_digest.docker(), auth_config={"username": "trainer", "password": password})
         assert pulled.id == img.image_id
     finally:
         img.remove(client)

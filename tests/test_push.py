@@ -162,7 +162,7 @@ def test_transient_5xx_is_retried(client, proxied, small):
     s, proxy = proxied("PUT", 503, failures=1, retries=2)
     out = pipeline.push(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
     assert proxy.count == 1 and out["push"]["attempts"] == 2
-    assert read_pushes(s.build_dir)["cpu"].repo_digest.startswith(proxy.address)
+    assert read_pushes(s.build_dir)["cpu"].repo_digest.docker().startswith(proxy.address)
     assert client.images.pull(out["repo_digest"]).id == small.image_id
 
 
@@ -250,7 +250,7 @@ def test_registry_killed_mid_upload(client, big_image, tmp_path, app_dir, comes_
             # the retry resumed: each blob went up once in the end, and the image pulls back whole
             assert res.layers_pushed == 2 and res.layers_compressed == 2
             client.images.remove(big_image.image_id, force=True)
-            assert client.images.pull(res.repo_digest).id == big_image.image_id
+            assert client.images.pull(res.repo_digest.docker()).id == big_image.image_id
         else:
             with pytest.raises(RegistryError, match="not reachable.*invoke registry.start"):
                 push(0)
@@ -295,7 +295,7 @@ def test_a_layer_another_repository_has_is_mounted_not_sent(client, small, tmp_p
         assert (second.layers_mounted, second.layers_pushed, second.bytes_uploaded) == (2, 0, 0)
         assert second.digest == first.digest
         client.images.remove(small.image_id, force=True)
-        assert client.images.pull(second.repo_digest).id == small.image_id
+        assert client.images.pull(second.repo_digest.docker()).id == small.image_id
     finally:
         reg.stop()
         cleanup_pulled(client, reg.address)
@@ -331,7 +331,7 @@ def test_a_stored_layer_is_uploaded_while_it_is_compressed(client, big_image, pu
     got = requests.get(f"http://{address}/v2/raytrain-stream/blobs/{digest}").content
     assert got == blob.read_bytes() and "sha256:" + hashlib.sha256(got).hexdigest() == digest
     client.images.remove(big_image.image_id, force=True)
-    assert client.images.pull(res.repo_digest).id == big_image.image_id
+    assert client.images.pull(res.repo_digest.docker()).id == big_image.image_id
 
 
 def test_a_stored_tar_that_is_not_the_layer_is_not_pushed(client, big_image, push_big):
@@ -345,7 +345,7 @@ def test_a_stored_tar_that_is_not_the_layer_is_not_pushed(client, big_image, pus
     res, said, _ = push_big()
     assert "reading the layer from the engine instead" in said and "pushed while compressed" not in said
     client.images.remove(big_image.image_id, force=True)
-    assert client.images.pull(res.repo_digest).id == big_image.image_id
+    assert client.images.pull(res.repo_digest.docker()).id == big_image.image_id
 
 
 def test_a_digest_cache_entry_that_names_another_layer_s_blob_is_not_used(client, small, tmp_path, monkeypatch):
@@ -380,7 +380,21 @@ def test_a_digest_cache_entry_that_names_another_layer_s_blob_is_not_used(client
                            candidates=[small.base_ref], mount_from=["raytrain-cpu"])
         assert "bytes uncompressed; its tar has" in said.getvalue() and third.digest == first.digest
         client.images.remove(small.image_id, force=True)
-        assert client.images.pull(third.repo_digest).id == small.image_id
+        assert client.images.pull(third.repo_digest.docker()).id == small.image_id
     finally:
         reg.stop()
         cleanup_pulled(client, reg.address)
+
+
+def test_the_local_registry_and_the_blob_cache_store_each_blob_once(pushed, settings):
+    """The registry this tool runs keeps its files beside the project: each pushed layer's cached blob
+    is the registry's file (one inode), not a second copy of its bytes."""
+    from toolchain.push import BLOB_CACHE
+    storage = Path(settings.registry.data_dir) / "storage" / "docker" / "registry" / "v2" / "blobs" / "sha256"
+    shared = 0
+    for side in (settings.build_dir / BLOB_CACHE).glob("*.json"):
+        digest = json.loads(side.read_text())["digest"].removeprefix("sha256:")
+        mine, theirs = side.with_suffix(".gz").stat(), (storage / digest[:2] / digest / "data").stat()
+        assert (mine.st_ino, mine.st_dev) == (theirs.st_ino, theirs.st_dev), side
+        shared += mine.st_size
+    assert shared > 1 << 30  # the example's image: gigabytes stored once

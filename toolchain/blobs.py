@@ -42,7 +42,8 @@ from typing import BinaryIO, Callable, Optional
 
 from isal import isal_zlib
 
-from runtime.imageref import DIGEST, ImageRef, ImageRefError
+from runtime.digest import Digest, DigestError
+from runtime.imageref import ImageRef, ImageRefError
 from toolchain.cache import BadEntry, read_entry
 from toolchain.atomic import write_atomic
 from toolchain.errors import ToolchainError
@@ -57,9 +58,9 @@ HEADER = b"\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\xff"  # gzip, deflate, no flags,
 
 @dataclass(frozen=True)
 class Blob:
-    digest: str      # sha256 of the gzip bytes: what the registry names it by
+    digest: Digest   # sha256 of the gzip bytes: what the registry names it by
     size: int        # of the gzip bytes
-    diff_id: str     # sha256 of the uncompressed tar
+    diff_id: Digest  # sha256 of the uncompressed tar
     diff_size: int   # of the uncompressed tar
     level: int
     chunk: int
@@ -98,9 +99,9 @@ def _read_full(src: BinaryIO, n: int) -> bytes:
 
 @dataclass(frozen=True)
 class Gzipped:
-    diff_id: str
+    diff_id: Digest
     diff_size: int
-    digest: str
+    digest: Digest
     size: int
 
 
@@ -140,15 +141,15 @@ def gzip_stream(src: BinaryIO, dst: BinaryIO, level: int = LEVEL, workers: Optio
         while pending:
             write(pending.popleft().result())
     write(struct.pack("<II", crc, size_in & 0xFFFFFFFF))
-    return Gzipped("sha256:" + in_hash.hexdigest(), size_in, "sha256:" + out_hash.hexdigest(), size_out)
+    return Gzipped(Digest.of_hash(in_hash), size_in, Digest.of_hash(out_hash), size_out)
 
 
-def file_sha256(path: Path, block: int = 8 << 20) -> str:
+def file_sha256(path: Path, block: int = 8 << 20) -> Digest:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while data := f.read(block):
             h.update(data)
-    return "sha256:" + h.hexdigest()
+    return Digest.of_hash(h)
 
 
 class BlobCache:
@@ -164,7 +165,7 @@ class BlobCache:
         self.index = Path(index) if index is not None else None
 
     def _paths(self, diff_id: str) -> tuple[Path, Path]:
-        hex_ = diff_id.removeprefix("sha256:")
+        hex_ = Digest(diff_id, "layer diff ID").hex
         return self.root / f"{hex_}.gz", self.root / f"{hex_}.json"
 
     def get(self, diff_id: str) -> Optional[Blob]:
@@ -183,7 +184,7 @@ class BlobCache:
         digest and size, its file possibly absent."""
         found = self.get(diff_id)
         if found is None and self.index is not None:
-            hex_ = diff_id.removeprefix("sha256:")
+            hex_ = Digest(diff_id, "layer diff ID").hex
             found = _read_sidecar(self.index / f"{hex_}.json", diff_id, self.root / f"{hex_}.gz")
         return found
 
@@ -199,7 +200,7 @@ class BlobCache:
         for p in reversed(self._paths(diff_id)):  # the sidecar first: without it the entry is gone
             p.unlink(missing_ok=True)
         if everywhere and self.index is not None:
-            (self.index / f"{diff_id.removeprefix('sha256:')}.json").unlink(missing_ok=True)
+            (self.index / f"{Digest(diff_id, 'layer diff ID').hex}.json").unlink(missing_ok=True)
 
     def prune_big(self, keep: set, newest: int = KEEP_BIG) -> list[Path]:
         """Delete the blobs of big layers (BIG_BLOB bytes and up) other than those of the layers in `keep`
@@ -211,11 +212,16 @@ class BlobCache:
                 st = gz.stat()
             except FileNotFoundError:
                 continue
-            if st.st_size >= BIG_BLOB and f"sha256:{gz.name[:-3]}" not in keep:
-                big.append((st.st_mtime, gz))
-        gone = [gz for _, gz in sorted(big, reverse=True)[newest:]]
-        for gz in gone:
-            self.drop(f"sha256:{gz.name[:-3]}")
+            try:
+                diff_id = Digest.from_hex(gz.name[:-3])
+            except DigestError:
+                continue  # not a blob of this cache's naming
+            if st.st_size >= BIG_BLOB and diff_id not in keep:
+                big.append((st.st_mtime, gz, diff_id))
+        gone = sorted(big, reverse=True)[newest:]
+        for _, _, diff_id in gone:
+            self.drop(diff_id)
+        return [gz for _, gz, _ in gone]
         return gone
 
     def put(self, src: BinaryIO, expect: Optional[str] = None,
@@ -271,10 +277,11 @@ def _home_ok(address: str, repo: str) -> bool:
 def _read_sidecar(side: Path, diff_id: str, gz: Path) -> Optional[Blob]:
     try:
         meta = json.loads(read_entry(side, 64 << 10) or b"null")
-        blob = Blob(path=gz, **{k: meta[k] for k in ("digest", "size", "diff_id", "diff_size", "level", "chunk")})
-    except (BadEntry, ValueError, KeyError, TypeError, RecursionError):
+        fields = {k: meta[k] for k in ("digest", "size", "diff_id", "diff_size", "level", "chunk")}
+        blob = Blob(path=gz, **{**fields, "digest": Digest(fields["digest"]), "diff_id": Digest(fields["diff_id"])})
+    except (BadEntry, DigestError, ValueError, KeyError, TypeError, RecursionError):
         return None
-    ok = (blob.diff_id == diff_id and isinstance(blob.digest, str) and DIGEST.fullmatch(blob.digest) is not None
+    ok = (blob.diff_id == diff_id
           and all(type(v) is int and v > 0 for v in (blob.size, blob.diff_size, blob.chunk)) and type(blob.level) is int)
     return blob if ok else None
 
@@ -293,11 +300,9 @@ class BlobHomes:
     def of(self, digest: str) -> list[tuple[str, str]]:
         """The homes recorded for DIGEST, read as untrusted: only (registry address, repository) pairs that
         parse as one image name, at most MAX (an entry that is not a list of such pairs is no entry)."""
-        if not DIGEST.fullmatch(digest):
-            return []
         try:
-            data = json.loads(read_entry(self.root / f"{digest.removeprefix('sha256:')}.json", 64 << 10) or b"[]")
-        except (BadEntry, ValueError, RecursionError):
+            data = json.loads(read_entry(self.root / f"{Digest(digest).hex}.json", 64 << 10) or b"[]")
+        except (BadEntry, DigestError, ValueError, RecursionError):
             return []
         if not isinstance(data, list):
             return []
@@ -308,5 +313,5 @@ class BlobHomes:
         self.root.mkdir(parents=True, exist_ok=True)
         for digest in digests:
             homes = [h for h in self.of(digest) if h != (address, repo)] + [(address, repo)]
-            write_atomic(self.root / f"{digest.removeprefix('sha256:')}.json",
+            write_atomic(self.root / f"{Digest(digest).hex}.json",
                           json.dumps([list(h) for h in homes[-self.MAX:]]))

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Optional
 
+from deploy.layer_store import LayerStore
 from toolchain import bytecode, layers, venv_layer
 from toolchain.errors import BuildError
 from toolchain.progress import Reporter, human_bytes
@@ -57,9 +58,10 @@ def held_prefix(chains: list[list[str]], chain: list[str]) -> int:
 
 
 class DepsAssembly:
-    def __init__(self, client, store: Path, planned: list[PlannedLayer], python: Python, venv: str,
+    def __init__(self, client, store: LayerStore | Path, planned: list[PlannedLayer], python: Python, venv: str,
                  compile_on_host: bool, user_job: Future, user_ref: str, ref: str, rep: Reporter,
                  index: Optional[LayerIndex] = None):
+        store = LayerStore.of(store)
         self.client, self.store, self.python, self.venv, self.rep = client, store, python, venv, rep
         self.compile_on_host, self.user_job, self.user_ref, self.ref = compile_on_host, user_job, user_ref, ref
         self.index = index or LayerIndex(default_index())
@@ -68,9 +70,9 @@ class DepsAssembly:
             entry = self.index.get(s.planned.key, on_bad=rep.warn)
             if entry is not None:
                 s.diff_id, s.scripts = entry["diff_id"], scripts_of(entry)
-                tar = store / f"{s.diff_id[7:]}.tar"
-                if tar.is_file():
-                    s.layer = layers.FileLayer(tar, s.diff_id, tar.stat().st_size)
+                size = store.tar_size(s.diff_id)
+                if size is not None:
+                    s.layer = layers.FileLayer(store.tar(s.diff_id), s.diff_id, size)
         self.prefix: Optional[int] = None  # of the wheel layers, those the engine holds on the user stage
         self.prefix_known = threading.Event()
         self.ready = threading.Condition()
@@ -136,7 +138,7 @@ class DepsAssembly:
     def _deliver(self, i: int, layer: layers.FileLayer, scripts: list) -> None:
         s = self.slots[i]
         if s.diff_id is not None and s.diff_id != layer.diff_id:
-            self.rep.warn(f"the layer of {s.planned.name} came out as {layer.diff_id[7:19]}, not {s.diff_id[7:19]} "
+            self.rep.warn(f"the layer of {s.planned.name} came out as {layer.diff_id.short}, not {s.diff_id.short} "
                           "as before: it is pushed again (the host's Python changed?)")
         self.stats["rewritten" if s.diff_id is not None else "written"] += 1
         self.stats["written_bytes"] += layer.size

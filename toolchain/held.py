@@ -27,7 +27,7 @@ from deploy.job import job_variant
 from deploy.targets import HOLDING, TARGETS
 from deploy.targets.base import HeldContext
 from runtime import contract as C
-from runtime.spec import load_spec, spec_hash
+from runtime.spec import load_spec, read_spec, spec_hash
 from toolchain import layers, pipeline
 from toolchain.config import Settings
 from toolchain.docker_client import engine
@@ -92,8 +92,9 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
     target_name = given(target, "--target") or settings.deploy.target
     held_target = _target(target_name)
     variant = None
+    loaded = read_spec(resolve_spec(settings, spec))
     if held_target.needs_image:  # the nodes run the image: what it was built from is what run compares with
-        variant = job_variant(held_target.spec_gpus(load_spec(resolve_spec(settings, spec))))
+        variant = job_variant(held_target.spec_gpus(loaded.model))
         built = read_builds(settings.build_dir).get(variant)
         if built is None or not built.below_app_key:
             raise ToolchainError(f"{settings.build_dir / 'build.json'} has no source keys for {variant}: run "
@@ -101,7 +102,7 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
         keys, spec_sha = {"below_app_key": built.below_app_key, "runtime_sha256": built.runtime_sha256}, built.spec_sha256
     else:  # the nodes run this tree's environment (plain Slurm): what it is now
         keys = source_keys(settings)
-        spec_sha = spec_hash(resolve_spec(settings, spec))
+        spec_sha = loaded.sha256
     deployed = pipeline.deploy(settings, spec, target_name, rep=rep, name=job_name, nodes=nodes, serve=True,
                                env=_context(env).env, job_env=job_env, **{"submit": True, **flags})
     record = ClusterRecord(name=job_name, target=target_name, image=deployed.job["image"] or "", variant=variant or "",
@@ -147,8 +148,8 @@ def run(settings: Settings, spec: str | None, *, rep: Reporter, name: str | None
     target = _target(record.target)
     ctx = _context(env, out)
     state = target.held_status(record.handle, ctx)
-    if not state["up"]:
-        raise ToolchainError(f"the held cluster {record.name!r} is not running ({state['nodes']}); "
+    if not state.up:
+        raise ToolchainError(f"the held cluster {record.name!r} is not running ({state.nodes}); "
                              f"`{hint.cmd(f'down --name {record.name}')}` clears its record, then `{_up_again(record)}`")
     checked = time.monotonic() - t0
     spec_file = resolve_spec(settings, spec)
@@ -201,7 +202,7 @@ def status(settings: Settings, *, rep: Reporter, name: str | None = None, env: d
             # the last `run`'s TensorBoard event files, as the example writes them, in the cluster's fileroot
             curves = f"{fileroot}/runs/{record.name}/{last.run_id}" if last and last.code_sha256 else None
             out[record.name] = {"target": record.target, "image": record.image, "started": record.started,
-                                "curves": curves, **state}
+                                "curves": curves, "up": state.up, "nodes": state.nodes}
     return {name: out[name] for name in (r.name for r in wanted)}
 
 

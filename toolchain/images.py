@@ -8,7 +8,6 @@ small wheels (toolchain/venv_plan.py), the venv's top layer, app, spec] (docs/im
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 import subprocess
@@ -20,8 +19,10 @@ from typing import Optional
 
 import docker
 
+from deploy.layer_store import LayerStore
+from runtime.digest import Digest
 from runtime.imageref import ImageRef
-from runtime.spec import ClusterSpec, load_spec, spec_hash
+from runtime.spec import ClusterSpec, LoadedSpec
 from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, PROJECT_DIR, SKYPILOT_PROFILE, SPEC_PATH as SPEC_ENV, VENV
 from toolchain import __version__, bytecode, layers, skypilot_profile, venv_layer, venv_plan
 from toolchain.bootstrap import BaseImage, ensure_base
@@ -39,7 +40,12 @@ from toolchain.wheelhouse import Wheelhouse, ensure_wheelhouse, image_set, requi
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 PROFILE_SCRIPT = "00-raytrain-venv.sh"
-LAYER_STORE = "layers"  # <build_dir>/layers/<diff id>.tar: the assembled layers, for the incremental .sqsh
+LAYER_STORE = "layers"  # <build_dir>/layers: the assembled layers (deploy/layer_store.py)
+
+
+def layer_store(build_dir: Path) -> LayerStore:
+    """The build directory's layer store."""
+    return LayerStore(build_dir / LAYER_STORE)
 APP_FORMAT = 2  # the app layer's own format: its project directory is the image user's
 
 
@@ -74,7 +80,7 @@ class Builder:
     def __init__(self, client: docker.DockerClient, settings: Settings, rep: Reporter):
         self.client, self.settings, self.rep = client, settings, rep
         self.stage_repo = f"{settings.image.repository}-stages"
-        self.layer_store = settings.build_dir / LAYER_STORE
+        self.layer_store = layer_store(settings.build_dir)
         for token in (settings.image.user.name, settings.image.python):
             if not _SAFE_TOKEN.fullmatch(token):
                 raise ConfigError(f"image settings: {token!r} must contain only letters, digits, '_', '.', '/', '-'")
@@ -124,12 +130,12 @@ class Builder:
             self.rep.step(f"{stage}: reusing {ref}")
             image = self.client.images.get(ref)
             top = image.attrs["RootFS"]["Layers"][-1]
-            if not ((self.layer_store / f"{top[7:]}.tar").exists() and (self.layer_store / f"{image.id[7:]}.json").exists()):
+            if not (self.layer_store.has_tar(top) and self.layer_store.has_config(image.id)):
                 layer = make()
                 config = config_of(layer)
                 if layer.diff_id == top:
                     layers.keep(layer, self.layer_store)
-                if "sha256:" + hashlib.sha256(config).hexdigest() == image.id:
+                if Digest.of(config) == image.id:
                     layers.keep_config(config, self.layer_store)
             return None
         layer = make()
@@ -240,10 +246,9 @@ class Builder:
             rebuilt.append("app")
         return ref, key
 
-    def spec_layer(self, app_ref: str, app_key: str, spec_file: Path, variant: str, torch_source: str, rebuilt: list):
-        """The validated spec at CLUSTER_SPEC_PATH and the image's labels, as one layer."""
-        spec = load_spec(spec_file)
-        sha = spec_hash(spec_file)
+    def spec_layer(self, app_ref: str, app_key: str, loaded: LoadedSpec, variant: str, torch_source: str, rebuilt: list):
+        """The validated spec at CLUSTER_SPEC_PATH (the bytes that were validated) and the image's labels, as one layer."""
+        spec, sha = loaded.model, loaded.sha256
         repo, human = image_names(spec, variant, self.settings)
         labels = {
             "org.opencontainers.image.revision": git_revision(self.settings.root),
@@ -258,14 +263,13 @@ class Builder:
         key = key_of("spec", app_key, sha, labels, SPEC_PATH_IN_IMAGE, layers.LAYER_FORMAT)
         ref = f"{repo}:{variant}-{key[:16]}"
         def make() -> layers.Layer:
-            return layers.make_layer([(SPEC_PATH_IN_IMAGE, spec_file.read_bytes(), False)])
+            return layers.make_layer([(SPEC_PATH_IN_IMAGE, loaded.raw, False)])
         if self._assemble("spec", ref, app_ref, make, env={SPEC_ENV: SPEC_PATH_IN_IMAGE}, labels=labels) is not None:
             self.rep.step(f"spec: assembled {ref}")
             rebuilt.append("spec")
         return ref, f"{repo}:{human}", sha
 
-    def build(self, variant: str, spec_file: Path) -> BuildRecord:
-        load_spec(spec_file)  # fail before any work
+    def build(self, variant: str, loaded: LoadedSpec) -> BuildRecord:
         minor = suite_python(self.settings)
         # a requirement file that does not parse, or a conflict with the runtime's or the variant's torch:
         # said before any work (judged again for the base's own Python once it is known)
@@ -301,7 +305,7 @@ class Builder:
             rebuilt.insert(int(base.built), "user")
         sources = source_keys(self.settings)  # the trees hashed once: the app layer's key and the record's
         app_ref, app_key = self.app(deps_ref, deps_key, sources, rebuilt)
-        ref, human_ref, sha = self.spec_layer(app_ref, app_key, spec_file, variant, wh.torch_source, rebuilt)
+        ref, human_ref, sha = self.spec_layer(app_ref, app_key, loaded, variant, wh.torch_source, rebuilt)
         if self.settings.image.profile == SKYPILOT_PROFILE:
             ref, human_ref = skypilot_profile.add(self, ref, human_ref, user_ref, user_key, rebuilt)
         image = self.client.images.get(ref)
@@ -332,10 +336,11 @@ def source_keys(settings: Settings) -> dict:
             "code_sha256": tree_hash(settings.path(settings.project.app_dir))}
 
 
-def build_all(client: docker.DockerClient, settings: Settings, variants: list[str], spec_file: Path, rep: Reporter) -> list[BuildRecord]:
+def build_all(client: docker.DockerClient, settings: Settings, variants: list[str], loaded: LoadedSpec,
+              rep: Reporter) -> list[BuildRecord]:
     """Build every variant; human tags are applied only once all of them built; then build.json."""
     builder = Builder(client, settings, rep)
-    built = [builder.build(v, spec_file) for v in variants]
+    built = [builder.build(v, loaded) for v in variants]
     for b in built:
         client.api.tag(b.image_id, b.human_ref.name, b.human_ref.tag)
     write_builds(settings.build_dir, built)

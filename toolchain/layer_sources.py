@@ -23,6 +23,8 @@ from typing import BinaryIO, Callable, Optional, Sequence
 
 import docker
 
+from deploy.layer_store import LayerStore
+from runtime.digest import Digest
 from toolchain.blobs import Blob, BlobCache, LayerMismatch
 from toolchain.errors import ToolchainError
 from toolchain.progress import Reporter, human_bytes
@@ -41,9 +43,10 @@ class CompressStats:
 
 
 class LayerSource:
-    def __init__(self, client: docker.DockerClient, cache: BlobCache, image_id: str, store: Optional[Path],
+    def __init__(self, client: docker.DockerClient, cache: BlobCache, image_id: str, store: LayerStore | Path | None,
                  candidates: Sequence[str], rep: Reporter):
-        self.client, self.cache, self.image_id, self.store = client, cache, image_id, store
+        self.client, self.cache, self.image_id = client, cache, Digest(image_id, "image ID")
+        self.store = LayerStore.of(store) if store is not None else None
         self.candidates, self.rep = list(candidates), rep
         self.stats = CompressStats()
         self._stats_lock = threading.Lock()
@@ -53,10 +56,10 @@ class LayerSource:
     def config(self) -> bytes:
         """The image's config bytes (their sha256 is the image ID)."""
         if self._config is None and self.store is not None:
-            path = self.store / f"{self.image_id[7:]}.json"
+            path = self.store.config(self.image_id)
             if path.is_file():
                 data = path.read_bytes()
-                if "sha256:" + hashlib.sha256(data).hexdigest() == self.image_id:
+                if Digest.of(data) == self.image_id:
                     self._config = data
         if self._config is None:
             self._from_saves([], want_config=True)
@@ -68,8 +71,8 @@ class LayerSource:
         missing = []
         for d in dict.fromkeys(diff_ids):
             blob = self.cache.get(d)
-            if blob is None and self.store is not None and (self.store / f"{d[7:]}.tar").is_file():
-                tar = self.store / f"{d[7:]}.tar"
+            if blob is None and self.store is not None and self.store.has_tar(d):
+                tar = self.store.tar(d)
                 try:
                     with open(tar, "rb") as f:
                         blob = self._compress(f, d, tar.stat().st_size, "from the layer store")
@@ -88,15 +91,12 @@ class LayerSource:
         uploading it: toolchain/push.py), else None."""
         if self.store is None or self.cache.get(diff_id) is not None:
             return None
-        tar = self.store / f"{diff_id[7:]}.tar"
+        tar = self.store.tar(diff_id)
         return tar if tar.is_file() else None
 
     def tar_size(self, diff_id: str) -> Optional[int]:
         """The size of the layer's tar in the layer store (its uncompressed size), None when it is not there."""
-        try:
-            return (self.store / f"{diff_id[7:]}.tar").stat().st_size if self.store is not None else None
-        except OSError:
-            return None
+        return self.store.tar_size(diff_id) if self.store is not None else None
 
     def compress_stored(self, tar: Path, diff_id: str, tee: Callable[[bytes], None], doing: str) -> Blob:
         """Compress a stored layer tar into the cache, each block of the blob also given to `tee`;
@@ -111,7 +111,7 @@ class LayerSource:
     # -- compressing ---------------------------------------------------------------------------------
     def _compress(self, src: BinaryIO, expect: Optional[str], size: int, where: str,
                   tee: Optional[Callable[[bytes], None]] = None, doing: str = "compressing") -> Blob:
-        name = expect[7:19] if expect else "a layer"
+        name = Digest(expect).short if expect else "a layer"
         t0 = time.monotonic()
         try:
             blob = self.cache.put(src, expect, lambda done: self.rep.progress(f"{doing} {name}", done, size), tee)
@@ -123,7 +123,7 @@ class LayerSource:
             self.stats.bytes_in += blob.diff_size
             self.stats.bytes_out += blob.size
             self.stats.seconds += dt
-        self.rep.detail(f"{blob.diff_id[7:19]}: compressed {human_bytes(blob.diff_size)} to {human_bytes(blob.size)} "
+        self.rep.detail(f"{blob.diff_id.short}: compressed {human_bytes(blob.diff_size)} to {human_bytes(blob.size)} "
                         f"in {dt:.1f}s ({blob.diff_size / max(dt, 1e-6) / 1e6:.0f} MB/s) {where}")
         return blob
 
@@ -147,14 +147,14 @@ class LayerSource:
                 found.update(self._save(ref, image.attrs["RootFS"]["Layers"], has, config_here))
         lost = [d for d in missing if d not in found]
         if lost or (want_config and self._config is None):
-            what = f"layer(s) {', '.join(d[7:19] for d in lost)}" if lost else "the image config"
-            raise ToolchainError(f"{what} of image {self.image_id[7:19]} are neither in the blob cache "
+            what = f"layer(s) {', '.join(Digest(d).short for d in lost)}" if lost else "the image config"
+            raise ToolchainError(f"{what} of image {self.image_id.short} are neither in the blob cache "
                                  f"({self.cache.root}), the layer store ({self.store}) nor in a local image "
                                  f"({', '.join(refs)}); build it again: {hint.cmd('build')}")
         return found
 
     def _config_missing(self) -> bool:
-        return self.store is None or not (self.store / f"{self.image_id[7:]}.json").is_file()
+        return self.store is None or not self.store.has_config(self.image_id)
 
     def _known_sizes(self, layers: Sequence[str], need: set) -> set:
         """Sizes of the image's layers that are already at hand (a legacy save does not name them)."""
@@ -165,8 +165,8 @@ class LayerSource:
             blob = self.cache.get(d)
             if blob is not None:
                 sizes.add(blob.diff_size)
-            elif self.store is not None and (self.store / f"{d[7:]}.tar").is_file():
-                sizes.add((self.store / f"{d[7:]}.tar").stat().st_size)
+            elif self.store is not None and (size := self.store.tar_size(d)) is not None:
+                sizes.add(size)
         return sizes
 
     def _save(self, ref: str, layers: Sequence[str], need: set, want_config: bool,
@@ -204,11 +204,11 @@ class LayerSource:
                 if not m.isfile():  # Docker 25+'s <id>/layer.tar are links into blobs/
                     continue
                 oci, legacy_config = _OCI_BLOB.fullmatch(m.name), _LEGACY_CONFIG.fullmatch(m.name)
-                if oci and "sha256:" + oci[1] in need:  # OCI layout: named by the diff ID
-                    d = "sha256:" + oci[1]
+                if oci and Digest.from_hex(oci[1]) in need:  # OCI layout: named by the diff ID
+                    d = Digest.from_hex(oci[1])
                     got[d] = self._compress(tf.extractfile(m), d, m.size, f"from {where}")
                     need.discard(d)
-                elif want_config and (oci or legacy_config) and (oci or legacy_config)[1] == self.image_id[7:]:
+                elif want_config and (oci or legacy_config) and (oci or legacy_config)[1] == self.image_id.hex:
                     self._config = tf.extractfile(m).read()
                 elif m.name.endswith("/layer.tar") and need:  # legacy: named by no digest
                     if m.size in skip_sizes:
@@ -222,8 +222,8 @@ class LayerSource:
         return got, False
 
 
-def _sha256(f: BinaryIO) -> str:
+def _sha256(f: BinaryIO) -> Digest:
     h = hashlib.sha256()
     while data := f.read(8 << 20):
         h.update(data)
-    return "sha256:" + h.hexdigest()
+    return Digest.of_hash(h)

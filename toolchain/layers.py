@@ -13,7 +13,6 @@ not ask for them.
 """
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -22,7 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Iterable, Iterator, Optional, Union
 
+from deploy.layer_store import LayerStore
 from runtime.contract import BIG_LAYER_BYTES
+from runtime.digest import Digest
 from toolchain.errors import BuildError
 from toolchain.hashing import iter_tree
 
@@ -43,7 +44,7 @@ class Layer:
 
     @property
     def diff_id(self) -> str:
-        return "sha256:" + hashlib.sha256(self.data).hexdigest()
+        return Digest.of(self.data)
 
     @property
     def size(self) -> int:
@@ -57,7 +58,7 @@ class Layer:
 class FileLayer:
     """A layer whose tar is a file (written once, hashed while written: `diff_id` is its sha256)."""
     path: Path
-    diff_id: str
+    diff_id: Digest
     size: int
 
     def chunks(self) -> Iterator[bytes]:
@@ -136,11 +137,11 @@ def _write_once(path: Path, data: bytes) -> None:
         tmp.replace(path)
 
 
-def keep(layer: AnyLayer, store: Path) -> Path:
-    """Keep the layer's tar as STORE/<sha256 hex>.tar (written whole or not at all), for consumers that
-    need a layer's files without a 7 GB `docker save`: the incremental .sqsh (deploy/targets/pyxis/enroot_incremental.py)
+def keep(layer: AnyLayer, store: LayerStore) -> Path:
+    """Keep the layer's tar in the store (written whole or not at all), for consumers that need a layer's
+    files without a 7 GB `docker save`: the incremental .sqsh (deploy/targets/pyxis/enroot_incremental.py)
     and the push (toolchain/blobs.py). A FileLayer is written there in the first place."""
-    path = store / f"{layer.diff_id[7:]}.tar"
+    path = store.tar(layer.diff_id)
     if isinstance(layer, FileLayer):
         if layer.path != path:
             raise ValueError(f"{layer.path} is not in the layer store {store}")
@@ -152,20 +153,15 @@ def keep(layer: AnyLayer, store: Path) -> Path:
 KEEP_BIG = 2
 
 
-def prune_big(store: Path, keep: set[Path]) -> list[Path]:
+def prune_big(store: LayerStore, keep: set[Path]) -> list[Path]:
     """Delete all but the KEEP_BIG newest big layer tars not in KEEP (a torch bump writes a new 1.7 GB
     layer; older ones are only a shortcut for a push or a build, which write them again or read the engine)."""
-    big = sorted((p for p in store.glob("*.tar") if p.stat().st_size >= BIG_LAYER_BYTES and p not in keep),
-                 key=lambda p: p.stat().st_mtime, reverse=True)
-    gone = big[max(0, KEEP_BIG - len(keep)):]
-    for p in gone:
-        p.unlink(missing_ok=True)
-    return gone
+    return store.prune_big(keep, KEEP_BIG, BIG_LAYER_BYTES)
 
 
-def keep_config(config: bytes, store: Path) -> Path:
-    """Keep an assembled image's config as STORE/<image id hex>.json: the push sends these exact bytes."""
-    path = store / f"{hashlib.sha256(config).hexdigest()}.json"
+def keep_config(config: bytes, store: LayerStore) -> Path:
+    """Keep an assembled image's config in the store: the push sends these exact bytes."""
+    path = store.config(Digest.of(config))
     _write_once(path, config)
     return path
 
@@ -179,13 +175,13 @@ def _archive(configs: list[tuple[str, bytes]], new: list[AnyLayer], manifest: by
     for name, config in configs:
         yield entry(name, len(config)) + config + tar_padding(len(config))
     for layer in new:
-        yield entry(f"{layer.diff_id[7:]}/layer.tar", layer.size)
+        yield entry(f"{Digest(layer.diff_id).hex}/layer.tar", layer.size)
         yield from layer.chunks()
         yield tar_padding(layer.size)
     yield entry("manifest.json", len(manifest)) + manifest + tar_padding(len(manifest)) + TAR_END
 
 
-def load(client, new: list[AnyLayer], config: bytes, tag: str, store: Path | None = None, progress=None) -> str:
+def load(client, new: list[AnyLayer], config: bytes, tag: str, store: LayerStore | Path | None = None, progress=None) -> str:
     """Load the image of CONFIG (only the NEW layers travel, streamed; the config's other layers the
     engine has) and tag it TAG; returns its ID (sha256 of the config). With `store`, the new layers
     and the config are kept there too (`keep`, `keep_config`). `progress(bytes sent)` is called as the
@@ -193,20 +189,21 @@ def load(client, new: list[AnyLayer], config: bytes, tag: str, store: Path | Non
     return load_images(client, new, [(config, tag)], store, progress)[0]
 
 
-def load_images(client, new: list[AnyLayer], images: list[tuple[bytes, str]], store: Path | None = None,
+def load_images(client, new: list[AnyLayer], images: list[tuple[bytes, str]], store: LayerStore | Path | None = None,
                 progress=None) -> list[str]:
     """`load` of several images in one docker-archive: one request, and one unpacking by the engine,
     for a stage and the stage above it. IMAGES are (config, tag), bottom first: each image's layers
     are its config's diff IDs, and the engine takes the first image's before the next one's, so a
     layer of NEW that the first brings is already there for the second. Returns the images' IDs."""
-    ids = ["sha256:" + hashlib.sha256(config).hexdigest() for config, _ in images]
-    manifest = json.dumps([{"Config": f"{image_id[7:]}.json", "RepoTags": [tag],
-                            "Layers": [f"{d[7:]}/layer.tar" for d in json.loads(config)["rootfs"]["diff_ids"]]}
+    store = LayerStore.of(store) if store is not None else None
+    ids = [Digest.of(config) for config, _ in images]
+    manifest = json.dumps([{"Config": f"{image_id.hex}.json", "RepoTags": [tag],
+                            "Layers": [f"{Digest(d).hex}/layer.tar" for d in json.loads(config)["rootfs"]["diff_ids"]]}
                            for image_id, (config, tag) in zip(ids, images)]).encode()
 
     def counted() -> Iterator[bytes]:
         sent = 0
-        for block in _archive([(f"{i[7:]}.json", config) for i, (config, _) in zip(ids, images)], new, manifest):
+        for block in _archive([(f"{i.hex}.json", config) for i, (config, _) in zip(ids, images)], new, manifest):
             sent += len(block)
             if progress is not None:
                 progress(sent)

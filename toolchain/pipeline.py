@@ -10,12 +10,12 @@ from pydantic import BaseModel, ConfigDict
 from deploy.job import PreflightError
 from deploy.targets.base import Applied, ApplyContext
 from runtime.imageref import ImageRef
-from runtime.spec import ClusterSpec, json_schema, load_spec, spec_hash
+from runtime.spec import ClusterSpec, json_schema, load_spec, read_spec
 from toolchain.bootstrap import ensure_base
 from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
-from toolchain.images import LAYER_STORE, build_all
+from toolchain.images import build_all, layer_store
 from toolchain.job_inputs import driver_command, given, now, pick_run, ranks_fit, resolve_spec
 from toolchain.job_inputs import job_env as job_env_of
 from runtime import contract as C
@@ -25,15 +25,16 @@ from toolchain.records import (PushRecord, RunRecord, add_launches, drop_launche
 from toolchain.progress import Reporter, human_bytes
 from toolchain.push import BLOB_CACHE, push_image
 from deploy.registry.address import is_local, scheme
-from toolchain.registry import start_local
+from toolchain.registry import blob_storage, start_local
 from deploy import hint
 
 
 def check_spec(path: Path) -> dict:
-    spec: ClusterSpec = load_spec(path)
+    loaded = read_spec(path)
+    spec: ClusterSpec = loaded.model
     return {
         "file": str(path),
-        "sha256": spec_hash(path),
+        "sha256": loaded.sha256,
         "cluster_type": spec.cluster_type,
         "cluster_name": spec.cluster_name,
         "fileroot": spec.fileroot,
@@ -76,16 +77,15 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
     spec_file = resolve_spec(settings, spec)
     variants = pick_variants(settings, variant)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
-    built = build_all(engine(), settings, variants, spec_file, rep)
+    built = build_all(engine(), settings, variants, read_spec(spec_file), rep)
     for b in built:
         rep.step(f"built {b.variant}: {b.local_ref} (also {b.human_ref}); rebuilt: {', '.join(b.rebuilt) or 'nothing'}")
     return {"spec": str(spec_file), "images": {b.variant: b.model_dump() for b in built}}
 
 
-def registry_address(settings: Settings, spec_file: Path, variant: str = "cpu") -> str:
+def registry_address(settings: Settings, spec: ClusterSpec, variant: str = "cpu") -> str:
     """Where push sends a variant: the spec's `registry`, else a registry named in its cpu_image/gpu_image,
     else registry.address."""
-    spec = load_spec(spec_file)
     named = ImageRef.parse(spec.cpu_image if variant == "cpu" else spec.gpu_image).registry
     return spec.registry or named or settings.registry.address
 
@@ -93,7 +93,8 @@ def registry_address(settings: Settings, spec_file: Path, variant: str = "cpu") 
 def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporter) -> dict:
     spec_file = resolve_spec(settings, spec)
     built = read_builds(settings.build_dir)
-    sha = spec_hash(spec_file)
+    loaded = read_spec(spec_file)
+    sha = loaded.sha256
     variants = pick_variants(settings, variant) if variant is not None else _built_for(settings, built, sha, spec_file, rep)
     missing = [v for v in variants if v not in built]
     if missing:
@@ -105,7 +106,7 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
     results = {}
     pushed_to = {(r.registry, r.ref.repository) for r in read_pushes(settings.build_dir).values()}  # blobs to mount from
     for v in variants:
-        address = registry_address(settings, spec_file, v)
+        address = registry_address(settings, loaded.model, v)
         if is_local(address):
             start_local(settings.model_copy(update={"registry": settings.registry.model_copy(update={"address": address})}), rep)
         entry = built[v]
@@ -122,9 +123,11 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         below = [ref for ref in (entry.base_ref, entry.user_ref, entry.deps_ref) if ref and ref != "-"]
         res = push_image(client, v, image.id, target, [content_tag, human_tag],
                          settings.registry.retries, settings.registry.retry_backoff_s, rep,
-                         settings.registry.stall_timeout_s, layer_store=settings.build_dir / LAYER_STORE,
+                         settings.registry.stall_timeout_s, layer_store=layer_store(settings.build_dir),
                          blob_cache=settings.build_dir / BLOB_CACHE, candidates=below,
-                         mount_from=sorted(r for a, r in pushed_to if a == address and r != repo))
+                         mount_from=sorted(r for a, r in pushed_to if a == address and r != repo),
+                         share_with=blob_storage(settings) if is_local(address) and address == settings.registry.address
+                         else None)
         pushed_to.add((address, repo))
         record = PushRecord(
             local_ref=entry.local_ref, image_id=image.id, repo_digest=res.repo_digest, digest=res.digest,
@@ -135,6 +138,8 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         mounted = f", {res.layers_mounted} mounted from another repository" if res.layers_mounted else ""
         compressed = (f"; {human_bytes(res.bytes_compressed)} of layers compressed"
                       if res.bytes_compressed else "")
+        compressed += (f"; {human_bytes(res.bytes_shared)} of blobs stored once with the registry's files"
+                       if res.bytes_shared else "")
         rep.step(f"pushed {v}: {res.repo_digest} ({res.layers_pushed} layers uploaded, "
                  f"{res.layers_existing} already there{mounted}, {human_bytes(res.bytes_uploaded)}, "
                  f"{res.seconds:.1f}s{compressed})")
@@ -187,7 +192,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     from deploy.plan import make_request, plan
 
     spec_file = resolve_spec(settings, spec)
-    cluster = load_spec(spec_file)
+    loaded = read_spec(spec_file)
+    cluster = loaded.model
     d = settings.deploy
     target_name = given(target, "--target") or d.target
     images = {v: ImageInfo(ref=r.ref, spec_sha256=r.spec_sha256, spec_file=r.spec_file, user=r.user,
@@ -200,7 +206,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
                       command=driver, cpus_per_node=d.cpus_per_node,
                       memory=d.memory, port_base=d.port_base,
                       time_limit=d.time_limit, env={**job_env_of(settings, job_env), C.RUN_ID: run_id}, serve=serve)
-    req = make_request(target_name, flags, cluster, _shown(settings, spec_file), spec_hash(spec_file), images,
+    req = make_request(target_name, flags, cluster, _shown(settings, spec_file), loaded.sha256, images,
                        job_values, gpus, settings.path(settings.project.app_dir), settings.build_dir)
     ranks_fit(nproc_per_node, req.job.gpus_per_node)
     try:
@@ -228,7 +234,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
                                                           image=str(job.image or ""), started=now()))
     ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env,
-                       layer_store=settings.build_dir / LAYER_STORE,
+                       layer_store=layer_store(settings.build_dir),
                        launching=lambda names: add_launches(settings.build_dir, req.target.name, job.name, names))
     try:
         applied = req.target.apply(artifacts, job, cluster, req.options, ctx)
@@ -252,9 +258,9 @@ def destroy(settings: Settings, spec: str | None, target: str | None, name: str 
     if launched:
         rep.step(f"destroy: removing what `deploy --target {chosen.name} --name {group}` launched: {', '.join(launched)}")
     out = chosen.destroy(load_spec(resolve_spec(settings, spec)), group, launched)  # a failure keeps the record
-    drop_launches(settings.build_dir, chosen.name, group, out.get("removed", []))
-    rep.step(out["said"])
-    return out
+    drop_launches(settings.build_dir, chosen.name, group, out.removed)
+    rep.step(out.said)
+    return {"group": out.group, "said": out.said, "removed": out.removed, **out.details}
 
 
 def _shown(settings: Settings, path: Path) -> str:

@@ -22,7 +22,6 @@ finish writes no record.
 """
 from __future__ import annotations
 
-import hashlib
 import queue
 import threading
 import time
@@ -33,10 +32,13 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import docker
 
+from deploy.layer_store import LayerStore
+from runtime.digest import Digest
 from toolchain import cache as user_cache
 from toolchain.blobs import Blob, BlobCache, BlobHomes, LayerMismatch
 from toolchain.errors import RegistryError, TransientRegistryError
 from toolchain.layer_sources import LayerSource
+from toolchain.registry import share_blob
 from toolchain.progress import Reporter, human_bytes
 from runtime.imageref import ImageRef
 from deploy.registry.client import FileBody, RegistryClient, manifest
@@ -54,8 +56,8 @@ class PushResult:
     variant: str
     target: str
     tag: str
-    digest: str
-    repo_digest: str
+    digest: Digest
+    repo_digest: ImageRef  # the target pinned by the manifest's digest
     layers_pushed: int = 0
     layers_existing: int = 0
     layers_mounted: int = 0
@@ -67,9 +69,10 @@ class PushResult:
     bytes_compressed: int = 0   # uncompressed bytes read and compressed by this push (0: all cached)
     compress_seconds: float = 0.0
     upload_seconds: float = 0.0
+    bytes_shared: int = 0       # cached blobs stored once with a local registry's copy (share_with)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "repo_digest": self.repo_digest.docker()}
 
 
 def default_blob_cache() -> Path:
@@ -84,6 +87,7 @@ class _Sent:
     mounted: set = field(default_factory=set)
     bytes: int = 0
     seconds: float = 0.0  # wall time of the layers' uploads
+    shared: int = 0       # bytes of cached blobs made one file with the registry's copy
     halt: threading.Event = field(default_factory=threading.Event)  # set: the uploads in flight stop
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -93,7 +97,7 @@ class _Sent:
             self.bytes += size
 
 
-def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> Optional[str]:
+def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> Optional[Digest]:
     """Upload a cached blob; the sha256 of the bytes sent when the registry refused them because they
     are not the blob's (a cache file damaged since it was made), else None."""
     t0 = time.monotonic()
@@ -103,13 +107,13 @@ def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> O
     def progress(n: int) -> None:
         nonlocal done
         done += n
-        rep.progress(f"uploading {blob.digest[7:19]}", done, blob.size)
+        rep.progress(f"uploading {blob.digest.short}", done, blob.size)
 
     def body() -> FileBody:
         bodies.append(FileBody(blob.path, blob.size, progress))
         return bodies[-1]
     try:
-        reg.upload(blob.digest, body, blob.size, f"layer {blob.digest[7:19]}")
+        reg.upload(blob.digest, body, blob.size, f"layer {blob.digest.short}")
     except RegistryError:
         sent_digest = bodies[-1].digest if bodies else None
         if sent_digest is not None and sent_digest != blob.digest:
@@ -120,12 +124,13 @@ def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> O
     sent.uploaded(blob.digest, blob.size)
     dt = time.monotonic() - t0
     rate = blob.size / max(dt, 1e-6) / 1e6
-    rep.detail(f"{blob.digest[7:19]}: pushed ({human_bytes(blob.size)}, {dt:.1f}s, {rate:.0f} MB/s)")
+    rep.detail(f"{blob.digest.short}: pushed ({human_bytes(blob.size)}, {dt:.1f}s, {rate:.0f} MB/s)")
     return None
 
 
-def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], tags: list[str],
-               sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> tuple[str, list[str]]:
+def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[Digest], tags: list[str],
+               sent: _Sent, rep: Reporter, mount_from: Sequence[str],
+               share: Callable[[Blob], None] = lambda blob: None) -> tuple[str, list[str]]:
     """Every blob the registry lacks, the config, then the manifest under each tag; (the manifest's
     digest, the layers' blob digests).
 
@@ -143,9 +148,10 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
                 raise _NotThatBlob(f"says the layer is {known.diff_size} bytes uncompressed; its tar has {tar_size}")
             if known is not None and _there(reg, known, sent, rep, mount_from):
                 layers[d] = (known.digest, known.size)
+                share(known)
                 continue
         except _NotThatBlob as e:  # a digest cache entry that names another blob: not used, and dropped
-            rep.warn(f"the digest cache's entry for layer {d[7:19]} {e}; compressing the layer instead")
+            rep.warn(f"the digest cache's entry for layer {d.short} {e}; compressing the layer instead")
             source.cache.drop(d, everywhere=True)
         need.append(d)
     streamed = {d: tar for d in need if (tar := source.stored_tar(d)) is not None}
@@ -158,11 +164,12 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
             for d, blob in _each_at_once(need, lambda d: _push_layer(reg, source, d, streamed.get(d), blobs.get(d),
                                                                      sent, overall, mount_from), sent.halt):
                 layers[d] = (blob.digest, blob.size)
+                share(blob)
         finally:
             source.rep = rep
     sent.seconds += time.monotonic() - t0
     config = source.config()  # after the layers: a `docker save` of the image for them brings it too
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    config_digest = Digest.of(config)
     if not reg.has_blob(config_digest):
         reg.upload(config_digest, lambda: config, len(config), "the image config")
     body = manifest(config, [layers[d] for d in diff_ids])
@@ -172,7 +179,7 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[str], ta
     return digest, [layers[d][0] for d in diff_ids]
 
 
-def _push_layer(reg: RegistryClient, source: LayerSource, d: str, tar: Optional[Path], blob: Optional[Blob],
+def _push_layer(reg: RegistryClient, source: LayerSource, d: Digest, tar: Optional[Path], blob: Optional[Blob],
                 sent: _Sent, rep: "_Overall", mount_from: Sequence[str]) -> Blob:
     """One layer the registry may lack: compressed from the layer store while it is uploaded (TAR), or its
     cached BLOB uploaded or mounted. The blob the registry now has."""
@@ -184,24 +191,24 @@ def _push_layer(reg: RegistryClient, source: LayerSource, d: str, tar: Optional[
     try:
         there = _there(reg, blob, sent, rep, mount_from)
     except _NotThatBlob as e:
-        rep.warn(f"the cached blob of layer {d[7:19]} {e}; compressing the layer again")
+        rep.warn(f"the cached blob of layer {d.short} {e}; compressing the layer again")
         source.cache.drop(d, everywhere=True)
         blob = source.blobs([d])[d]
         try:
             there = _there(reg, blob, sent, rep, mount_from)
         except _NotThatBlob as again:
-            raise RegistryError(f"layer {d[7:19]}: its blob, compressed again, {again}; the registry {reg.host} "
+            raise RegistryError(f"layer {d.short}: its blob, compressed again, {again}; the registry {reg.host} "
                                 "holds a damaged copy of that blob") from None
     if not there:
         # the bytes are checked as they go (hashed while sent; the registry checks them too), not read twice
         damaged = _send_blob(reg, blob, sent, rep)
         if damaged:
-            rep.warn(f"the cached blob of layer {d[7:19]} ({blob.path}) is damaged (its bytes hash to "
-                     f"{damaged[7:19]}, not {blob.digest[7:19]}); compressing the layer again")
+            rep.warn(f"the cached blob of layer {d.short} ({blob.path}) is damaged (its bytes hash to "
+                     f"{damaged.short}, not {blob.digest.short}); compressing the layer again")
             source.cache.drop(d)
             blob = source.blobs([d])[d]
             if _send_blob(reg, blob, sent, rep):
-                raise RegistryError(f"the blob of layer {d[7:19]} was made again and is still not what its "
+                raise RegistryError(f"the blob of layer {d.short} was made again and is still not what its "
                                     f"digest says ({blob.path}); check the disk")
     return blob
 
@@ -313,13 +320,14 @@ class _Pipe:
                 return
 
 
-def _compress_and_send(reg: RegistryClient, source: LayerSource, diff_id: str, tar: Path, sent: _Sent,
+def _compress_and_send(reg: RegistryClient, source: LayerSource, diff_id: Digest, tar: Path, sent: _Sent,
                        rep: Reporter) -> Optional[Blob]:
     """Compress a stored layer into the blob cache and upload the blob as it is made (compression on
     all cores, the upload and the registry's writes beside it: neither waits for the other to end).
     None when the stored tar turned out not to be the layer (the session is cancelled)."""
+    diff_id = Digest(diff_id, "layer diff ID")
     pipe, done = _Pipe(sent.halt), {}
-    name = diff_id[7:19]
+    name = diff_id.short
 
     def compress() -> None:
         try:
@@ -354,8 +362,10 @@ def _compress_and_send(reg: RegistryClient, source: LayerSource, diff_id: str, t
     blob = done["blob"]
     reg.finish_upload(location, blob.digest, f"layer {name}")
     sent.uploaded(blob.digest, blob.size)
+    _drop_compressed_tars(source.store, source.cache, [diff_id])  # now, not after the push: at its end the
+    # image's bytes would be on disk twice beside the registry's copy (7 + 4 GB for the example's image)
     dt = time.monotonic() - t0
-    rep.detail(f"{blob.digest[7:19]}: pushed while compressed ({human_bytes(blob.size)}, {dt:.1f}s, "
+    rep.detail(f"{blob.digest.short}: pushed while compressed ({human_bytes(blob.size)}, {dt:.1f}s, "
                f"{blob.size / max(dt, 1e-6) / 1e6:.0f} MB/s)")
     return blob
 
@@ -370,7 +380,7 @@ def _same_size(blob: Blob, size: Optional[int], where: str) -> bool:
     if size is None:
         return False
     if size >= 0 and size != blob.size:
-        raise _NotThatBlob(f"names blob {blob.digest[7:19]} of {blob.size} bytes, and {where} has it with {size}")
+        raise _NotThatBlob(f"names blob {blob.digest.short} of {blob.size} bytes, and {where} has it with {size}")
     return True
 
 
@@ -380,12 +390,12 @@ def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_fr
     if _same_size(blob, reg.blob_size(blob.digest), reg.repo):
         if blob.digest not in sent.pushed | sent.mounted:
             sent.existing.add(blob.digest)
-            rep.detail(f"{blob.digest[7:19]}: already there")
+            rep.detail(f"{blob.digest.short}: already there")
         return True
     for other in mount_from:
         if _same_size(blob, reg.blob_size(blob.digest, other), other) and reg.mount(blob.digest, other):
             sent.mounted.add(blob.digest)
-            rep.detail(f"{blob.digest[7:19]}: mounted from {other}")
+            rep.detail(f"{blob.digest.short}: mounted from {other}")
             return True
     return False
 
@@ -401,41 +411,45 @@ def _tell_the_engine(client: docker.DockerClient, target: str, digest: str, rep:
                  "digest will pull it (`docker pull` it to see why)")
 
 
-def _drop_compressed_tars(store: Path, cache: BlobCache, diff_ids: Sequence[str]) -> None:
+def _drop_compressed_tars(store: LayerStore, cache: BlobCache, diff_ids: Sequence[str]) -> None:
     """Delete the layer store's tar of each pushed layer whose compressed blob is cached, but the small
     ones: the blob serves every later push, the engine holds the layer, and a build that needs the tar
     again (to load a chain above a changed layer) writes it again, byte for byte (toolchain/deps_stage.py)."""
     for d in diff_ids:
-        tar = store / f"{d[7:]}.tar"
-        try:
-            if tar.stat().st_size >= KEEP_TAR_BELOW and cache.get(d) is not None:
-                tar.unlink()
-        except FileNotFoundError:
-            continue
+        if cache.get(d) is not None:
+            store.drop_tar(d, smaller_than=KEEP_TAR_BELOW)
 
 
 def push_image(client: docker.DockerClient, variant: str, image_id: str, target: Union[ImageRef, str], tags: list[str],
                retries: int, backoff: float, rep: Reporter, stall_s: float = 300, *,
-               layer_store: Optional[Path] = None, blob_cache: Optional[Path] = None,
-               candidates: Sequence[str] = (), mount_from: Sequence[str] = ()) -> PushResult:
+               layer_store: Union[LayerStore, Path, None] = None, blob_cache: Optional[Path] = None,
+               candidates: Sequence[str] = (), mount_from: Sequence[str] = (),
+               share_with: Optional[Path] = None) -> PushResult:
     """Push image_id to target (registry/repository) under each tag; the digest of its manifest.
 
     Layers come from the blob cache, the layer store, or `docker save` of the candidates (local
     images holding some of its layers, smallest first) and of the image itself. A blob the
-    registry has in one of the `mount_from` repositories is mounted, not sent."""
+    registry has in one of the `mount_from` repositories is mounted, not sent. With `share_with` (the blob
+    directory of a registry whose files are on this machine: toolchain/registry.py), each cached blob
+    becomes one file with the registry's copy as soon as the registry has it."""
     t0 = time.monotonic()
     where = target if isinstance(target, ImageRef) else ImageRef.parse(target, "push target")
     if where.registry is None or where.tag or where.digest:
         raise RegistryError(f"push target {where.docker()!r}: give registry/repository (the tags come separately)")
     address, repo, target = where.registry, where.repository, where.name
     image = client.images.get(image_id)
-    diff_ids = list(image.attrs["RootFS"]["Layers"])
+    diff_ids = [Digest(d, f"a layer of image {image.id}") for d in image.attrs["RootFS"]["Layers"]]
     cache = BlobCache(blob_cache or default_blob_cache(), index=user_cache.part(user_cache.BLOB_DIGESTS))
     homes = BlobHomes(user_cache.part(user_cache.BLOB_HOMES))
     known = [b.digest for d in diff_ids if (b := cache.known(d)) is not None]
     mount_from = list(dict.fromkeys([*mount_from, *sorted(r for dg in known for a, r in homes.of(dg)
                                                           if a == address and r != repo)]))
+    layer_store = LayerStore.of(layer_store) if layer_store is not None else None
     source = LayerSource(client, cache, image.id, layer_store, candidates, rep)
+
+    def share(blob: Blob) -> None:
+        if share_with is not None:
+            sent.shared += share_blob(blob, share_with)
     sent = _Sent()
     attempt = 0
     while True:
@@ -444,7 +458,7 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
         reg = RegistryClient(address, repo, stall_s, mount_from)
         try:
             reg.check()  # a refused login or a registry that is not there, before any compressing
-            digest, blob_digests = _push_once(reg, source, diff_ids, tags, sent, rep, mount_from)
+            digest, blob_digests = _push_once(reg, source, diff_ids, tags, sent, rep, mount_from, share)
             break
         except TransientRegistryError as e:
             if attempt > retries:
@@ -462,9 +476,10 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
     if layer_store is not None:
         _drop_compressed_tars(layer_store, cache, diff_ids)
     st = source.stats
-    return PushResult(variant=variant, target=target, tag=tags[0], digest=digest, repo_digest=f"{target}@{digest}",
+    return PushResult(variant=variant, target=target, tag=tags[0], digest=digest, repo_digest=where.at(digest),
                       layers_pushed=len(sent.pushed), layers_existing=len(sent.existing),
                       layers_mounted=len(sent.mounted), bytes_uploaded=sent.bytes,
                       attempts=attempt, seconds=round(time.monotonic() - t0, 3), extra_tags=list(tags[1:]),
                       layers_compressed=st.layers, bytes_compressed=st.bytes_in,
-                      compress_seconds=round(st.seconds, 3), upload_seconds=round(sent.seconds, 3))
+                      compress_seconds=round(st.seconds, 3), upload_seconds=round(sent.seconds, 3),
+                      bytes_shared=sent.shared)

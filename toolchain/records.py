@@ -21,6 +21,7 @@ from runtime import strict_json
 from runtime.contract import JOB_NAME_RE
 from runtime.errors import InputError
 from toolchain.atomic import write_atomic
+from runtime.digest import Digest
 from runtime.imageref import ImageRef, ImageRefError
 from deploy import handles, hint
 
@@ -61,6 +62,19 @@ def _pinned_or_none(value: str) -> str:
     return _pinned(value) if value else value
 
 
+def _pinned_ref(value: object) -> ImageRef:
+    """A pushed image's reference, parsed once: registry/repository@sha256:..."""
+    try:
+        ref = value if isinstance(value, ImageRef) else ImageRef.parse(value, "repo_digest") if isinstance(value, str) else None
+        if ref is None:
+            raise ValueError("an image reference is text (registry/repository@sha256:...)")
+        return ref.require_pinned()
+    except ImageRefError as e:
+        raise ValueError(str(e)) from None
+
+
+PinnedRef = Annotated[ImageRef, BeforeValidator(_pinned_ref), PlainSerializer(ImageRef.docker, return_type=str)]
+
 # values `status` prints: checked when read, so a damaged file prints no escape sequence or stray line
 RanImage = Annotated[str, AfterValidator(_pinned_or_none)]
 STARTED = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"  # toolchain/job_inputs.py `now`
@@ -92,8 +106,8 @@ class BuildRecord(_Record):
 class PushRecord(_Record):
     local_ref: TaggedRef
     image_id: str
-    repo_digest: Annotated[str, AfterValidator(lambda v: _pinned(v, "repo_digest"))]
-    digest: str = Field(..., pattern=r"^sha256:[0-9a-f]{64}$")
+    repo_digest: PinnedRef
+    digest: Annotated[str, AfterValidator(lambda v: Digest(v, "digest"))]
     spec_sha256: str = Field(..., pattern=SHA256)
     spec_file: str = ""
     registry: str
@@ -104,7 +118,7 @@ class PushRecord(_Record):
 
     @property
     def ref(self) -> ImageRef:
-        return ImageRef.parse(self.repo_digest)
+        return self.repo_digest
 
 
 RUN_ID = r"^[a-z][-a-z0-9]{0,79}$"

@@ -18,7 +18,6 @@ in the registry and on every node).
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -30,6 +29,8 @@ from pathlib import Path
 import docker
 
 from runtime.contract import PROFILE_LABEL, SKYPILOT_PROFILE
+from deploy.layer_store import LayerStore
+from runtime.digest import Digest
 from runtime.imageref import ImageRef
 from toolchain import layers
 from toolchain.blobs import file_sha256
@@ -54,7 +55,7 @@ def uv_binary(cache: Path, rep: Reporter) -> Path:
         return out
     cache.mkdir(parents=True, exist_ok=True)
     wheel = cache / UV_WHEEL
-    if not wheel.is_file() or file_sha256(wheel) != f"sha256:{UV_SHA256}":
+    if not wheel.is_file() or file_sha256(wheel).hex != UV_SHA256:
         rep.step(f"skypilot profile: downloading {UV} for ~/.local/bin/uv")
         res = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                               "--platform", "manylinux_2_17_x86_64", "--python-version", "3.11", "-d", str(cache), UV],
@@ -62,7 +63,7 @@ def uv_binary(cache: Path, rep: Reporter) -> Path:
         if res.returncode != 0 or not wheel.is_file():
             raise BuildError("skypilot profile", UV, f"pip download {UV} failed ({res.returncode}); is PyPI "
                              "reachable (or PIP_INDEX_URL set to a mirror)?", res.stderr.splitlines()[-10:])
-    if file_sha256(wheel) != f"sha256:{UV_SHA256}":
+    if file_sha256(wheel).hex != UV_SHA256:
         wheel.unlink()
         raise BuildError("skypilot profile", UV, f"{UV_WHEEL} from the index does not have the pinned sha256 "
                          f"{UV_SHA256[:16]}...; removed it; check the index (PIP_INDEX_URL)", [])
@@ -92,37 +93,36 @@ def stage(builder, user_ref: str, user_key: str) -> tuple[str, str]:
     return ref, key
 
 
-def layers_above(client: docker.DockerClient, ref: str, lower_ref: str, store: Path) -> list[layers.FileLayer]:
+def layers_above(client: docker.DockerClient, ref: str, lower_ref: str, store: LayerStore) -> list[layers.FileLayer]:
     """The layers of REF above those of LOWER_REF, as tars in the layer store (read once from `docker
     save REF`, each checked against its diff ID)."""
-    diff_ids = client.images.get(ref).attrs["RootFS"]["Layers"]
+    diff_ids = [Digest(d, f"a layer of {ref}") for d in client.images.get(ref).attrs["RootFS"]["Layers"]]
     lower = client.images.get(lower_ref).attrs["RootFS"]["Layers"]
     if diff_ids[:len(lower)] != lower:
         raise BuildError("skypilot profile", ref, f"its layers do not start with those of {lower_ref}", [])
     want = diff_ids[len(lower):]
-    found = {d: store / f"{d[7:]}.tar" for d in want if (store / f"{d[7:]}.tar").is_file()}
+    found = {d: store.tar(d) for d in want if store.has_tar(d)}
     if len(found) < len(want):
-        store.mkdir(parents=True, exist_ok=True)
         stream = client.api.get_image(ref)
         with _ChunkReader(stream) as raw, tarfile.open(fileobj=raw, mode="r|") as tf:
             for member in tf:
                 if not (member.isfile() and member.name.endswith(".tar")):
                     continue
-                tmp = store / f".profile.{os.getpid()}.partial"
+                tmp = store.partial("profile")
                 h = hashlib.sha256()
                 with tf.extractfile(member) as src, open(tmp, "wb") as dst:
                     while block := src.read(1 << 20):
                         h.update(block)
                         dst.write(block)
-                d = "sha256:" + h.hexdigest()
+                d = Digest.of_hash(h)
                 if d in want and d not in found:
-                    found[d] = tmp.replace(store / f"{d[7:]}.tar")
+                    found[d] = store.put_tar(tmp, d)
                 else:
                     tmp.unlink()
     missing = [d for d in want if d not in found]
     if missing:
         raise BuildError("skypilot profile", ref, f"`docker save {ref}` did not hold its layer(s) "
-                         f"{', '.join(d[7:19] for d in missing)}", [])
+                         f"{', '.join(d.short for d in missing)}", [])
     return [layers.FileLayer(found[d], d, found[d].stat().st_size) for d in want]
 
 

@@ -46,6 +46,8 @@ from installer.records import Hash, RecordEntry, parse_record_file
 from installer.scripts import Script
 from installer.sources import WheelFile
 
+from deploy.layer_store import LayerStore
+from runtime.digest import Digest
 from toolchain.errors import BuildError
 from toolchain.layers import CHUNK, MTIME, TAR_END, FileLayer, Layer, tar_header, tar_padding
 from toolchain.wheel_checks import MAX_COMPILED, MAX_SCRIPT, check_wheel
@@ -107,11 +109,11 @@ class _Sink(threading.Thread):
             self.blocks.put(None)
             self.join()
 
-    def close(self) -> str:
+    def close(self) -> Digest:
         self.stop()
         if self.error is not None:
             raise self.error
-        return "sha256:" + self.hash.hexdigest()
+        return Digest.of_hash(self.hash)
 
 
 class _TarOut:
@@ -392,11 +394,10 @@ class LayerWriter:
     toolchain/bytecode.py) sorted by name, ends the tar and names it by its sha256. Only a finished
     layer is in the store; `abort()` removes the partial file."""
 
-    def __init__(self, wheels: list[Path], python: Python, venv: str, store: Path, planned: set[str] = frozenset(),
+    def __init__(self, wheels: list[Path], python: Python, venv: str, store: LayerStore | Path, planned: set[str] = frozenset(),
                  progress: Optional[Callable[[int], None]] = None):
-        self.wheels, self.python, self.venv, self.store = wheels, python, venv, store
-        store.mkdir(parents=True, exist_ok=True)
-        self.tmp = store / f".layer.{os.getpid()}.{threading.get_ident()}.{wheels[0].name}.partial"
+        self.wheels, self.python, self.venv, self.store = wheels, python, venv, LayerStore.of(store)
+        self.tmp = self.store.partial(f"layer.{threading.get_ident()}.{wheels[0].name}")
         self.f = open(self.tmp, "wb")
         self.sink = _Sink(self.f)
         self.sink.start()
@@ -435,8 +436,7 @@ class LayerWriter:
         self.out.flush()
         diff_id = self.sink.close()
         self.f.close()
-        path = self.store / f"{diff_id[7:]}.tar"
-        os.replace(self.tmp, path)
+        path = self.store.put_tar(self.tmp, diff_id)
         return FileLayer(path, diff_id, self.out.size)
 
     def abort(self) -> None:

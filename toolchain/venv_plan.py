@@ -32,7 +32,7 @@ from typing import Callable, Optional
 
 from toolchain import cache
 from toolchain.hashing import key_of
-from runtime.imageref import DIGEST
+from runtime.digest import Digest, DigestError
 from toolchain.venv_layer import dist_name, is_script_name
 
 FORMAT = 1                 # bump when a layer's bytes change for the same key (toolchain/venv_layer.py)
@@ -134,8 +134,10 @@ def _checked_entry(entry: object) -> dict:
     """ENTRY as LayerIndex.put writes it, or ValueError naming what is not."""
     if not isinstance(entry, dict) or set(entry) != {"diff_id", "size", "scripts"}:
         raise ValueError("not an object of diff_id, size and scripts")
-    if not isinstance(entry["diff_id"], str) or not DIGEST.fullmatch(entry["diff_id"]):
-        raise ValueError(f"diff_id {str(entry['diff_id'])[:80]!r} is not a sha256 digest")
+    try:
+        entry["diff_id"] = Digest(entry["diff_id"], "diff_id")
+    except DigestError as e:
+        raise ValueError(str(e)) from None
     size = entry["size"]
     if not isinstance(size, int) or isinstance(size, bool) or not 0 < size <= MAX_SIZE:
         raise ValueError(f"size {str(size)[:40]!r} is not a layer's size")

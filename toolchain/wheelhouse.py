@@ -276,7 +276,7 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
         _touch(pool, wheels)
         new = [w for w in wheels if w not in before]
         sizes = {w: (pool / w).stat().st_size for w in wheels}
-        digests = [file_sha256(pool / w).removeprefix("sha256:") for w in wheels]
+        digests = [file_sha256(pool / w).hex for w in wheels]
         try:
             requirements.check_hashes(wanted, dict(zip(wheels, digests)))
         except ConfigError:

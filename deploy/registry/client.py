@@ -33,6 +33,7 @@ from urllib.parse import urljoin, urlsplit
 import requests
 import urllib3
 
+from runtime.digest import Digest
 from deploy import hint
 from deploy.registry import auth
 from deploy.registry.address import CERTS_D, is_local, ping, scheme as probe_scheme, tls_settings
@@ -97,7 +98,7 @@ class FileBody:
 
     def __init__(self, path: Path, size: int, sent: Callable[[int], None]):
         self.path, self.size, self.sent = path, size, sent
-        self.digest: Optional[str] = None
+        self.digest: Optional[Digest] = None
 
     def __len__(self) -> int:
         return self.size
@@ -110,7 +111,7 @@ class FileBody:
                 n += len(data)
                 yield data
                 self.sent(len(data))
-        self.digest = "sha256:" + h.hexdigest() if n == self.size else None
+        self.digest = Digest.of_hash(h) if n == self.size else None
 
 
 class RegistryClient:
@@ -320,15 +321,15 @@ class RegistryClient:
     def blob_size(self, digest: str, repo: Optional[str] = None) -> Optional[int]:
         """HEAD the blob in REPO (default this one): its size (-1 when the registry gives none: no
         Content-Length, or 0, which no blob is and some proxies send for a HEAD), None on 404."""
-        repo = repo or self.repo
-        r = self._request("HEAD", f"/v2/{repo}/blobs/{digest}", f"asking {repo} for blob {digest[7:19]}")
+        repo, digest = repo or self.repo, Digest(digest, "blob digest")
+        r = self._request("HEAD", f"/v2/{repo}/blobs/{digest}", f"asking {repo} for blob {digest.short}")
         if r.status_code == 200:
             length = r.headers.get("Content-Length", "")
             size = int(length) if length.isascii() and length.isdigit() and len(length) < 16 else -1
             return size if size > 0 else -1
         if r.status_code == 404:
             return None
-        raise self.fail(r, f"asking {repo} for blob {digest[7:19]}")
+        raise self.fail(r, f"asking {repo} for blob {digest.short}")
 
     def mount(self, digest: str, other: str) -> bool:
         """Mount a blob from another repository of this registry (no bytes sent): True when it was.
@@ -336,14 +337,15 @@ class RegistryClient:
         left open otherwise."""
         if other == self.repo:
             return False
-        r = self._request("POST", f"/v2/{self.repo}/blobs/uploads/", f"mounting blob {digest[7:19]} from {other}",
+        digest = Digest(digest, "blob digest")
+        r = self._request("POST", f"/v2/{self.repo}/blobs/uploads/", f"mounting blob {digest.short} from {other}",
                           params={"mount": digest, "from": other})
         if r.status_code == 201:
             return True
         if r.status_code == 202 and r.headers.get("Location"):  # not mounted: drop the upload session it opened
             self.cancel_upload(self._url(r.headers["Location"], "cancelling an upload"))
             return False
-        raise self.fail(r, f"mounting blob {digest[7:19]} from {other}")
+        raise self.fail(r, f"mounting blob {digest.short} from {other}")
 
     def _start_upload(self, what: str) -> str:
         """POST an upload session; its Location (relative or absolute, its query kept)."""
@@ -382,9 +384,9 @@ class RegistryClient:
         except RegistryError:
             pass
 
-    def put_manifest(self, tag: str, manifest_bytes: bytes) -> str:
+    def put_manifest(self, tag: str, manifest_bytes: bytes) -> Digest:
         """PUT the manifest under tag; its digest (sha256 of these bytes), checked against the registry's."""
-        digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+        digest = Digest.of(manifest_bytes)
         r = self._request("PUT", f"/v2/{self.repo}/manifests/{tag}", f"putting the manifest of {self.repo}:{tag}",
                           body=lambda: manifest_bytes, headers={"Content-Type": MANIFEST_V2})
         if r.status_code != 201:
@@ -398,7 +400,7 @@ class RegistryClient:
 
 def manifest(config: bytes, layers: list[tuple[str, int]]) -> bytes:
     """A Docker schema2 manifest: the config blob and the gzip layers (digest, size), in order."""
-    config_digest = "sha256:" + hashlib.sha256(config).hexdigest()
+    config_digest = Digest.of(config)
     doc = {"schemaVersion": 2, "mediaType": MANIFEST_V2,
            "config": {"mediaType": CONFIG_V1, "size": len(config), "digest": config_digest},
            "layers": [{"mediaType": LAYER_GZIP, "size": size, "digest": digest} for digest, size in layers]}

@@ -18,7 +18,8 @@ from typing import Annotated, Any, Callable, ClassVar, Optional
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
 
 from deploy import hint
-from deploy.handles import Handle
+from deploy.handles import ClusterStatus, Handle
+from deploy.layer_store import LayerStore
 from deploy.artifacts import write_all
 from deploy.job import IMAGE_WORKDIR, DeployError, JobSpec, PreflightError
 from runtime.spec import ClusterSpec
@@ -81,6 +82,15 @@ class Applied(BaseModel):
     sqsh: Optional[str] = None                          # Pyxis --sqsh: the file srun is told
 
 
+@dataclass(frozen=True)
+class Destroyed:
+    """What a target's destroy removed: one line to say, and the launched names it removed (their records go)."""
+    group: str
+    said: str
+    removed: list = field(default_factory=list)
+    details: dict = field(default_factory=dict)  # what the target's tool answered (kubectl's output, the namespace)
+
+
 @dataclass
 class SiteCheck:
     """What the live system (a cluster, a registry) said: problems stop the deploy, notes are shown."""
@@ -102,7 +112,7 @@ class ApplyContext:
     engine: Callable[[], Any]                 # docker client factory (only targets that need one call it)
     progress: Callable[[str], None]
     env: Optional[dict] = None                # environment for scheduler CLIs (sbatch, kubectl, sky)
-    layer_store: Optional[Path] = None        # the build's assembled layers (an incremental .sqsh uses them)
+    layer_store: Optional[LayerStore] = None  # the build's assembled layers (an incremental .sqsh uses them)
     # told the names of what is about to be launched and outlives the command (SkyPilot's clusters),
     # before it is: `destroy` removes exactly what was recorded (build/launched.json)
     launching: Callable[[list[str]], None] = lambda names: None
@@ -159,9 +169,8 @@ class Target:
     def preflight(self, job: JobSpec, spec: ClusterSpec, opts: TargetOptions) -> list[str]:
         return []
 
-    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> dict:
-        """Delete what `deploy --submit` left running for the job NAME: {"said": one line, "removed":
-        the LAUNCHED names it removed, ...}. LAUNCHED: what the build directory recorded as launched under
+    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> Destroyed:
+        """Delete what `deploy --submit` left running for the job NAME. LAUNCHED: what the build directory recorded as launched under
         NAME (ApplyContext.launching). A target whose jobs end by themselves has nothing to delete."""
         raise DeployError(f"--target {self.name}: nothing to destroy (its jobs end by themselves; a held cluster "
                           f"ends with `{hint.cmd('down')}`); `{hint.cmd('destroy --target k8s')}` deletes what "
@@ -187,11 +196,10 @@ class Target:
     holds_clusters: ClassVar[bool] = False
     held: ClassVar[Any] = None
 
-    def held_status(self, handle: Handle, ctx: HeldContext) -> dict:
-        """{"up": bool, "nodes": {name: state}}"""
+    def held_status(self, handle: Handle, ctx: HeldContext) -> ClusterStatus:
         return self.held.status(handle, ctx.env)
 
-    def held_status_many(self, handles: list[Handle], ctx: HeldContext) -> list[dict]:
+    def held_status_many(self, handles: list[Handle], ctx: HeldContext) -> list[ClusterStatus]:
         """held_status of each of HANDLES, in order; a held module whose scheduler answers for all at
         once (`status_many(handles, env)`: Slurm's one squeue) is asked once."""
         many = getattr(self.held, "status_many", None)

@@ -17,7 +17,7 @@ from pathlib import Path
 import docker
 
 from deploy import held_step
-from deploy.handles import LocalHandle
+from deploy.handles import ClusterStatus, LocalHandle
 from deploy.job import JobSpec
 from deploy.targets.base import Applied, ApplyContext, Artifacts, HeldContext, Target, TargetOptions
 from runtime import contract as C
@@ -236,7 +236,7 @@ def hold(client: docker.DockerClient, job: JobSpec, progress, timeout_s: float =
                        aliases=[n.alias for n in reversed(nodes)])
 
 
-def held_status(client: docker.DockerClient, handle: LocalHandle) -> dict:
+def held_status(client: docker.DockerClient, handle: LocalHandle) -> ClusterStatus:
     states = {}
     for name in handle.containers:
         try:
@@ -244,7 +244,7 @@ def held_status(client: docker.DockerClient, handle: LocalHandle) -> dict:
         except docker.errors.NotFound:
             states[name] = "gone"
     up = bool(states) and all(v == "running" for v in states.values())
-    return {"up": up, "nodes": states}
+    return ClusterStatus(up, states)
 
 
 
@@ -357,7 +357,7 @@ class Local(Target):
     # -- a held cluster (invoke up / run / status / down) ----------------------------------------
     holds_clusters = True
 
-    def held_status(self, handle: LocalHandle, ctx: HeldContext) -> dict:
+    def held_status(self, handle: LocalHandle, ctx: HeldContext) -> ClusterStatus:
         return held_status(ctx.engine(), handle)
 
     def held_run(self, handle: LocalHandle, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],

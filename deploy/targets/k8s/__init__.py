@@ -43,8 +43,8 @@ from deploy.targets.k8s import held
 from deploy.targets.k8s import kubectl
 from deploy.targets.k8s.kubectl import LABEL_GROUP, LABEL_JOB, LABEL_ROLE, LABEL_SEED
 from deploy.job import JOB_NAME_RE, DeployError, JobSpec, time_limit_seconds
-from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, Applied, ApplyContext, Artifacts, File, SiteCheck, Target,
-                                 TargetOptions)
+from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, Applied, ApplyContext, Artifacts, Destroyed, File,
+                                 SiteCheck, Target, TargetOptions)
 from deploy.yaml_out import Dumper
 from runtime import contract as C
 from runtime import k8s_names, numbers
@@ -463,7 +463,7 @@ class Kubernetes(Target):
                 out.held = held.wait_serving(job, namespace, ctx.progress, ctx.env)
         return out
 
-    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> dict:
+    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> Destroyed:
         """The job's (or a fan-out's) Jobs, pods, Services and Secrets, by label."""
         if spec.kubernetes is None:
             raise DeployError("the cluster spec has no 'kubernetes' section: nothing to destroy")
@@ -475,8 +475,8 @@ class Kubernetes(Target):
             out = destroy(name, namespace)
         except DeployError as e:  # kubectl ran and failed: not the user's input (exit 1)
             raise RaytrainError(str(e)) from None
-        return {"group": name, "namespace": namespace, "kubectl": out,
-                "said": f"deleted objects labelled {LABEL_GROUP}={name} in {namespace}"}
+        return Destroyed(name, f"deleted objects labelled {LABEL_GROUP}={name} in {namespace}",
+                         details={"namespace": namespace, "kubectl": out})
 
     # a held cluster is the job's head and worker pods, the head serving (deploy/targets/k8s/held.py)
     holds_clusters = True

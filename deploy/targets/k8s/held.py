@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from deploy import held_step
-from deploy.handles import K8sHandle
+from deploy.handles import ClusterStatus, K8sHandle
 from deploy.targets.k8s import kubectl
 from deploy.job import DeployError, JobSpec
 from runtime.contract import is_serving
@@ -77,10 +77,10 @@ def wait_serving(job: JobSpec, namespace: str, progress: Callable[[str], None], 
     return K8sHandle(namespace=namespace, job_name=job.name, head_pod=pod)
 
 
-def status(handle: K8sHandle, env: Optional[dict] = None) -> dict:
+def status(handle: K8sHandle, env: Optional[dict] = None) -> ClusterStatus:
     pods = kubectl.pods(kubectl.group_selector(handle.job_name), handle.namespace, env)
     phases = {p["metadata"]["name"]: p.get("status", {}).get("phase", "?") for p in pods}
-    return {"up": phases.get(handle.head_pod) == "Running", "nodes": phases or {handle.job_name: "gone"}}
+    return ClusterStatus(phases.get(handle.head_pod) == "Running", phases or {handle.job_name: "gone"})
 
 
 def run_step(handle: K8sHandle, rel_dir: str, argv: list[str], run_env: dict) -> list[str]:

@@ -29,16 +29,20 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional, Sequence
 
 from deploy.job import DeployError
+from runtime.errors import InputError
+from runtime.imageref import ImageRef
 
 ENROOT_DEFAULT_OPTIONS = ("-comp", "lzo", "-noD", "-exit-on-error")
 EXCLUDES = ("--exclude=dev/*", "--exclude=.dockerenv")
 FIXPERMS_DIR_DEPTH = 15  # enroot gives u+w to directories down to this depth
 
 
-def sqsh_name(repo: str, digest: str) -> str:
-    """'host:5000/raytrain-cpu' + 'sha256:ab..' -> 'raytrain-cpu+sha256-ab...sqsh' (no '@' or ':' for Pyxis)."""
-    base = repo.rsplit("/", 1)[-1].split("@")[0].split(":")[0]
-    return f"{base}+{digest.replace(':', '-')}.sqsh"
+def sqsh_name(image: str, digest: str) -> str:
+    """'host:5000/raytrain-cpu:tag' + 'sha256:ab..' -> 'raytrain-cpu+sha256-ab...sqsh' (runtime/imageref.py)."""
+    try:
+        return ImageRef.parse(image, "image").at(digest).sqsh_name()
+    except InputError as e:
+        raise DeployError(str(e)) from None
 
 
 def bash_q(word: str) -> str:

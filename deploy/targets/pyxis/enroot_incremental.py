@@ -41,8 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable, Optional, Sequence
 
+from deploy.layer_store import LayerStore
 from deploy.targets.pyxis import diskspace, enroot
 from runtime.contract import BIG_LAYER_BYTES, VENV
+from runtime.digest import Digest
 from deploy.job import DeployError
 
 FORMAT = 2            # bump when what the cache holds changes
@@ -61,12 +63,12 @@ class Split:
     tops: set[str]           # top-level names the upper layers touch
 
 
-def _sha256_file(path: Path) -> str:
+def _sha256_file(path: Path) -> Digest:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
-    return "sha256:" + h.hexdigest()
+    return Digest.of_hash(h)
 
 
 def _tops_of(layer: Path) -> set[str]:
@@ -86,17 +88,18 @@ def _tops_of(layer: Path) -> set[str]:
     return tops
 
 
-def split(chain: Sequence[str], store: Path) -> Split:
+def split(chain: Sequence[str], store: LayerStore | Path) -> Split:
     """The image's layer chain as (lower, upper): upper is the run of thin top layers found in the store
     (the app and the spec). A dependency layer (one that installs into the venv, runtime/contract.py
     VENV; the build keeps some in the store too) or a big layer ends the run: it belongs in the cache,
     squashed once, not in every append. So the lower chain is the deps stage's, the chain the cache is
     keyed on (tests/test_enroot_incremental.py checks it against a pushed image)."""
+    store = LayerStore.of(store)
     upper: list[Path] = []
     tops: set[str] = set()
     venv_top = VENV.strip("/").split("/", 1)[0]
     for diff_id in reversed(chain):
-        path = store / f"{diff_id.removeprefix('sha256:')}.tar"
+        path = store.tar(diff_id)
         if not path.is_file() or path.stat().st_size >= BIG_LAYER_BYTES or _sha256_file(path) != diff_id:
             break
         touched = _tops_of(path)
@@ -287,7 +290,7 @@ def _append(stage: Path, out: Path) -> None:
         raise DeployError(f"mksquashfs (append) failed ({res.returncode}): {res.stderr.strip()[-500:]}")
 
 
-def convert(client, img, out: Path, store: Path, options: Sequence[str] = enroot.ENROOT_DEFAULT_OPTIONS,
+def convert(client, img, out: Path, store: LayerStore | Path, options: Sequence[str] = enroot.ENROOT_DEFAULT_OPTIONS,
             progress: Optional[Callable[[str], None]] = None, spare: bool = True) -> tuple[float, float]:
     """Write OUT (the .sqsh of engine image `img`) incrementally; returns (cache seconds, append seconds).
     With `spare`, the copy the next conversion needs is made in the background afterwards.

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from deploy.job import DeployError
+from deploy.layer_store import LayerStore
 from deploy.targets.pyxis import diskspace
 from deploy.targets.pyxis import enroot_incremental as inc
 from deploy.targets.pyxis.enroot import ENROOT_DEFAULT_OPTIONS, make_rootfs, mksquashfs, sqsh_name
@@ -32,7 +33,7 @@ class SquashResult:
 
 def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
             options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None,
-            layer_store: Optional[Path] = None, spare: bool = True) -> SquashResult:
+            layer_store: LayerStore | Path | None = None, spare: bool = True) -> SquashResult:
     """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists.
 
     `client`: a Docker client, or a function that returns one, called only when the file must be made:
@@ -63,7 +64,7 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
     note = ""
     if layer_store is not None:
         try:
-            cache_s, append_s = inc.convert(client, img, out, Path(layer_store), options, progress, spare)
+            cache_s, append_s = inc.convert(client, img, out, LayerStore.of(layer_store), options, progress, spare)
             return SquashResult(out, False, time.monotonic() - t0, cache_s, append_s, how="incremental")
         except inc.Fallback as e:
             note = f"full conversion: {e}"

@@ -30,7 +30,7 @@ from deploy import hint
 from deploy.job import DeployError, JobSpec
 from deploy.targets.skypilot import held
 from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
-from deploy.targets.base import AllowLocalRegistry, Applied, ApplyContext, Artifacts, File, Target, TargetOptions
+from deploy.targets.base import AllowLocalRegistry, Applied, ApplyContext, Artifacts, Destroyed, File, Target, TargetOptions
 from deploy.targets.k8s import Seeds
 from runtime import contract as C
 from runtime.contract import SKYPILOT_PROFILE as PROFILE
@@ -145,7 +145,7 @@ class SkyPilot(Target):
         cluster is recorded only once it serves, so only `sky down` knows it."""
         return "" if job.serve else hint.cmd(f"destroy --target skypilot --name {job.name}")
 
-    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> dict:
+    def destroy(self, spec: ClusterSpec, name: str, launched: list[str]) -> Destroyed:
         """`sky down -y` of exactly the clusters recorded as launched under NAME (a cluster SkyPilot already
         removed after its job is said to be gone, not an error)."""
         if not launched:
@@ -155,7 +155,7 @@ class SkyPilot(Target):
         had = held.down_clusters(launched, dict(os.environ))
         said = (f"removed SkyPilot cluster(s) {', '.join(launched)}" if had else
                 f"SkyPilot no longer has {', '.join(launched)} (removed after their jobs ended, or by hand)")
-        return {"group": name, "removed": launched, "said": said}
+        return Destroyed(name, said, list(launched))
 
     # a held cluster is the launched cluster and its serving job (deploy/targets/skypilot/held.py)
     holds_clusters = True

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from deploy import commands, held_step
-from deploy.handles import SkyHandle
+from deploy.handles import ClusterStatus, SkyHandle
 from deploy.job import DeployError
 from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
 from runtime import contract as C
@@ -175,9 +175,9 @@ def wait_serving(cluster: str, job_id: str, nodes: int, job_name: str, env: dict
     return SkyHandle(cluster=cluster, job_id=job_id, nodes=nodes, job_name=job_name)
 
 
-def status(handle: SkyHandle, env: Optional[dict]) -> dict:
+def status(handle: SkyHandle, env: Optional[dict]) -> ClusterStatus:
     code, state = job_state(handle.cluster, handle.job_id, env)
-    return {"up": code == NOT_FINISHED, "nodes": {f"cluster {handle.cluster} job {handle.job_id}": state}}
+    return ClusterStatus(code == NOT_FINISHED, {f"cluster {handle.cluster} job {handle.job_id}": state})
 
 
 def step_task(handle: SkyHandle, what: str, argv: list[str], run_env: dict, workdir: Optional[str] = None) -> dict:
@@ -217,7 +217,7 @@ def down(handle: SkyHandle, env: Optional[dict]) -> list[str]:
     """Ask the head to stop (a step like run's: no signal reaches the job's processes), cancel the
     held job if it is still there after GRACE_S, then remove the cluster."""
     cluster, job_id = handle.cluster, handle.job_id
-    if status(handle, env)["up"]:
+    if status(handle, env).up:
         with tempfile.TemporaryDirectory(prefix="raytrain-sky-stop-") as tmp:
             task_file = Path(tmp) / "stop.yaml"
             task_file.write_text(dump(step_task(handle, "stop", held_step.runtime_stop(), {C.JOB_NAME: handle.job_name})))

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from deploy import commands, held_step
-from deploy.handles import SlurmHandle
+from deploy.handles import ClusterStatus, SlurmHandle
 from deploy.job import DeployError, JobSpec
 from deploy.targets.slurm.sbatch import head_container
 from runtime import contract as C
@@ -73,11 +73,11 @@ def wait_serving(job: JobSpec, job_id: str, env: dict, progress: Callable[[str],
                        container=head_container(job_id) if container else None)
 
 
-def status(handle: SlurmHandle, env: dict) -> dict:
+def status(handle: SlurmHandle, env: dict) -> ClusterStatus:
     return _status(handle, state(handle.job_id, env))
 
 
-def status_many(handles: list[SlurmHandle], env: dict) -> list[dict]:
+def status_many(handles: list[SlurmHandle], env: dict) -> list[ClusterStatus]:
     """The status of every held job from one squeue call (one call per record took over 60 s for 400)."""
     if not handles:
         return []
@@ -87,8 +87,8 @@ def status_many(handles: list[SlurmHandle], env: dict) -> list[dict]:
     return [_status(h, states.get(h.job_id, "").strip()) for h in handles]
 
 
-def _status(handle: SlurmHandle, st: str) -> dict:
-    return {"up": st == "RUNNING", "nodes": {f"job {handle.job_id} (head {handle.head_node})": st or "gone"}}
+def _status(handle: SlurmHandle, st: str) -> ClusterStatus:
+    return ClusterStatus(st == "RUNNING", {f"job {handle.job_id} (head {handle.head_node})": st or "gone"})
 
 
 def _on_head(handle: SlurmHandle, run_env: dict) -> list[str]:
