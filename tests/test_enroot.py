@@ -5,9 +5,9 @@ is converted and compared with facts recorded from a real `enroot import dockerd
 image (tests/data/enroot_import_facts.json): superblock options, root mode, every entry's type,
 mode, owner and symlink target (a non-ASCII absolute link among them), the permission fix-up,
 and the four configuration files. A small image on the bootstrapped base checks /etc/rc's
-behaviour; the cpu image is converted incrementally (deploy/targets/pyxis/enroot_incremental.py, what
-`deploy --target pyxis --sqsh` does after a build: that it equals a full conversion is
-tests/test_enroot_incremental.py's) and booted the way enroot starts it.
+behaviour; the cpu image is started the way enroot starts a conversion of it, with the configuration
+files the conversion writes (the incremental conversion, what `deploy --target pyxis --sqsh` does after
+a build, is tests/test_enroot_incremental.py's, entry for entry against a full one).
 """
 import io
 import json
@@ -21,7 +21,6 @@ import pytest
 from deploy.targets.pyxis import enroot, sqsh
 from helpers import enroot_fixture
 from toolchain.bootstrap import ensure_base
-from toolchain.images import LAYER_STORE
 from toolchain.progress import Reporter
 
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"
@@ -94,63 +93,51 @@ def test_rc_script_behaviour(client, small_image, tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no work dirs left behind
 
 
-def enroot_start(tree: Path, user: str, shell: str, *argv: str) -> subprocess.CompletedProcess:
-    """Start the unpacked image as enroot does by default: /dev and /proc mounted in, a clean
-    environment from /etc/environment (plus HOME and TERM as enroot's login sets them), then
-    /etc/rc through a *login* shell (ENROOT_LOGIN_SHELL=yes: /etc/profile runs and resets PATH),
-    as the submitting user's uid, which need not exist in the image."""
-    env = dict(l.split("=", 1) for l in (tree / "etc" / "environment").read_text().splitlines() if "=" in l)
-    env.update(HOME="/", TERM="dumb")
-    boot = ('mount --rbind /dev "$1/dev" && mount -t proc proc "$1/proc" && shift && exec "$@"')
-    argv = ["unshare", "--mount", "--fork", "/bin/sh", "-c", boot, "boot", str(tree),
-            CHROOT, f"--userspec={user}", str(tree), shell, "-l", "/etc/rc", *argv]
-    return subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300)
-
-
 @pytest.fixture(scope="module")
-def cpu_incremental(client, built, settings, tmp_path_factory):
-    """The cpu image converted incrementally (the lower layers squashed into a cache, the app and spec layers
-    from the build's layer store appended), its facts, and the tree enroot would mount, unpacked from it.
-    The .sqsh (GBs) goes once it is unpacked; the tree (7 GB) with the module."""
-    work = tmp_path_factory.mktemp("cpu-incremental")
-    res = sqsh.convert(client, built["cpu"]["local_ref"], work / "out", progress=print,
-                       layer_store=settings.build_dir / LAYER_STORE, spare=False)
-    shutil.rmtree(work / "out" / ".lower", ignore_errors=True)  # the lower chain's cache: only a next conversion needs it
-    facts = enroot_fixture.facts(str(res.path))
-    enroot_fixture.unsquash(res.path, work / "tree")
-    res.path.unlink()
-    yield res, facts, work / "tree"
+def cpu_as_enroot_starts_it(client, built, tmp_path_factory):
+    """The cpu image with the configuration files a conversion writes into it (enroot.config_files: /etc/rc,
+    /etc/environment, ...) laid over it, and a start like enroot's: /etc/rc through a login shell, the
+    environment from /etc/environment (plus HOME and TERM, as enroot's login sets them), any uid. In the
+    engine, with the files bind-mounted: no 7 GB tree and .sqsh beside the session's images (the
+    conversion's output is checked entry for entry on images made for each case, test_enroot_incremental.py;
+    its split of this image's layers, test_layer_cache.py)."""
+    image = client.images.get(built["cpu"]["local_ref"])
+    config = image.attrs["Config"]
+    work = tmp_path_factory.mktemp("cpu-enroot")
+    mounts = {}
+    for rel, text in enroot.config_files(config).items():
+        (work / rel.replace("/", "_")).write_text(text)
+        mounts[str(work / rel.replace("/", "_"))] = {"bind": f"/{rel}", "mode": "ro"}
+    env = [l for l in enroot.config_files(config)["etc/environment"].splitlines() if "=" in l] + ["HOME=/", "TERM=dumb"]
+
+    def start(user: str, shell: str, *argv: str) -> tuple[int, str]:
+        c = client.containers.run(image.id, [shell, "-l", "/etc/rc", *argv], entrypoint=[], user=user,
+                                  environment=env, volumes=mounts, working_dir=config.get("WorkingDir") or "/",
+                                  detach=True)
+        try:
+            code = c.wait(timeout=300)["StatusCode"]
+            return code, c.logs(stdout=True, stderr=False).decode() + "\n" + c.logs(stdout=False, stderr=True).decode()
+        finally:
+            c.remove(force=True)
+    yield start
     shutil.rmtree(work, ignore_errors=True)
-
-
-def test_the_cpu_image_converts_incrementally(cpu_incremental):
-    """The build's own layer store gives the incremental conversion (that it lists what a full one lists, entry
-    for entry, is tests/test_enroot_incremental.py's, on images made for each case); the tree holds the app
-    and the venv."""
-    inc, got, _ = cpu_incremental
-    assert inc.how == "incremental", inc.note
-    assert "/app/project/train.py" in got["listing"] and "/opt/venv/bin/python" in got["listing"]
-
-
-@pytest.fixture
-def cpu_tree(cpu_incremental):
-    return cpu_incremental[2]
 
 
 @pytest.mark.parametrize("user,shell", [("0:0", "/bin/sh"), ("1000:1000", "/bin/bash"), ("4242:4242", "/bin/sh")],
                          ids=["root", "image-user-bash", "unknown-uid"])
-def test_cpu_image_boots_like_enroot_under_a_login_shell(cpu_tree, user, shell):
-    proc = enroot_start(cpu_tree, user, shell, "python", "-m", "runtime", "selfcheck")
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_cpu_image_boots_like_enroot_under_a_login_shell(cpu_as_enroot_starts_it, user, shell):
+    start = cpu_as_enroot_starts_it
+    code, out = start(user, shell, "python", "-m", "runtime", "selfcheck")
+    assert code == 0, out[-2000:]
+    report = json.loads(next(l for l in reversed(out.splitlines()) if l.startswith("{")))
     assert report["cluster_spec_path"] and report["cluster_name"]
     assert report["torch"].startswith("2.9.1") and report["ray"] == "2.60.0"
     assert report["uid"] == int(user.split(":")[0])
-    proc = enroot_start(cpu_tree, user, shell, "ray", "--version")
-    assert proc.returncode == 0 and "2.60.0" in proc.stdout, proc.stderr[-2000:]
+    code, out = start(user, shell, "ray", "--version")
+    assert code == 0 and "2.60.0" in out, out[-2000:]
     # the login shell did reset PATH, and the image put its venv back first
-    proc = enroot_start(cpu_tree, user, shell, "/bin/sh", "-c", "command -v python; command -v ray")
-    assert proc.stdout.split() == ["/opt/venv/bin/python", "/opt/venv/bin/ray"], proc.stdout + proc.stderr
+    code, out = start(user, shell, "/bin/sh", "-c", "command -v python; command -v ray")
+    assert out.split()[:2] == ["/opt/venv/bin/python", "/opt/venv/bin/ray"], out
 
 
 def test_rc_script_without_an_entrypoint_is_enroots_byte_for_byte():
