@@ -1,26 +1,16 @@
 """Compressed layer blobs for the registry: one gzip member per layer, compressed on all cores, once per diff ID.
 
 A layer's uncompressed tar (its diff ID is the tar's sha256) becomes the gzip blob the registry stores.
-The engine's push gzips on one core (7.1 GiB took 370-643 s); here the input is cut into CHUNK-sized
-pieces compressed in a thread pool (ISA-L's deflate, python-isal, releases the GIL) as raw deflate, each primed with the last
-32 KiB of the piece before it and ended with a sync flush (the last one with Z_FINISH), all inside ONE
-gzip member (mtime 0, no name; trailer: crc32 and size of the whole input). That is what pigz writes:
-a standard gzip stream every consumer reads (Docker, containerd, enroot, Python's gzip). The output
-depends only on the input, the level and CHUNK: the same layer gives the same blob digest every time.
+The engine's push gzips on one core; here the input is cut into CHUNK-sized pieces compressed in a thread
+pool (ISA-L's deflate, python-isal, releases the GIL) as raw deflate, each primed with the last 32 KiB of
+the piece before it and ended with a sync flush (the last one with Z_FINISH), all inside ONE gzip member
+(mtime 0, no name; trailer: crc32 and size of the whole input). That is what pigz writes: a standard gzip
+stream every consumer reads (Docker, containerd, enroot, Python's gzip). The output depends only on the
+input, the level and CHUNK: the same layer gives the same blob digest every time.
 
-The deflate is Intel's ISA-L (the `isal` package, a dependency so every machine makes the same bytes):
-on 1 GiB from the middle of the 7.25 GB venv layer tar, 2 cores, load 2.2-2.9 (another engineer's tests
-beside it), 2026-11-28: ISA-L level 2 288 MB/s, ratio 0.722; level 1 242 MB/s, 0.726; level 3 155 MB/s,
-0.721. zlib's level 1 on the same cores, measured as below, gave 47 MB/s at ratio 0.643: ISA-L level 2
-is 6x faster for 12 % larger blobs, which upload in far less time than the difference.
-
-zlib, measured 2026-11-28 on this 2-core machine, input in the page cache, output to /dev/null, with the
-other engineer's image build running beside it (load 2.9-3.6): 1 GiB from the middle of the 7.25 GB
-venv layer tar (torch, CUDA and NCCL .so files): level 1 on 2 cores 47 MB/s (one core: 31 MB/s),
-ratio 0.643; level 6 on 2 cores 17 MB/s, ratio 0.623. Level 1 it is: 3 % larger blobs for 2.8x the
-speed (within zlib). (A 717 MiB libcublasLt.so.12 alone, with a pip install beside: level 1 31-32 MB/s, ratio
-0.687; level 6 19-22 MB/s, 0.673.) The whole 7.25 GB layer took about 2.5 min in a real push here.
-Memory stays bounded: at most `workers + 3` input chunks are held at once.
+The deflate is Intel's ISA-L (the `isal` package, a dependency so every machine makes the same bytes), at
+level 2: about 6x zlib's level 1 for blobs 12 % larger, which upload in far less time than the difference
+(the figures: docs/registry.md). Memory stays bounded: at most `workers + 3` input chunks are held at once.
 
 The cache is BLOB_DIR/<diff id hex>.gz with a sidecar <diff id hex>.json {digest, size, diff_id,
 diff_size, level, chunk}, each written to a temporary name and renamed into place (the sidecar last),
@@ -48,7 +38,7 @@ from toolchain.cache import BadEntry, read_entry
 from toolchain.atomic import write_atomic
 from toolchain.errors import ToolchainError
 
-LEVEL = 2  # ISA-L's levels are 0-3; 2 measured best here: see above
+LEVEL = 2  # ISA-L's levels are 0-3; 2 measured best (docs/registry.md)
 CHUNK = 32 << 20
 BIG_BLOB = 256 << 20  # prune_big: of the blobs this size and up, those of the image pushed and the
 KEEP_BIG = 2          # KEEP_BIG newest others are kept

@@ -1,7 +1,6 @@
 """Push built images to the registry over its HTTP API and record their digests.
 
-The project pushes, not the engine (whose push gzips every layer on one core: 7.1 GiB took
-370-643 s): each layer is compressed once, on all cores, into the blob cache (toolchain/blobs.py,
+The project pushes, not the engine (whose push gzips every layer on one core): each layer is compressed once, on all cores, into the blob cache (toolchain/blobs.py,
 from the layer store or `docker save`: toolchain/layer_sources.py), and sent by
 the registry package's client (deploy/registry/client.py): a HEAD per blob (present: not sent; in another repository of the
 registry: mounted), an upload of each missing one, the config, and a schema2 manifest per tag. A
@@ -11,9 +10,8 @@ wait for the whole blob; a stored tar that turns out not to be the layer cancels
 layers go at a time (UPLOADS_AT_ONCE). A
 layer whose blob digest is already known (this build directory's cache, or the digest index every
 build directory shares) and that the registry has is not even compressed. Only changed layers
-upload, so a retry resumes: what was uploaded is found by its HEAD and not sent again. Measured
-here (2 cores): the 7.25 GB cpu image, blobs cached, to a fresh local registry in 34 s; compressing
-its 7.25 GB venv layer takes about 2.5 min (47 MB/s), once. Transient failures (5xx, resets, a registry that
+upload, so a retry resumes: what was uploaded is found by its HEAD and not sent again (the figures:
+docs/benchmarks.md, "the cold path"). Transient failures (5xx, resets, a registry that
 restarts, a stalled transfer) are retried with backoff; auth failures and a registry that stays
 down are reported at once, with the fix. A stall is chosen on purpose: no byte moved for
 `registry.stall_timeout_s`. Nothing is tagged in the local engine (a pull by digest of what was

@@ -11,7 +11,7 @@ would have. The trampoline stays as the raylet's child and exits with the worker
 signal it gets is passed on, and if it dies the zygote kills the worker. The raylet knows the
 worker by the pid it registers with (the forked child), as it does for workers in containers.
 
-Anything the trampoline cannot hand over as-is runs exactly as before (it execs the real
+Anything the trampoline cannot hand over as-is runs as Ray would run it without a zygote (it execs the real
 interpreter with the same arguments): a runtime environment with a command prefix, another
 py_executable or entrypoint, interpreter flags, a non-Python worker, the raylet's agents, no
 zygote listening, or one not ready within 30 s (it listens from the start, so a worker
