@@ -46,7 +46,7 @@ def test_start_all_takes_handles_and_refs_and_replace_starts_again(builder):
         started.append((place, again))
         return builder.make.remote(place, again) if place % 2 else Member.remote(place, again)
 
-    m = Members(start, nodes=lambda: [None] * 3, max_restarts=1)
+    m = Members(start, nodes=lambda: [None] * 3, restart_on_failure=True, max_restarts=1)
     handles = m.start_all(3)
     assert started == [(0, False), (1, False), (2, False)]
     assert ray.get([h.who.remote() for h in handles]) == [(0, False), (1, False), (2, False)]
@@ -62,7 +62,8 @@ def test_start_all_takes_handles_and_refs_and_replace_starts_again(builder):
 
 def test_dead_is_the_killed_one_not_the_busy_one(two_nodes):
     node_ids = [n["NodeID"] for n in ray.nodes() if n["Alive"]]
-    m = Members(lambda place, again: Member.remote(place, again), nodes=lambda: [node_ids[0]] * 3)
+    m = Members(lambda place, again: Member.remote(place, again), nodes=lambda: [node_ids[0]] * 3,
+                restart_on_failure=False)
     m.start_all(3)
     ray.get([h.who.remote() for h in m.handles])
     busy = m.handles[2].sleep.remote(8)  # silent for the check's whole timeout, on a node that is alive
@@ -78,7 +79,7 @@ def test_silent_on_a_lost_node_is_dead(two_nodes):
     lost = extra.node_id
     pinned = NodeAffinitySchedulingStrategy(lost, soft=False)
     m = Members(lambda place, again: Member.options(scheduling_strategy=pinned).remote(place, again),
-                nodes=lambda: [lost] * 2)
+                nodes=lambda: [lost] * 2, restart_on_failure=False)
     m.start_all(2)
     ray.get([h.who.remote() for h in m.handles])
     busy = [h.sleep.remote(60) for h in m.handles]  # silent to the check; then their node goes
@@ -92,9 +93,16 @@ def test_silent_on_a_lost_node_is_dead(two_nodes):
 
 
 def test_restart_budget_is_spent_once_per_restart_and_refused_past_it():
-    m = Members(lambda place, again: None, nodes=lambda: [None] * 3, max_restarts=2)
+    m = Members(lambda place, again: None, nodes=lambda: [None] * 3, restart_on_failure=True, max_restarts=2)
     assert m.can_restart() and m.spend_restart([1]) == 1
-    assert m.count_restart() == 2 and not m.can_restart()
+    assert m.spend_restart([]) == 1  # nothing dead: nothing spent
+    assert m.spend_restart([2]) == 2 and not m.can_restart()
     with pytest.raises(WorkerFailureError, match=r"worker\(s\) \[3, 4\] are gone .* used its 2 restart\(s\)") as e:
         m.spend_restart([3, 4])
     assert e.value.rank == 3 and m.restarts == 2
+    off = Members(lambda place, again: None, nodes=lambda: [None] * 3, restart_on_failure=False, max_restarts=5)
+    assert not off.can_restart()
+    for dead in ([], [1]):
+        with pytest.raises(WorkerFailureError, match="without restart_on_failure=True"):
+            off.spend_restart(dead)
+    assert off.restarts == 0

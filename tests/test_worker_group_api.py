@@ -8,6 +8,7 @@ import torch
 
 from runtime.workers.batched import BatchedDataDict
 from runtime.workers.virtual_cluster import RayVirtualCluster, gpu_assignment
+from runtime.workers.failures import WorkerFailureError
 from runtime.workers.worker_group import RayWorkerGroup, gather_futures
 
 pytestmark = pytest.mark.cluster  # starts real Ray nodes
@@ -150,7 +151,7 @@ def test_futures_combine_across_two_groups_and_await(vc):
 def test_restart_failed_workers_whole_group_with_collectives_continues_from_checkpoint(vc, tmp_path):
     from helpers.workers import Checkpointed
     ckpt = str(tmp_path / "step")
-    g = RayWorkerGroup(vc, Checkpointed, init_args=(ckpt,))
+    g = RayWorkerGroup(vc, Checkpointed, init_args=(ckpt,), restart_on_failure=True, max_restarts=1)
     assert g.run_all_workers_single_data("train_step") == [1] * 4
     assert g.run_all_workers_single_data("train_step") == [2] * 4
     before = g.run_all_workers_single_data("pid")
@@ -165,7 +166,7 @@ def test_restart_failed_workers_whole_group_with_collectives_continues_from_chec
 
 def test_restart_failed_workers_only_the_dead_without_collectives(vc):
     from helpers.workers import Plain
-    g = RayWorkerGroup(vc, Plain, backend=None)
+    g = RayWorkerGroup(vc, Plain, backend=None, restart_on_failure=True, max_restarts=1)
     before = g.run_all_workers_single_data("pid")
     ray.kill(g.workers[1], no_restart=True)
     time.sleep(1)
@@ -174,6 +175,21 @@ def test_restart_failed_workers_only_the_dead_without_collectives(vc):
     assert after[0] == before[0] and after[2:] == before[2:] and after[1] != before[1]
     # the failure detector's view names the new process (its log is the one a later failure shows)
     assert [p.pid for p in g.failure_view().processes] == after
+    # the group's one restart is spent: the next dead worker stays dead, and the group says so
+    ray.kill(g.workers[2], no_restart=True)
+    time.sleep(1)
+    with pytest.raises(WorkerFailureError, match=r"used its 1 restart\(s\)"):
+        g.restart_failed_workers()
+    assert g.restarts == 1
+    g.shutdown()
+
+
+def test_a_group_without_restart_on_failure_restarts_nothing_when_asked(vc):
+    from helpers.workers import Plain
+    g = RayWorkerGroup(vc, Plain, backend=None, max_restarts=3)
+    with pytest.raises(WorkerFailureError, match="without restart_on_failure=True"):
+        g.restart_failed_workers()
+    assert g.restarts == 0
     g.shutdown()
 
 

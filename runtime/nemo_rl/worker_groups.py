@@ -312,7 +312,8 @@ class RayWorkerGroup(GroupOfMembers):
         self._init_env: dict = {}
         # the workers (runtime.workers.members, the core the worker half's group keeps its ranks in too):
         # started from _starts by their node's initializer, checked for liveness, replaced, restarts counted
-        self.members = Members(self._start_worker, self._worker_nodes, max_restarts)
+        self.members = Members(self._start_worker, self._worker_nodes, restart_on_failure=restart_on_failure,
+                               max_restarts=max_restarts)
         self._worker_metadata: list[dict[str, Any]] = []
         self._initializer_pool: dict[int, Any] = {}  # pg_idx -> IsolatedWorkerInitializer
         self.cluster = cluster
@@ -568,12 +569,10 @@ class RayWorkerGroup(GroupOfMembers):
         the dead worker's own bundle; a tied group's worker (bundle_indices_list) always goes back into
         its own. What an actor held is gone with it: its state is the caller's to restore, as in NeMo
         RL. Needs restart_on_failure=True; past max_restarts a WorkerFailureError says so."""
-        if not self.restart_on_failure:
-            raise WorkerFailureError("this group was made without restart_on_failure=True; its dead workers stay dead")
         dead = self.dead_workers()
+        self.members.spend_restart(dead)  # the one policy (runtime.workers.members): refused, saying why
         if not dead:
             return []
-        self.members.spend_restart(dead)  # past max_restarts: WorkerFailureError, saying so
         spares = self._spare_bundles()
         for i in dead:
             if spares and not self._starts[i].tied:

@@ -10,7 +10,9 @@ here, once:
     start_all()        a new actor in every place, started together
     dead(timeout_s)    the places whose actors are gone (failures.dead_among: Ray says so, or silent
                        on a dead node; a busy one is not dead)
-    spend_restart()    one restart of the group's max_restarts, or WorkerFailureError saying they are used
+    spend_restart()    the restart policy, once for both groups: one restart of the group's max_restarts,
+                       or WorkerFailureError saying the group restarts nothing (restart_on_failure off)
+                       or has used them
     replace(places)    the actors there killed (no Ray restart) and started again through `start`
     kill_all()         every actor killed; the group holds none
 and GroupOfMembers, the groups' base, shows `workers` (the handles) and `restarts` from it.
@@ -39,9 +41,11 @@ def _resolved(started: list) -> list:
 class Members:
     """The actors of one worker group, one per place (a rank, or a NeMo RL worker index)."""
 
-    def __init__(self, start: Start, nodes: Callable[[], list[Optional[str]]], max_restarts: int = 0):
+    def __init__(self, start: Start, nodes: Callable[[], list[Optional[str]]], *, restart_on_failure: bool,
+                 max_restarts: int = 0):
         self._start = start
         self._nodes = nodes  # the Ray node ID each place's slot is on (asked once per liveness check)
+        self.restart_on_failure = restart_on_failure
         self.max_restarts = max_restarts
         self.restarts = 0
         self.handles: list = []
@@ -61,18 +65,23 @@ class Members:
         return dead_among(self.handles, lambda place: nodes()[place], timeout_s) if self.handles else []
 
     def can_restart(self) -> bool:
-        return self.restarts < self.max_restarts
-
-    def count_restart(self) -> int:
-        self.restarts += 1
-        return self.restarts
+        return self.restart_on_failure and self.restarts < self.max_restarts
 
     def spend_restart(self, dead: list[int]) -> int:
-        """One restart for the places in DEAD; WorkerFailureError when max_restarts are used."""
-        if not self.can_restart():
+        """One restart for the places in DEAD (none: nothing spent); the restarts made so far. A
+        WorkerFailureError when the group restarts nothing (asked even with DEAD empty: the caller learns
+        the policy before any worker dies) or has used its max_restarts."""
+        rank = dead[0] if dead else None
+        if not self.restart_on_failure:
+            raise WorkerFailureError("this group was made without restart_on_failure=True; its dead workers stay dead"
+                                     + (f" (worker(s) {dead})" if dead else ""), rank=rank)
+        if not dead:
+            return self.restarts
+        if self.restarts >= self.max_restarts:
             raise WorkerFailureError(f"worker(s) {dead} are gone and the group has used its {self.max_restarts} "
-                                     f"restart(s) (max_restarts)", rank=dead[0] if dead else None)
-        return self.count_restart()
+                                     f"restart(s) (max_restarts)", rank=rank)
+        self.restarts += 1
+        return self.restarts
 
     def replace(self, places: list[int], wait_ready: bool = False) -> list:
         """Kill the actors in PLACES (they are not restarted by Ray) and start each place again through

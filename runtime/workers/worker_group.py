@@ -280,7 +280,8 @@ class RayWorkerGroup(GroupOfMembers):
         self._gpus = share if virtual_cluster.use_gpus else 0
         self.slots: list[BundleSlot] = virtual_cluster.slots()
         # the workers, one per rank (runtime.workers.members: start, liveness, replacement, restarts left)
-        self.members = Members(self._host_for, lambda: [sl.node_id for sl in self.slots], opts.max_restarts)
+        self.members = Members(self._host_for, lambda: [sl.node_id for sl in self.slots],
+                               restart_on_failure=opts.restart_on_failure, max_restarts=opts.max_restarts)
         # finds the rank behind a failed call, seeing only failure_view(); _fail decides what then
         self.detector = FailureDetector(self.failure_view)
         self._processes: list[Optional[WorkerProcess]] = []  # rank -> its process (pid, node), for log tails
@@ -387,8 +388,8 @@ class RayWorkerGroup(GroupOfMembers):
         """Replace every worker (new processes: spares where there are some). When the failed rank's node
         is lost, its placement group is moved to another node at once instead of waiting for Ray's
         health checks. A node that just died may still look alive to Ray: a worker placed there fails
-        at start-up, so start-up is retried within this one restart. Returns the phase times."""
-        self.members.count_restart()
+        at start-up, so start-up is retried within this one restart (spent by the caller: the group's
+        one policy, Members.spend_restart). Returns the phase times."""
         t0 = time.monotonic()
         lost_node = self.slots[rank].node_id if rank is not None and node_lost else ""
         self.members.kill_all()
@@ -439,7 +440,8 @@ class RayWorkerGroup(GroupOfMembers):
         node = self.slots[rank].node_ip if rank is not None else None
         cause = failure.cause + ("; its node is lost" if node_lost else self.detector.log_tail(rank))
         where = f"worker rank {rank} on {node}" if rank is not None else "a worker"
-        if restartable and self.restart_on_failure and self.members.can_restart():
+        if restartable and self.members.can_restart():
+            self.members.spend_restart([rank])  # checked just above: spent here, the one place a failure spends it
             phases = self._restart(rank, node_lost)
             self.last_restart = {**detect, **phases, "restart_s": time.time() - t0}
             print(f"[worker-group] restart {self.restarts}/{self.max_restarts}: {where} "
@@ -569,12 +571,12 @@ class RayWorkerGroup(GroupOfMembers):
         state. Dead, and replaced, as the group core decides it (runtime.workers.members, which the NeMo RL
         face's group uses too)."""
         dead = self.members.dead(timeout_s=5)
+        self.members.spend_restart(dead)  # the one policy (runtime.workers.members): refused, saying why
         if not dead:
             return []
         if self.backend:
             self._restart(dead[0], node_lost=not self.detector.node_alive(dead[0]))
             return dead
-        self.members.count_restart()
         self.members.replace(dead)
         env = [self._env(r, self.slots[r], *self.master) for r in dead]
         ray.get([self._setup(self.workers[r], e, backend=None) for r, e in zip(dead, env)], timeout=self.init_timeout_s)
