@@ -31,12 +31,6 @@ class LayerStore:
     def __str__(self) -> str:  # messages name the directory
         return str(self.root)
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, LayerStore) and other.root == self.root
-
-    def __hash__(self) -> int:
-        return hash(self.root)
-
     def tar(self, diff_id: str) -> Path:
         """Where the layer's tar is, or goes."""
         return self.root / f"{Digest(diff_id, 'layer diff ID').hex}.tar"

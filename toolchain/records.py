@@ -48,29 +48,32 @@ def _tagged(value: object) -> ImageRef:
 TaggedRef = Annotated[ImageRef, BeforeValidator(_tagged), PlainSerializer(ImageRef.docker, return_type=str)]
 
 
-def _pinned(value: str, what: str = "image") -> str:
-    """A reference pinned by digest (repository@sha256:...), as text; WHAT names it in the error."""
+def _pinned_ref(value: object, what: str = "repo_digest") -> ImageRef:
+    """A reference pinned by digest (registry/repository@sha256:...), parsed once; WHAT names it in the error."""
+    if isinstance(value, ImageRef):
+        ref = value
+    elif isinstance(value, str):
+        try:
+            ref = ImageRef.parse(value, what)
+        except ImageRefError as e:
+            raise ValueError(str(e)) from None
+    else:
+        raise ValueError(f"{what}: an image reference is text (registry/repository@sha256:...)")
     try:
-        ImageRef.parse(value, what).require_pinned()
+        return ref.require_pinned()
     except ImageRefError as e:
         raise ValueError(str(e)) from None
+
+
+def _pinned(value: str, what: str = "image") -> str:
+    """A reference pinned by digest, kept as its text (`_pinned_ref` checks it)."""
+    _pinned_ref(value, what)
     return value
 
 
 def _pinned_or_none(value: str) -> str:
     """What a job ran: a reference pinned by digest, or "" (plain Slurm: the nodes' own environment)."""
     return _pinned(value) if value else value
-
-
-def _pinned_ref(value: object) -> ImageRef:
-    """A pushed image's reference, parsed once: registry/repository@sha256:..."""
-    try:
-        ref = value if isinstance(value, ImageRef) else ImageRef.parse(value, "repo_digest") if isinstance(value, str) else None
-        if ref is None:
-            raise ValueError("an image reference is text (registry/repository@sha256:...)")
-        return ref.require_pinned()
-    except ImageRefError as e:
-        raise ValueError(str(e)) from None
 
 
 PinnedRef = Annotated[ImageRef, BeforeValidator(_pinned_ref), PlainSerializer(ImageRef.docker, return_type=str)]
