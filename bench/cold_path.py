@@ -6,11 +6,11 @@
   new build             `pipeline.build` of a scratch copy of the project from the same base and wheelhouse:
                         one layer per wheel written from the wheels and loaded as they are done, each wheel's
                         bytecode compiled meanwhile, the user stage built beside them, app and spec
-                        (toolchain/images.py, toolchain/deps_stage.py, toolchain/venv_layer.py, toolchain/bytecode.py);
+                        (toolchain/image/images.py, toolchain/image/deps_stage.py, toolchain/image/venv_layer.py, toolchain/image/bytecode.py);
   old push              the engine's `docker push` of that image to an empty registry (gzip on one core);
   new push              `pipeline.push` of the same image to another empty registry, from an empty blob cache, so
-                        its compression is counted; stored layers upload while compressed (toolchain/push.py,
-                        toolchain/blobs.py).
+                        its compression is counted; stored layers upload while compressed (toolchain/publish/push.py,
+                        toolchain/publish/blobs.py).
 
 Each step starts after a sync: what the step before left in the page cache is written back first, off the clock
 (the old path leaves 14 GB); each dependency-layer step also starts with the wheels read through, cached as right after
@@ -35,12 +35,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.scratch import SPEC, make_settings  # noqa: E402
 from toolchain import pipeline  # noqa: E402
-from toolchain.bootstrap import ensure_base  # noqa: E402
+from toolchain.image.bootstrap import ensure_base  # noqa: E402
 from toolchain.docker_client import engine  # noqa: E402
-from toolchain.images import IMAGE_PATH, PROFILE_SCRIPT, Builder, profile_script  # noqa: E402
+from toolchain.image.images import IMAGE_PATH, PROFILE_SCRIPT, Builder, profile_script  # noqa: E402
 from toolchain.progress import Reporter, human_bytes  # noqa: E402
-from toolchain.registry import start_local, stop_local  # noqa: E402
-from toolchain.wheelhouse import LOCK, Wheelhouse, ensure_wheelhouse  # noqa: E402
+from toolchain.publish.local_registry import start_local, stop_local  # noqa: E402
+from toolchain.wheels.wheelhouse import LOCK, Wheelhouse, ensure_wheelhouse  # noqa: E402
 from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH  # noqa: E402
 
 OLD_REGISTRY, NEW_REGISTRY = "127.0.0.1:5058", "127.0.0.1:5059"

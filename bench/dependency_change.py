@@ -42,12 +42,13 @@ sys.path.insert(0, str(ROOT))
 
 from bench.scratch import SPEC, make_settings  # noqa: E402
 from runtime.contract import VENV  # noqa: E402
-from toolchain import bytecode, cache, layers, pipeline, venv_layer, venv_plan  # noqa: E402
+from toolchain.image import bytecode, layers, venv_layer, venv_plan
+from toolchain import cache, pipeline  # noqa: E402
 from toolchain.docker_client import engine  # noqa: E402
 from toolchain.progress import Reporter, human_bytes  # noqa: E402
-from toolchain.push import push_image  # noqa: E402
+from toolchain.publish.push import push_image  # noqa: E402
 from toolchain.records import read_builds  # noqa: E402
-from toolchain.wheelhouse import ensure_wheelhouse  # noqa: E402
+from toolchain.wheels.wheelhouse import ensure_wheelhouse  # noqa: E402
 
 NEED_FREE = 42 << 30
 NS = "raytrain-bench"

@@ -20,8 +20,8 @@ from bench.scratch import SPEC, make_settings  # noqa: E402
 from toolchain import pipeline  # noqa: E402
 from toolchain.docker_client import engine  # noqa: E402
 from toolchain.progress import Reporter, human_bytes  # noqa: E402
-from toolchain.push import push_image  # noqa: E402
-from toolchain.registry import start_local, stop_local  # noqa: E402
+from toolchain.publish.push import push_image  # noqa: E402
+from toolchain.publish.local_registry import start_local, stop_local  # noqa: E402
 
 REGISTRY = "127.0.0.1:5057"  # the bench's own local registry
 

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 from bench.scratch import SPEC, make_settings  # noqa: E402
 from deploy.targets.pyxis import enroot, sqsh  # noqa: E402
 from toolchain import pipeline  # noqa: E402
-from toolchain.images import LAYER_STORE  # noqa: E402
+from toolchain.image.images import LAYER_STORE  # noqa: E402
 from toolchain.progress import Reporter  # noqa: E402
 
 

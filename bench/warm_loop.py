@@ -37,7 +37,7 @@ from bench.scratch import SPEC, make_settings  # noqa: E402
 from toolchain import held, pipeline  # noqa: E402
 from toolchain.config import DeploySettings  # noqa: E402
 from toolchain.progress import Reporter  # noqa: E402
-from toolchain.registry import start_local, stop_local  # noqa: E402
+from toolchain.publish.local_registry import start_local, stop_local  # noqa: E402
 
 LINE = 'print(f"step {self.step} loss {value:.5f}", flush=True)'
 COMMAND = "python train.py --steps 3 --cpus-per-worker 0.5 --no-spares"

@@ -84,16 +84,10 @@ class LocalHandle(Handle):
         return self
 
 
-BY_TARGET: dict[str, type[Handle]] = {"local": LocalHandle, "slurm": SlurmHandle, "pyxis": SlurmHandle,
-                                      "k8s": K8sHandle, "skypilot": SkyHandle}
-
-
-def check(target: str, raw: object, where: str, name: str | None = None) -> Handle:
-    """RAW (a record's dict, or a handle a target made) as TARGET's handle model, which the held modules
-    take, of the cluster NAME (the local target's objects are named after it); InputError naming the field."""
-    model = BY_TARGET.get(target)
-    if model is None:
-        raise InputError(f"{where}: target {target[:40]!r} holds no clusters ({', '.join(sorted(BY_TARGET))} do)")
+def check(model: type[Handle], raw: object, where: str, name: str | None = None) -> Handle:
+    """RAW (a record's dict, or a handle a target made) as MODEL (a target's `handle`), which the held
+    modules take, of the cluster NAME (the local target's objects are named after it); InputError naming
+    the field."""
     if isinstance(raw, Handle):
         raw = raw.model_dump(exclude_none=True)
     try:

@@ -2,8 +2,8 @@
 
 `<root>/<diff ID hex>.tar` is a layer's tar, the bytes whose sha256 is its diff ID, written whole or
 not at all; `<root>/<image ID hex>.json` is an assembled image's config, whose sha256 is the image ID.
-The build writes them (toolchain/layers.py, toolchain/venv_layer.py), the push compresses the tars and
-sends the config (toolchain/layer_sources.py, toolchain/push.py), the incremental .sqsh appends the top
+The build writes them (toolchain/image/layers.py, toolchain/image/venv_layer.py), the push compresses the tars and
+sends the config (toolchain/publish/layer_sources.py, toolchain/publish/push.py), the incremental .sqsh appends the top
 ones (deploy/targets/pyxis/enroot_incremental.py). Each asks the store for a path by digest; none
 spells a file name. A digest that is not one is refused here, so no name can leave the root.
 """
@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from runtime.digest import Digest
+from runtime.files import read_regular
+
+MAX_CONFIG = 16 << 20  # an image config (the example's: 30 KiB)
 
 
 class LayerStore:
@@ -38,6 +41,15 @@ class LayerStore:
     def config(self, image_id: str) -> Path:
         """Where the image's config is, or goes."""
         return self.root / f"{Digest(image_id, 'image ID').hex}.json"
+
+    def read_config(self, image_id: str) -> Optional[bytes]:
+        """The image's config bytes when the store has them and they are that image's (their sha256 is its
+        ID); None otherwise. Bounded (MAX_CONFIG), and only a regular file is read."""
+        try:
+            data = read_regular(self.config(image_id), MAX_CONFIG)
+        except OSError:
+            return None
+        return data if Digest.of(data) == Digest(image_id, "image ID") else None
 
     def has_tar(self, diff_id: str) -> bool:
         return self.tar(diff_id).is_file()

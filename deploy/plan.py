@@ -70,12 +70,12 @@ def common_problems(req: Request) -> list[str]:
                 f"({info.spec_file or 'another file'}), not this one (sha256 {req.spec_sha256[:12]}); the job would run "
                 f"with the baked-in spec. Build and push with this spec, for the whole chain: "
                 f"INVOKE_PROJECT_SPEC={req.spec_file} {hint.cmd('build push deploy --target ' + req.target.name)}")
-        if req.target.pulls_from_registry(opts) and job.image.loopback and not getattr(opts, "allow_local_registry", False):
+        if req.target.pulls_from_registry(opts) and job.image.loopback and not req.target.allows_local_registry(opts):
             problems.append(
                 f"image: {job.image} is in the loopback registry {job.image.registry}, which compute nodes cannot pull "
                 f"from. Push to a registry they reach (INVOKE_REGISTRY_ADDRESS=host:port, or the spec's \"registry\"), "
                 f"{req.target.unreachable_registry_fix}; --allow-local-registry if the nodes really are this machine")
-    stride = getattr(opts, "port_stride", 0)
+    stride = req.target.port_stride(opts)
     try:
         RayPorts(job.port_base, (job.nodes - 1) * stride, ephemeral_low=C.PORTABLE_EPHEMERAL_LOW)
     except ValueError as e:
@@ -87,7 +87,7 @@ def registry_problem(req: Request) -> Optional[str]:
     """At --submit, for a job whose nodes pull the image: does its registry serve the pinned manifest?
     (Writing files asks nothing: the nodes may reach a registry this machine does not.)"""
     info = req.job.image_info
-    if not (getattr(req.options, "submit", False) and req.target.pulls_from_registry(req.options) and info):
+    if not (req.options.submit and req.target.pulls_from_registry(req.options) and info):
         return None
     from deploy.registry import check
     return check.check(info.ref, info.registry_scheme)

@@ -18,7 +18,7 @@ from typing import Optional
 APP_ROOT = "/app"
 PROJECT_DIR = f"{APP_ROOT}/project"
 IMAGE_PYTHONPATH = f"{APP_ROOT}:{PROJECT_DIR}"  # the image's PYTHONPATH (a scheduler that drops it sets it again)
-# The venv the dependency layers install the wheels into (toolchain/venv_layer.py); a layer that
+# The venv the dependency layers install the wheels into (toolchain/image/venv_layer.py); a layer that
 # touches it is a dependency layer, cached below an incremental .sqsh, never appended.
 VENV = "/opt/venv"
 # A layer tar this large is big (a wheel's, torch's is 1.7 GB): the store keeps only a few that are
@@ -26,7 +26,7 @@ VENV = "/opt/venv"
 BIG_LAYER_BYTES = 1 << 30
 # An image profile adds what one scheduler's own setup needs, on top of the image every target runs:
 # `skypilot` lets the image's user become root (sudo) and carries the tools SkyPilot's pod setup
-# installs otherwise (toolchain/images.py). The label says which profile an image has.
+# installs otherwise (toolchain/image/images.py). The label says which profile an image has.
 SKYPILOT_PROFILE = "skypilot"
 PROFILES = ("default", SKYPILOT_PROFILE)
 PROFILE_LABEL = "io.raytrain.profile"
@@ -128,12 +128,16 @@ def driver_finished_line(code: int) -> str:
 
 
 _DRIVER_FINISHED = re.compile(r"driver finished with -?[0-9]+; leaving\s*$")
+# the launcher's own lines, tagged `[launch]` or `[launch nodeK/N host]` (runtime/cluster/node_log.py)
+_LAUNCHER_LINE = re.compile(r"\[launch(?: [^\]]*)?\] ")
 
 
 def left_after_driver(log_text: str) -> bool:
-    """Whether a worker's log ends with its leaving on the driver's published exit code."""
-    lines = [l for l in log_text.rstrip().splitlines() if l.strip()]
-    return bool(lines) and bool(_DRIVER_FINISHED.search(lines[-1]))
+    """Whether the launcher's last line in a worker's log is its leaving on the driver's published exit
+    code. The node's other processes may still print after it (its zygote's `ready` line, late on a
+    busy machine)."""
+    launcher = [l for l in log_text.splitlines() if _LAUNCHER_LINE.search(l)]
+    return bool(launcher) and bool(_DRIVER_FINISHED.search(launcher[-1]))
 
 
 # The sbatch script names its head node in one line (`head_line_echo`, rendered by

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from runtime import k8s_names, strict_json
 from runtime.errors import InputError
+from runtime.files import FileReadError, read_regular
 from runtime.imageref import ImageRef, ImageRefError
 
 MAX_SPEC_BYTES = 1 << 20
@@ -381,14 +382,11 @@ def read_spec(path: str | Path) -> LoadedSpec:
     path = Path(path)
     source = str(path)
     try:
-        st = path.stat()
-        if not path.is_file():
-            raise SpecError(source, ["not a regular file (a directory, FIFO or device); give the spec's JSON file"])
-        if st.st_size > MAX_SPEC_BYTES:
-            raise SpecError(source, [f"the file is {st.st_size} bytes; a spec is at most {MAX_SPEC_BYTES}"])
-        raw = path.read_bytes()[:MAX_SPEC_BYTES + 1]
-    except OSError as e:
-        raise SpecError(source, [f"cannot read the file: {e.strerror}"]) from None
+        raw = read_regular(path, MAX_SPEC_BYTES)
+    except FileNotFoundError:
+        raise SpecError(source, ["cannot read the file: No such file or directory"]) from None
+    except FileReadError as e:
+        raise SpecError(source, [f"the file {e}; give the spec's JSON file"]) from None
     return LoadedSpec(path, raw, hashlib.sha256(raw).hexdigest(), _parse_bytes(raw, source))
 
 

@@ -11,6 +11,7 @@ project directory and is classed:
                  where it belongs (a canary file appeared, a file outside changed)
   escape         a recorded value reached a scheduler tool (its argv is logged by a stand-in)
   write-on-fail  a refused command left files behind or changed one
+  harness        refused for want of a project, not for the value (the probe's own fault)
   ok             refused with exit 2 and one message, or accepted as it should be
 
 Prints one line per case that is not ok, then the counts by outcome and by input class. No engine,
@@ -62,7 +63,8 @@ def cases(canary: str):
     for flag in ("--name", "--partition", "--account", "--target", "--spec", "--out"):
         for v in HOSTILE_TEXT:
             # --out is a path: any non-empty text is a name (never run through a shell)
-            expect = "accept" if (flag == "--out" and v.strip() and len(v) < 256) else "refuse"
+            # (one that starts with '-' reads as an option given without its value: refused)
+            expect = "accept" if (flag == "--out" and v.strip() and len(v) < 256 and not v.startswith("-")) else "refuse"
             argv = ["deploy", "--target", "slurm", flag, t(v)] if flag != "--target" else ["deploy", flag, t(v), "--dry-run"]
             if flag == "--out" and expect == "accept":  # written for real: inside the case's directory
                 argv[-1] = "{dir}/x/../../etc-out" if v == "../../etc" else "{dir}/" + t(v)
@@ -375,7 +377,7 @@ def _tools(d: Path) -> Path:
 def _held_run_record(d: Path) -> str:
     """A held Slurm cluster's record that `invoke run` from this tree accepts (its keys are this tree's)."""
     code = ("import json, sys\nfrom pathlib import Path\nfrom toolchain import project\n"
-            "from toolchain.images import source_keys\nfrom runtime.spec import spec_hash\n"
+            "from toolchain.image.images import source_keys\nfrom runtime.spec import spec_hash\n"
             "s = project.settings(Path(sys.argv[1]))\nk = source_keys(s)\n"
             "print(json.dumps({'below_app_key': k['below_app_key'], 'runtime_sha256': k['runtime_sha256'], "
             "'spec_sha256': spec_hash(s.path(s.project.spec))}))\n")
@@ -428,6 +430,9 @@ def run_case(base: Path, canary: str, name, argv, env, files, expect, extra=None
     env = dict(env)
     if env.pop("@held-run", None):
         (d / "build" / "clusters.json").write_text(_held_run_record(d))
+    # every case runs in a project (the example's code), as a user's command does; a case's own files win
+    (d / "raytrain.yaml").write_text(f"project:\n  name: example\n  app_dir: {ROOT / 'examples' / 'train'}\n"
+                                     f"  requirements: [{ROOT / 'examples' / 'train' / 'requirements.txt'}]\n")
     _write_files(d, files, canary)
     argv = [a.replace("{dir}", str(d)) for a in argv]
     if argv and argv[0] == "@runtime":
@@ -465,6 +470,9 @@ def run_case(base: Path, canary: str, name, argv, env, files, expect, extra=None
         return "escape"
     if "Traceback" in stderr:
         return "traceback"
+    if "no raytrain project in" in stderr:  # refused for want of a project, not for the value: the probe's fault
+        print(f"   {stderr.strip()[-200:]}")
+        return "harness"
     if expect == "refuse" and r.returncode == 0:
         return "silent"
     if expect == "accept" and r.returncode != 0:
@@ -484,7 +492,7 @@ def main() -> int:
     canary = str(base / "CANARY")
     counts: Counter = Counter()
     by_class: dict[str, Counter] = {}
-    outcomes = ("ok", "traceback", "hang", "silent", "over-refused", "injection", "escape", "write-on-fail")
+    outcomes = ("ok", "traceback", "hang", "silent", "over-refused", "injection", "escape", "write-on-fail", "harness")
     only = sys.argv[1] if len(sys.argv) > 1 else ""  # a class's name, to probe only that one
     try:
         all_cases = [c for gen in (cases, tar_cases, record_cases, launcher_env_cases, yaml_cases) for c in gen(canary)

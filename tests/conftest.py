@@ -27,7 +27,7 @@ import pytest
 from toolchain import pipeline
 from toolchain.config import Settings, scratch_settings
 from toolchain.progress import Reporter
-from toolchain.registry import start_local, stop_local
+from toolchain.publish.local_registry import start_local, stop_local
 
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 ROOT = Path(__file__).resolve().parent.parent
@@ -208,7 +208,7 @@ def settings(session_dir, app_dir):
 def example_wheels(settings) -> list:
     """The example's cpu wheel set for the image's Python (3.11, bookworm), downloaded into the session's
     cache once (the cpu build takes the same set)."""
-    from toolchain.wheelhouse import ensure_wheelhouse
+    from toolchain.wheels.wheelhouse import ensure_wheelhouse
     return ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True)).files
 
 

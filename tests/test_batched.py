@@ -349,3 +349,41 @@ def test_every_row_helper_refuses_values_of_different_lengths(call):
     batch = BatchedDataDict({"ids": torch.arange(4), "labels": [0, 1, 2], "mask": torch.ones(4, 2)})
     with pytest.raises(BatchShapeError, match=r"found sizes: \[3,4\]"):
         call(batch)
+
+
+@pytest.mark.parametrize("call,says", [
+    (lambda d: d.slice(2, 1), r"slice end: 1 is not a whole number >= 2"),
+    (lambda d: d.slice(0, 5), r"end: 5 is greater than the shape of the batch: 4 rows"),
+    (lambda d: d.slice(-1, 2), r"slice start: -1 is not a whole number >= 0"),
+    (lambda d: d.slice(0, 2.0), r"slice end: '2\.0' is not a whole number; give an int"),
+    (lambda d: d.repeat_interleave(-1), r"num_repeats: -1 is not a whole number >= 0"),
+    (lambda d: d.repeat_interleave(True), r"num_repeats: 'True' is not a whole number; give an int"),
+    (lambda d: d.select_indices([5]), r"select_indices\[0\]: 5 is not a whole number between 0 and 3"),
+    (lambda d: d.select_indices([0, -1]), r"select_indices\[1\]: -1 is not a whole number between 0 and 3"),
+    (lambda d: d.chunk(0, 2.0), r"chunks: '2\.0' is not a whole number; give an int"),
+    (lambda d: d.chunk(0, 0), r"chunks: 0 is not a whole number >= 1"),
+    (lambda d: d.get_batch(3, 2), r"get_batch: batch 3 of 2 rows ends at row 8, past the 4 rows"),
+    (lambda d: d.get_batch(0, 0), r"batch_size: 0 is not a whole number >= 1"),
+    (lambda d: d.reorder_data([0, 0, 1, 2]), r"reorder_data: the indices are not each row number 0-3 once"),
+    (lambda d: d.reorder_data([0, 1, 2]), r"reorder_data: the indices are not each row number 0-3 once"),
+    (lambda d: BatchedDataDict.from_batches([{"x": torch.arange(2)}, {"x": [1, 2]}]),
+     r"from_batches: the batches' values for key 'x' are of different kinds \(list, tensor\)"),
+])
+def test_a_bad_index_count_or_size_is_one_clear_error(call, says):
+    """Round 4's cases: each was silently wrong (an empty slice, a lost row) or a bare torch/Python error; each
+    is a BatchShapeError (an AssertionError, as NeMo RL's asserts, and a ValueError) naming the value."""
+    d = BatchedDataDict({"x": torch.arange(4), "y": [10, 11, 12, 13]})
+    before = {k: (v.clone() if torch.is_tensor(v) else list(v)) for k, v in d.items()}
+    with pytest.raises(BatchShapeError, match=says):
+        call(d)
+    assert d["y"] == before["y"] and torch.equal(d["x"], before["x"])  # nothing changed
+
+
+def test_integral_values_of_any_type_are_taken():
+    import numpy as np
+    d = BatchedDataDict({"x": torch.arange(4), "y": [10, 11, 12, 13]})
+    assert d.slice(np.int64(1), torch.tensor(3))["y"] == [11, 12]
+    assert d.select_indices(np.array([3, 0]))["y"] == [13, 10]
+    assert d.repeat_interleave(np.int32(2))["y"] == [10, 10, 11, 11, 12, 12, 13, 13]
+    d.reorder_data(torch.tensor([3, 2, 1, 0]))
+    assert d["y"] == [13, 12, 11, 10]

@@ -1,4 +1,4 @@
-"""The push's layer blobs (toolchain/blobs.py): one gzip member made on all cores that every reader
+"""The push's layer blobs (toolchain/publish/blobs.py): one gzip member made on all cores that every reader
 takes back to the exact input, the same bytes every time, a cache that notices damage, and a layer
 compressed once however many registries it goes to."""
 import gzip
@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from helpers.small_image import PlainRegistry, SmallImage, cleanup_pulled, mixed_bytes, small_image
-from toolchain.blobs import BlobCache, LayerMismatch, gzip_stream
+from toolchain.publish.blobs import BlobCache, LayerMismatch, gzip_stream
 from toolchain.errors import TransientRegistryError
-from toolchain.layer_sources import LayerSource
+from toolchain.publish.layer_sources import LayerSource
 from toolchain.progress import Reporter
-from toolchain.push import _compress_and_send, _Sent, push_image
+from toolchain.publish.push import _compress_and_send, _Sent, push_image
 
 SMALL_CHUNK = 64 << 10  # many chunks from small inputs: every boundary case in milliseconds
 
@@ -116,7 +116,7 @@ def _stored_layer(tmp_path) -> tuple[Path, str]:
 
 @pytest.mark.parametrize("interrupted", [False, True], ids=["upload-failed", "interrupted"])
 def test_a_streamed_upload_that_ends_early_leaves_a_whole_blob_or_nothing(tmp_path, interrupted):
-    """The push uploads a stored layer while compressing it (toolchain/push.py). An upload that fails
+    """The push uploads a stored layer while compressing it (toolchain/publish/push.py). An upload that fails
     (a registry gone mid-way) lets the compression finish into the cache, whence the retry sends it; an
     interrupted push (Ctrl-C, SIGTERM) stops the compression too, and no partial file stays."""
     store, diff_id = _stored_layer(tmp_path)
@@ -204,7 +204,7 @@ def test_a_damaged_cache_entry_is_made_again(client, image, two_registries, tmp_
     _pull_back(client, image, other.repo_digest.docker())
 
 
-# -- reading `docker save` streams (toolchain/layer_sources.py) ---------------------------------------
+# -- reading `docker save` streams (toolchain/publish/layer_sources.py) ---------------------------------------
 
 def _layer(seed: int, size: int = 3 * SMALL_CHUNK) -> tuple[str, bytes]:
     data = mixed_bytes(size, seed)
@@ -228,7 +228,7 @@ def _tar(entries: list) -> bytes:
 
 
 def _source(tmp_path, config: bytes):
-    from toolchain.layer_sources import LayerSource
+    from toolchain.publish.layer_sources import LayerSource
     image_id = "sha256:" + hashlib.sha256(config).hexdigest()
     return LayerSource(None, BlobCache(tmp_path / "blobs", chunk=SMALL_CHUNK), image_id, None, [], Reporter(quiet=True))
 
@@ -270,7 +270,7 @@ def test_a_legacy_save_is_hashed_where_sizes_match_and_read_again_on_a_collision
 
 
 def test_old_big_blobs_are_pruned_but_the_pushed_image_s_and_the_newest(tmp_path, monkeypatch):
-    from toolchain import blobs
+    from toolchain.publish import blobs
     monkeypatch.setattr(blobs, "BIG_BLOB", 1000)
     cache = BlobCache(tmp_path / "blobs", chunk=SMALL_CHUNK)
     made = []

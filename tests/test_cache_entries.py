@@ -1,4 +1,4 @@
-"""The user cache is read as untrusted (toolchain/cache.py read_entry, toolchain/venv_plan.py LayerIndex): an entry
+"""The user cache is read as untrusted (toolchain/cache.py read_entry, toolchain/image/venv_plan.py LayerIndex): an entry
 that is not what the toolchain wrote is dropped with a warning, and the layer is written again; nothing in it
 names a path outside its store, a console script the venv must not have, or a file that hangs the read."""
 import json
@@ -9,7 +9,7 @@ import time
 import pytest
 
 from toolchain import cache
-from toolchain.venv_plan import LayerIndex
+from toolchain.image.venv_plan import LayerIndex
 
 GOOD = {"diff_id": "sha256:" + "ab" * 32, "size": 1234, "scripts": [["ray", "#!/opt/venv/bin/python\n"]]}
 KEY = "0" * 64
@@ -85,7 +85,7 @@ def test_read_entry_refuses_what_is_not_a_regular_file(tmp_path):
 def test_blob_homes_keep_only_registry_and_repository_pairs(tmp_path):
     """A home that is not a registry address and a repository (a path that climbs into the registry's API, a
     query, a tag) is never asked about, and an entry holds at most MAX homes."""
-    from toolchain.blobs import BlobHomes
+    from toolchain.publish.blobs import BlobHomes
     homes = BlobHomes(tmp_path / "homes")
     digest = "sha256:" + "cd" * 32
     homes.root.mkdir()

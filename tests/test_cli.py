@@ -63,6 +63,8 @@ def test_env_override_reaches_config(tmp_path):
     ({"INVOKE_DEPLOY_COMMAND": "python x.py"}, "INVOKE_DEPLOY_COMMAND: command is a list"),
     ({"INVOKE_DEPLOY_PORT_BASE": "x"}, "INVOKE_DEPLOY_PORT_BASE"),
     ({"INVOKE_DEPLOY_CPUS_PER_NODE": "5000"}, "4096"),  # deploy.job.MAX_CPUS_PER_NODE, the settings' bound too
+    ({"INVOKE_DEPLOY": '{"nodes": 2}'}, "INVOKE_DEPLOY: deploy is a group of settings, not one value"),  # was ignored
+    ({"INVOKE_IMAGE_TORCH": "x"}, "INVOKE_IMAGE_TORCH: torch is a group of settings"),
 ])
 def test_uncastable_invoke_variables_exit_2_without_a_traceback(env, needle):
     r = inv("deploy", "--dry-run", env=env)
@@ -133,7 +135,10 @@ import sys
 sys.modules.update(ray=None, torch=None, numpy=None)   # any import of them now fails
 sys.path[:0] = [{root!r}, {tests!r}]
 import tasks                                            # every task's module
-from toolchain import pipeline, images, push, registry, wheelhouse, bootstrap
+from toolchain import pipeline
+from toolchain.image import images, bootstrap
+from toolchain.publish import push, local_registry
+from toolchain.wheels import wheelhouse
 from deploy.targets import TARGETS
 from conftest import make_settings
 from test_deploy_targets import record_images, SPECS
@@ -199,6 +204,19 @@ def test_bare_raytrain_and_help_list_the_tasks_first():
         head = res.stdout.split("Core options")[0]
         for task in ("build", "push", "deploy", "up", "run", "status", "down"):
             assert f"\n  {task} " in head, (argv, res.stdout[:500])
+
+
+def test_every_task_s_help_is_its_usage_whatever_its_arguments():
+    """`raytrain TASK --help` (and -h) prints the task's usage for every task listed, one with a positional
+    argument (spec.check FILE) included, and exits 0."""
+    raytrain = str(ROOT / ".venv" / "bin" / "raytrain")
+    listing = subprocess.run([raytrain, "--list"], capture_output=True, text=True, timeout=120).stdout
+    names = [line.split()[0] for line in listing.splitlines() if line.startswith("  ") and not line.startswith("   ")]
+    assert "spec.check" in names and len(names) > 10, listing
+    for name in names:
+        for flag in ("--help", "-h"):
+            res = subprocess.run([raytrain, name, flag], capture_output=True, text=True, timeout=120)
+            assert res.returncode == 0 and f"raytrain [--core-opts] {name} " in res.stdout, (name, flag, res)
 
 
 def test_help_into_a_pipe_whose_reader_left_says_nothing():

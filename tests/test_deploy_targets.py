@@ -263,3 +263,50 @@ def test_the_memory_setting_reaches_each_scheduler_and_a_bad_one_says_what_it_ta
     bad = settings.model_copy(update={"deploy": settings.deploy.model_copy(update={"memory": "5X"})})
     with pytest.raises(DeployError, match=r"memory: .*\(got \"5X\"\); expected: Memory per node, e\.g\. 64G"):
         deploy(bad, spec, target, dry_run=True)
+
+
+def test_a_deploy_says_when_the_code_changed_since_the_image_was_built(settings, tmp_path):
+    """The job runs the image's code: an edit after the build (a new script --torchrun names, say) is said
+    before anything is submitted; the code the image was built from is not."""
+    import io
+    import shutil
+    from toolchain.hashing import tree_hash
+    from toolchain.records import BuildRecord, write_builds
+    app = tmp_path / "app"
+    shutil.copytree(ROOT / "examples" / "train", app)
+    settings = make_settings(tmp_path / "proj", app)
+    record_images(settings, "slurm.json")
+    write_builds(settings.build_dir, [BuildRecord(
+        variant="cpu", local_ref="raytrain-cpu:x", human_ref="raytrain-cpu:latest", image_id="sha256:" + "9" * 64,
+        spec_sha256=spec_hash(SPECS / "slurm.json"), base_ref="b:1", deps_ref="d:1", app_ref="a:1", torch_source="pypi",
+        code_sha256=tree_hash(app))])
+
+    def said() -> str:
+        out = io.StringIO()
+        pipeline.deploy(settings, str(SPECS / "slurm.json"), "slurm", rep=Reporter(stream=out), dry_run=True,
+                        name="job1", gpus=0)
+        return out.getvalue()
+    assert "WARNING" not in said()
+    (app / "extra.py").write_text("print('new')\n")
+    warning = said()
+    assert f"WARNING: the code in {app} changed since the cpu image was built; the job runs the image's code" \
+        in warning and "build --variant cpu push" in warning, warning
+
+
+@pytest.mark.parametrize("out,says", [
+    ("-x", r"--out: '-x' starts with '-', as an option does"),
+    ("/dev/null/x", r"--out: /dev/null is not a directory, so /dev/null/x cannot be made there"),
+])
+def test_an_out_that_cannot_hold_the_artifacts_is_refused_in_a_dry_run_too(settings, out, says):
+    for dry_run in (True, False):
+        with pytest.raises(ConfigError, match=says):
+            deploy(settings, "slurm.json", "slurm", dry_run=dry_run, out=out)
+    assert not (settings.build_dir / "deploy").exists()
+
+
+@pytest.mark.parametrize("uri", ["s3://b/../../x", "s3://b//x", "gs://bucket/./runs", "s3://b/runs/."])
+def test_a_fileroot_store_with_a_part_that_names_another_place_is_refused_naming_the_flag(settings, uri):
+    with pytest.raises(Exception, match=r"--fileroot-store: an empty, '\.' or '\.\.' part names another place"):
+        deploy(settings, "kubernetes.json", "skypilot", dry_run=True, fileroot_store=uri)
+    res = deploy(settings, "kubernetes.json", "skypilot", dry_run=True, fileroot_store="s3://bucket/runs/team-a")
+    assert "s3://bucket/runs/team-a" in next(iter(res.rendered.values()))

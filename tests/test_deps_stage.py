@@ -1,4 +1,4 @@
-"""The dependency layers in the engine and the registry (toolchain/deps_stage.py, toolchain/push.py), on a
+"""The dependency layers in the engine and the registry (toolchain/image/deps_stage.py, toolchain/publish/push.py), on a
 small runnable base standing in for the user stage: the layers load in order and the image runs; a wheel
 removed leaves nothing behind; a changed wheel writes its own layer only; two projects that share a wheel
 share its layer, and the second push mounts it from the first one's repository (a real docker-registry)."""
@@ -16,11 +16,11 @@ import pytest
 from helpers.small_image import PlainRegistry, cleanup_pulled, runnable_base
 from test_venv_layer import make_wheel
 
-from toolchain import venv_plan
-from toolchain.deps_stage import DepsAssembly
-from toolchain.venv_plan import LayerIndex
+from toolchain.image import venv_plan
+from toolchain.image.deps_stage import DepsAssembly
+from toolchain.image.venv_plan import LayerIndex
 from toolchain.progress import Reporter
-from toolchain.venv_layer import Python, wheels_of
+from toolchain.image.venv_layer import Python, wheels_of
 
 PY = Python("3.11.2", "/usr/bin/python3", importlib.util.MAGIC_NUMBER.hex(), sys.implementation.cache_tag)
 SITE = "/opt/venv/lib/python3.11/site-packages"
@@ -125,7 +125,7 @@ def test_a_wheel_removed_leaves_no_file_behind_and_a_change_writes_only_its_laye
 def test_two_projects_share_a_wheel_s_layer_and_the_second_push_mounts_it(client, user, tmp_path, monkeypatch):
     """Two projects (other build directories, other wheel sets) with one wheel in common: the same layer
     digest, and the second project's push, told of no other repository, mounts it from the first's."""
-    from toolchain.push import push_image
+    from toolchain.publish.push import push_image
     monkeypatch.setenv("RAYTRAIN_CACHE", str(tmp_path / "cache"))  # the shared digest and home indexes
     images = []
     for project, own in (("p1", "alpha"), ("p2", "beta")):

@@ -20,7 +20,7 @@ import pytest
 
 from deploy.targets.pyxis import enroot, sqsh
 from helpers import enroot_fixture
-from toolchain.bootstrap import ensure_base
+from toolchain.image.bootstrap import ensure_base
 from toolchain.progress import Reporter
 
 CHROOT = shutil.which("chroot") or "/usr/sbin/chroot"

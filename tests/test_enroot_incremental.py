@@ -2,7 +2,7 @@
 squashfs-tools: same entries, modes, owners, link targets, configuration files and file contents.
 
 The lower image is the enroot fixture (tests/helpers/enroot_fixture.py: the cases enroot's import
-handles specially); the upper layers are assembled with toolchain/layers.py, as the build does, and
+handles specially); the upper layers are assembled with toolchain/image/layers.py, as the build does, and
 kept in a layer store. The cpu image's incremental .sqsh is compared and booted in tests/test_enroot.py.
 """
 import hashlib
@@ -16,7 +16,7 @@ import pytest
 from deploy.targets.pyxis import enroot, enroot_incremental, sqsh
 from helpers import enroot_fixture
 from runtime.wait import wait_until
-from toolchain import layers
+from toolchain.image import layers
 
 
 def tree_digest(sqsh: Path, dest: Path) -> dict[str, str]:

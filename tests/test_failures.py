@@ -41,7 +41,19 @@ class Probe:
 
 
 def on(node_id: str):
-    return ray.remote(Probe).options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+    # max_concurrency=2 as a group's WorkerHost: a worker inside a long call still answers a ping
+    return ray.remote(Probe).options(num_cpus=0, max_concurrency=2, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)).remote()
+
+
+def dead_within(actor, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.say.remote("still here"), timeout=max(0.1, deadline - time.monotonic()))
+        except ray.exceptions.RayActorError:
+            return True
+        time.sleep(0.1)
+    return False
 
 
 @pytest.mark.cluster  # starts real Ray nodes
@@ -67,7 +79,8 @@ def test_the_detector_finds_the_lost_rank_its_node_and_log_from_a_view_alone(two
     failure = detector.locate(stuck, [0], err.value)
     assert failure.rank == 0 and failure.cause == "no answer within 1.5s (stuck)" and not failure.node_lost
 
-    ray.kill(workers[1], no_restart=True)
+    ray.kill(workers[1], no_restart=True)  # asynchronous: the test goes on once Ray reports the worker dead
+    assert dead_within(workers[1], 60)
     rank, silent, answered = detector.lost_worker(5)
     assert (rank, silent) == (1, False)
     assert detector.node_alive(1, answered)  # its spare answered: the node works, only the worker is gone

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from deploy.targets import TARGETS
+from deploy.targets import TARGETS, check_handle
 from helpers import jobs
 from runtime.errors import InputError
 from runtime.cluster.identity import detect
@@ -323,11 +323,10 @@ GOOD_HANDLES = {"slurm": {"job_id": "42", "head_node": "n1", "log": "/tmp/raytra
 def _a_held_record_passes_only_values_a_tool_reads_as_one_value(target, data):
     """build/clusters.json's handle, any text in any field: refused naming the field, or every value
     that reaches squeue/scancel/srun/sky/kubectl is one argument that is not an option."""
-    from deploy import handles
     field = data.draw(st.sampled_from(HANDLE_FIELDS[target]))
     handle = {**GOOD_HANDLES[target], field: data.draw(st.one_of(TEXT, PLAUSIBLE, PLAUSIBLE))}
     try:
-        checked = handles.check(target, handle, "clusters.json [job]", "job")
+        checked = check_handle(target, handle, "clusters.json [job]", "job")
     except InputError as e:
         assert f"handle.{field}" in str(e)
         OUTCOMES["held records"]["refused"] += 1

@@ -111,7 +111,8 @@ def test_a_records_file_that_is_not_a_regular_file_is_named(tmp_path, tools, wha
     else:
         clusters.symlink_to(tmp_path / "missing")
     r = invoke(tmp_path, tools, "status")
-    assert r.returncode == 2 and "clusters.json: not a regular file" in r.stderr, r.stderr
+    assert r.returncode == 2 and ("clusters.json is not a regular file" in r.stderr
+                                  or "clusters.json cannot be opened as a file (a link)" in r.stderr), r.stderr
 
 
 def test_a_record_filed_under_another_name_is_refused(tmp_path, tools):
@@ -169,7 +170,7 @@ def test_a_held_run_that_fails_leaves_runs_json_as_it_was(tmp_path, tools):
     build/runs.json byte for byte as before (a failed run is not the run `invoke build` reproduces)."""
     from runtime.spec import spec_hash
     from toolchain import project
-    from toolchain.images import source_keys
+    from toolchain.image.images import source_keys
     settings = project.settings(ROOT)
     keys = source_keys(settings)
     bin_dir, log = tools
@@ -185,3 +186,19 @@ def test_a_held_run_that_fails_leaves_runs_json_as_it_was(tmp_path, tools):
     assert r.returncode == 1 and "failed with exit code 5" in r.stderr, (r.stdout, r.stderr)
     assert any(c.startswith("srun --jobid=42") for c in log.read_text().splitlines())  # the step did run
     assert runs.read_bytes() == before
+
+
+def test_every_holding_target_reaches_its_clusters_through_one_typed_seam():
+    """A target that holds clusters names its handle model (the one registry: deploy.targets.TARGETS) and
+    either a HeldOps module or its own three operations; an unknown target name is refused by name."""
+    from deploy.targets import HOLDING, TARGETS, check_handle
+    from deploy.targets.base import HeldOps, Target
+    from runtime.errors import InputError
+    assert HOLDING == [n for n, t in TARGETS.items() if t.handle is not None]
+    for name in HOLDING:
+        t = TARGETS[name]
+        overrides = all(getattr(type(t), op) is not getattr(Target, op) for op in ("held_status", "held_run", "held_down"))
+        assert overrides or isinstance(t.held, HeldOps), name
+    assert type(check_handle("pyxis", {**SLURM, "container": "raytrain-head-42"}, "test", "job")).__name__ == "SlurmHandle"
+    with pytest.raises(InputError, match="target 'nomad' holds no clusters"):
+        check_handle("nomad", SLURM, "clusters.json [job]", "job")

@@ -2,7 +2,9 @@
 import io
 import json
 import marshal
+import os
 import re
+import subprocess
 import sys
 import tarfile
 import uuid
@@ -10,9 +12,9 @@ import uuid
 from conftest import SPEC, run_in
 from test_venv_layer import make_wheel
 from runtime.spec import spec_hash
-from toolchain import bytecode, layers
-from toolchain.images import SPEC_PATH_IN_IMAGE
-from toolchain.venv_layer import LayerWriter, Python, planned_modules, top_layer, wheels_of
+from toolchain.image import bytecode, layers
+from toolchain.image.images import SPEC_PATH_IN_IMAGE, git_revision
+from toolchain.image.venv_layer import LayerWriter, Python, planned_modules, top_layer, wheels_of
 
 
 def test_cpu_image_selfcheck(client, built):
@@ -50,6 +52,24 @@ def test_labels(client, built):
         assert labels["io.raytrain.toolchain-version"]
 
 
+def test_the_revision_label_is_the_commit_in_a_checkout_another_user_owns(tmp_path):
+    """A CI job's user is often not the checkout's owner (git: "dubious ownership"): the label is still
+    the commit, so the image does not depend on who built it."""
+    if os.geteuid() != 0:
+        import pytest
+        pytest.skip("needs root, to give the checkout to another user (CI runs as root)")
+    git = ["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    subprocess.run([*git, "add", "train.py"], check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    for path in [tmp_path, *tmp_path.rglob("*")]:
+        os.lchown(path, 4242, 4242)
+    assert git_revision(tmp_path / ".") == head
+    assert git_revision(tmp_path / "nothing-here") == "unknown"
+
+
 def test_gpu_torch_is_cuda_build_and_base_shared(client, built):
     out = run_in(client, built["gpu"]["local_ref"], ["python", "-m", "runtime", "selfcheck", "--require-cuda"])
     assert json.loads(out.strip().splitlines()[-1])["torch_cuda"]
@@ -83,7 +103,7 @@ def test_equal_inputs_give_equal_tags(settings, built):
 
 def test_hostile_label_values_round_trip(client, built):
     """Labels go into the assembled image's JSON config: quotes, $, backslashes, newlines come back verbatim."""
-    from toolchain import layers
+    from toolchain.image import layers
     hostile = {"io.raytrain.test-a": 'x"; $(touch /tmp/pwned) `id` \\ ${HOME}', "io.raytrain.test-b": "a b=c '*' & {\n}"}
     lower = client.images.get(built["cpu"]["base_ref"]).attrs
     layer = layers.make_layer([("etc/raytrain-test", b"x", False)])
@@ -97,7 +117,7 @@ def test_hostile_label_values_round_trip(client, built):
 
 
 def test_the_venv_is_byte_compiled_for_the_image_interpreter(client, built):
-    """The bytecode layer (toolchain/bytecode.py): ray's and torch's modules load from their .pyc, which
+    """The bytecode layer (toolchain/image/bytecode.py): ray's and torch's modules load from their .pyc, which
     the image's own Python accepts (a stale or foreign .pyc would be compiled again: 'code object from'
     the source instead)."""
     out = run_in(client, built["cpu"]["local_ref"], ["sh", "-c", "python -v -c 'import ray, torch' 2>&1"])
@@ -108,7 +128,7 @@ def test_the_venv_is_byte_compiled_for_the_image_interpreter(client, built):
 
 
 def test_the_container_compile_agrees_with_the_host_compile(client, built, tmp_path):
-    """The two ways to the bytecode layer (toolchain/bytecode.py) give the same files: the host's workers
+    """The two ways to the bytecode layer (toolchain/image/bytecode.py) give the same files: the host's workers
     while the venv is written, and `compileall` in a container of the image (the way for a base whose
     Python is not the host's). Same names, same headers (magic, unchecked-hash flag, source hash), and the
     same code once loaded; the image's interpreter accepts the host's files (the test above)."""
@@ -150,14 +170,14 @@ def test_the_container_compile_agrees_with_the_host_compile(client, built, tmp_p
 
 
 def test_the_image_imports_every_top_level_module_of_every_wheel(client, built, settings):
-    """One layer per wheel (toolchain/venv_plan.py) still makes one venv: every distribution of the
+    """One layer per wheel (toolchain/image/venv_plan.py) still makes one venv: every distribution of the
     wheelhouse is installed, and each of its top-level modules imports."""
     from pathlib import Path
     script = (Path(__file__).parent / "helpers" / "import_every_top_level.py").read_text()
     out = run_in(client, built["cpu"]["local_ref"], ["python", "-c", script]).strip().splitlines()
     modules, dists = map(int, out[0].split())
     from toolchain.progress import Reporter
-    from toolchain.wheelhouse import ensure_wheelhouse
+    from toolchain.wheels.wheelhouse import ensure_wheelhouse
     wh = ensure_wheelhouse(settings, "cpu", "3.11", Reporter(quiet=True))  # the set the build used
     assert dists == len(wh.wheels) and modules >= dists and out[1:] == []
 

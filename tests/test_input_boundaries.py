@@ -197,7 +197,7 @@ def test_a_record_with_a_duplicate_key_or_unreadable_is_refused(tmp_path):
     with pytest.raises(InputError, match="appears twice.*invoke push"):
         records.read_pushes(build)
     # a regular file that cannot be read (even by root): /proc/self/mem
-    with pytest.raises(InputError, match="cannot read it"):
+    with pytest.raises(InputError, match="/proc/self/mem cannot be read"):
         records._read(Path("/proc/self/mem"), records.PushRecord, "invoke push")
 
 
@@ -447,7 +447,7 @@ def test_registry_stop_signals_only_the_registry_it_started(tmp_path, app_dir, p
     """registry.pid naming another process (here a `sleep`), a process group, every process (-1) or
     garbage: `registry.stop` signals nothing and removes the file."""
     from conftest import make_settings
-    from toolchain.registry import _paths, stop_local
+    from toolchain.publish.local_registry import _paths, stop_local
     s = make_settings(tmp_path / "w", app_dir)
     bystander = subprocess.Popen(["sleep", "60"], start_new_session=True)
     try:
@@ -507,3 +507,40 @@ def test_a_bom_inside_and_aliases_that_expand_past_the_bound_are_refused(tmp_pat
     with pytest.raises(ConfigFileError, match="aliases expand to more than 20000 values"):
         config_files.load_yaml(tmp_path / "doubling.yaml")
     assert time.monotonic() - t0 < 5
+
+
+def test_registry_stop_says_when_a_registry_it_did_not_start_answers(tmp_path):
+    """A pid file naming another process (or a FIFO in its place), and a registry answering at the address:
+    `registry.stop` signals nothing and says that registry is not this project's, instead of 'not running'."""
+    import http.server
+    import threading
+
+    class V2(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args):
+            pass
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), V2)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    data = tmp_path / "registry"
+    data.mkdir()
+    env = {"INVOKE_REGISTRY_ADDRESS": f"127.0.0.1:{server.server_address[1]}", "INVOKE_REGISTRY_DATA_DIR": str(data)}
+    try:
+        for decoy in ("pid", "fifo"):
+            if decoy == "pid":
+                (data / "registry.pid").write_text(str(os.getpid()))
+            else:
+                os.mkfifo(data / "registry.pid")
+            r = raytrain("registry.stop", env=env, timeout=30)
+            assert r.returncode == 0 and "not stopped: a registry answers at 127.0.0.1:" in r.stdout, (r.stdout, r.stderr)
+            assert not (data / "registry.pid").exists()
+        server.shutdown()
+        server.server_close()
+        r = raytrain("registry.stop", env=env, timeout=30)
+        assert "not running (nothing started by this project)" in r.stdout, r.stdout
+    finally:
+        server.server_close()

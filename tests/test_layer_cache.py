@@ -72,7 +72,7 @@ def test_the_assembled_layers_are_kept_in_the_layer_store(client, built, edited_
     when the stages are reused from the engine: made again from the same files, same bytes."""
     import hashlib
 
-    from toolchain.images import LAYER_STORE
+    from toolchain.image.images import LAYER_STORE
     s, _ = edited_project  # a fresh build dir: every stage is reused, the store starts empty
     out = pipeline.build(s, str(SPEC), "cpu", Reporter())["images"]["cpu"]
     store = s.build_dir / LAYER_STORE
@@ -92,7 +92,7 @@ def test_the_pushed_image_s_lower_layers_are_those_the_sqsh_cache_is_keyed_on(cl
     layer, keyed on its diff IDs, and finds it in a local image: for the image as pushed (resolved by
     its digest, as `deploy --sqsh` names it) that chain is the deps stage's, which the engine has."""
     from deploy.targets.pyxis import enroot_incremental as inc
-    from toolchain.images import LAYER_STORE
+    from toolchain.image.images import LAYER_STORE
     from toolchain.records import read_pushes
     ref = read_pushes(settings.build_dir)["cpu"].repo_digest.docker()
     chain = client.images.get(ref).attrs["RootFS"]["Layers"]

@@ -1,5 +1,5 @@
-"""The engine side of the directly assembled layers (toolchain/layers.py), on small images: layers loaded
-in batches on a base (as the dependency layers are: toolchain/deps_stage.py) keep their diff IDs and run,
+"""The engine side of the directly assembled layers (toolchain/image/layers.py), on small images: layers loaded
+in batches on a base (as the dependency layers are: toolchain/image/deps_stage.py) keep their diff IDs and run,
 and an image whose layer neither the archive nor the engine has is refused."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import docker
 import pytest
 from helpers.small_image import runnable_base
 
-from toolchain import layers
+from toolchain.image import layers
 
 
 @pytest.fixture

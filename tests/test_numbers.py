@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, strategies as st
 
 from deploy.job import numeric_user
-from deploy.targets import k8s
+from deploy.targets import seeds
 from runtime import numbers
 from runtime.errors import InputError
 from runtime.imageref import ImageRef, ImageRefError
@@ -31,7 +31,7 @@ def test_unicode_digits_signs_and_separators_are_refused_everywhere(text):
         numbers.whole(text, "--x")
     if not numbers.is_whole(text.strip()):  # --seeds is a whitespace- or comma-separated list
         with pytest.raises(Exception, match="--seeds"):
-            k8s.parse_seeds(text or "²")
+            seeds.parse_seeds(text or "²")
     assert numeric_user(f"{text}:{text}") == (None, None) or text == ""
     with pytest.raises(ImageRefError):
         ImageRef.parse(f"registry.example.com:{text or '²'}/x@sha256:" + "a" * 64)

@@ -113,7 +113,7 @@ def test_push_to_a_registry_that_asks_for_bearer_tokens(client, tmp_path, monkey
     pytest.importorskip("cryptography")
     from helpers.small_image import cleanup_pulled, small_image
     from helpers.token_auth import TokenRegistry, TokenService
-    from toolchain.push import push_image
+    from toolchain.publish.push import push_image
     password = uuid.uuid4().hex
     service = TokenService(tmp_path, "trainer", password)
     reg = TokenRegistry(tmp_path / "reg", service)
@@ -183,3 +183,52 @@ def test_logins_are_read_as_the_docker_cli_stores_them(tmp_path, monkeypatch):
     (config / "config.json").write_text("{broken")
     with pytest.raises(RegistryError, match=f"{config / 'config.json'}: not readable as the Docker config"):
         credentials("reg.example.com:5000")
+
+
+def test_a_docker_config_that_is_no_bounded_file_is_one_line_at_once(tmp_path, monkeypatch):
+    """A FIFO (nobody writes it), a link to /dev/zero, a file past the bound, JSON nested past the parser's
+    depth: each is a RegistryError naming the file within a second, never a hang, a MemoryError or a traceback."""
+    import time
+    from deploy.registry import auth
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    path = tmp_path / "config.json"
+
+    def refused(says: str) -> None:
+        t0 = time.monotonic()
+        with pytest.raises(RegistryError, match=f"{path}: .*{says}"):
+            auth.credentials("reg.example.com:5000")
+        assert time.monotonic() - t0 < 1
+        path.unlink()
+    os.mkfifo(path)
+    refused("the Docker config is not a regular file")
+    path.symlink_to("/dev/zero")
+    refused("the Docker config is not a regular file")
+    path.write_bytes(b" " * (auth.MAX_DOCKER_CONFIG + 1))
+    refused(f"is {auth.MAX_DOCKER_CONFIG + 1} bytes, more than the {auth.MAX_DOCKER_CONFIG}")
+    path.write_text("[" * 200_000 + "]" * 200_000)
+    refused("not readable as the Docker config")
+
+
+def test_a_credential_helper_is_bounded_in_time_and_output(tmp_path, monkeypatch):
+    """A helper that never answers is cut at the bound given; one that prints without end is stopped at
+    MAX_HELPER_OUTPUT: each is one RegistryError naming the helper, within seconds, memory flat."""
+    import time
+    from deploy.registry import auth
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, body in (("sleepy", "sleep 30"), ("chatty", "yes '{\"Username\": \"x\"}'")):
+        helper = bin_dir / f"docker-credential-{name}"
+        helper.write_text(f"#!/bin/sh\n{body}\n")
+        helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("DOCKER_CONFIG", str(tmp_path))
+    (tmp_path / "config.json").write_text(json.dumps({"credsStore": "sleepy"}))
+    t0 = time.monotonic()
+    with pytest.raises(RegistryError, match="docker-credential-sleepy get did not answer within 1 s"):
+        auth.credentials("reg.example.com:5000", timeout_s=1.0)
+    assert time.monotonic() - t0 < 5
+    (tmp_path / "config.json").write_text(json.dumps({"credsStore": "chatty"}))
+    t0 = time.monotonic()
+    with pytest.raises(RegistryError, match=f"docker-credential-chatty get printed more than {auth.MAX_HELPER_OUTPUT}"):
+        auth.credentials("reg.example.com:5000", timeout_s=10.0)
+    assert time.monotonic() - t0 < 5

@@ -1,5 +1,5 @@
 """A user's project: its settings found from the current directory, its requirements as the user keeps
-them, and `raytrain init` (toolchain/project.py, toolchain/requirements.py, toolchain/scaffold.py).
+them, and `raytrain init` (toolchain/project.py, toolchain/wheels/requirements.py, toolchain/scaffold.py).
 Engine-free: the build of such a project is tests/test_packaging.py's."""
 import json
 import os
@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from toolchain import project, requirements
+from toolchain import project
+from toolchain.wheels import requirements
 from toolchain.errors import ConfigError
 from toolchain.boundary import ConfigFileError
 

@@ -178,7 +178,7 @@ def test_auth_denied_is_clear(client, proxied):
     with pytest.raises(RegistryError, match="docker login"):
         pipeline.push(s, str(SPEC), "cpu", Reporter())
     # not retried: each layer in flight when the first refusal came asked once (a retry asks again)
-    from toolchain.push import UPLOADS_AT_ONCE
+    from toolchain.publish.push import UPLOADS_AT_ONCE
     assert 1 <= proxy.count <= UPLOADS_AT_ONCE
     assert read_pushes(s.build_dir) == {}
 
@@ -218,8 +218,8 @@ def _big_upload_under_way(data_dir) -> bool:
 
 @pytest.mark.parametrize("comes_back", [True, False], ids=["restarted", "gone-for-good"])
 def test_registry_killed_mid_upload(client, big_image, tmp_path, app_dir, comes_back):
-    from toolchain.push import push_image
-    from toolchain.registry import start_local, stop_local
+    from toolchain.publish.push import push_image
+    from toolchain.publish.local_registry import start_local, stop_local
     s = make_settings(tmp_path / "w", app_dir, registry_address="127.0.0.1:5088", retries=4)
     s.registry.data_dir = str(tmp_path / "reg")
     start_local(s, Reporter(quiet=True))
@@ -282,7 +282,7 @@ def test_a_layer_another_repository_has_is_mounted_not_sent(client, small, tmp_p
     """The gpu image after the cpu one (pipeline.push passes the registry's other repositories): the
     layers they share are mounted across repositories, not uploaded again."""
     from helpers.small_image import PlainRegistry
-    from toolchain.push import push_image
+    from toolchain.publish.push import push_image
     reg = PlainRegistry(tmp_path / "reg")
     kw = dict(layer_store=small.store, blob_cache=tmp_path / "blobs", candidates=[small.base_ref])
     try:
@@ -304,7 +304,7 @@ def push_big(client, big_image, tmp_path):
     """push_big(): the big image pushed to a registry of its own from an empty blob cache, with the
     layer store; (result, what it said, the registry's address)."""
     from helpers.small_image import PlainRegistry
-    from toolchain.push import push_image
+    from toolchain.publish.push import push_image
     reg = PlainRegistry(tmp_path / "reg")
 
     def push():
@@ -353,7 +353,7 @@ def test_a_digest_cache_entry_that_names_another_layer_s_blob_is_not_used(client
     the manifest names the real blob and the image pulls back whole."""
     from helpers.small_image import PlainRegistry
     from toolchain import cache
-    from toolchain.push import push_image
+    from toolchain.publish.push import push_image
     monkeypatch.setenv(cache.ENV, str(tmp_path / "cache"))
     reg = PlainRegistry(tmp_path / "reg")
     try:
@@ -384,10 +384,52 @@ def test_a_digest_cache_entry_that_names_another_layer_s_blob_is_not_used(client
         cleanup_pulled(client, reg.address)
 
 
+def test_a_fresh_runner_s_push_compresses_only_the_layers_the_registry_lacks(client, small, tmp_path, monkeypatch):
+    """A runner with an empty cache (no blob cache, no digest index: a fresh CI runner) pushes an image one
+    layer above the one a previous push left under the same tag: the layers that image has are paired with
+    their blobs by its manifest and config (toolchain/image/previous_image.py), not compressed; the new layer is
+    the only one compressed and uploaded, and the image pulls back whole."""
+    import uuid
+    from helpers.small_image import PlainRegistry
+    from toolchain import cache
+    from toolchain.image import layers
+    from toolchain.publish.push import push_image
+    monkeypatch.setenv(cache.ENV, str(tmp_path / "cache-before"))
+    reg = PlainRegistry(tmp_path / "reg")
+    target = f"{reg.address}/team/app"
+    new_ref = f"raytrain-pushtest:added-{uuid.uuid4().hex[:8]}"
+    try:
+        push_image(client, "cpu", small.image_id, target, ["cpu-latest"], 0, 0.1, Reporter(quiet=True), 30,
+                   layer_store=small.store, blob_cache=tmp_path / "blobs-before", candidates=[small.base_ref])
+        lower = client.images.get(small.image_id).attrs
+        added = layers.make_layer([("opt/added.txt", b"a wheel added\n", False)])
+        store = tmp_path / "store-after"
+        new_id = layers.load(client, [added], layers.image_config(lower, [*lower["RootFS"]["Layers"], added.diff_id]),
+                             new_ref, store)
+        monkeypatch.setenv(cache.ENV, str(tmp_path / "cache-fresh"))
+        said = io.StringIO()
+        res = push_image(client, "cpu", new_id, target, ["cpu-latest"], 0, 0.1, Reporter(stream=said), 30,
+                         layer_store=store, blob_cache=tmp_path / "blobs-fresh", candidates=[small.ref, small.base_ref])
+        assert (res.layers_known_from_registry, res.layers_compressed, res.layers_pushed) == (2, 1, 1), said.getvalue()
+        assert res.bytes_compressed == added.size
+        client.images.remove(new_ref, force=True)
+        pulled = res.repo_digest.docker()
+        assert client.images.pull(pulled).id == new_id
+        assert client.containers.run(pulled, ["cat", "/opt/added.txt", "/opt/hello.txt"], remove=True) == (
+            b"a wheel added\n" + small.text)
+    finally:
+        reg.stop()
+        cleanup_pulled(client, reg.address)
+        try:
+            client.images.remove(new_ref, force=True)
+        except Exception:  # noqa: BLE001 - removed above when the test got that far
+            pass
+
+
 def test_the_local_registry_and_the_blob_cache_store_each_blob_once(pushed, settings):
     """The registry this tool runs keeps its files beside the project: each pushed layer's cached blob
     is the registry's file (one inode), not a second copy of its bytes."""
-    from toolchain.push import BLOB_CACHE
+    from toolchain.publish.push import BLOB_CACHE
     storage = Path(settings.registry.data_dir) / "storage" / "docker" / "registry" / "v2" / "blobs" / "sha256"
     shared = 0
     for side in (settings.build_dir / BLOB_CACHE).glob("*.json"):

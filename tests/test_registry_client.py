@@ -455,3 +455,22 @@ def test_a_token_service_that_trickles_is_cut_off_and_named(tmp_path):
     finally:
         issuer.close()
         reg.close()
+
+
+@pytest.mark.parametrize("mode", ["headers", "body"])
+def test_the_scheme_probe_is_bounded_by_its_timeout(mode):
+    """The probe a push records the scheme with (and ping) ends within its timeout whatever the registry
+    sends: header lines that never end are cut at the deadline; a body that trickles is never read."""
+    import time
+    from deploy.registry.address import ping, scheme
+    slow = Trickle(mode)
+    try:
+        t0 = time.monotonic()
+        said = scheme(slow.address, timeout=1.0)
+        assert time.monotonic() - t0 < 6, mode  # the stand-in trickles for 60 s; TLS, plain HTTP, TLS again
+        assert said == ("unknown" if mode == "headers" else "http")
+        t0 = time.monotonic()
+        assert ping(slow.address, timeout=1.0) is (mode == "body")
+        assert time.monotonic() - t0 < 4
+    finally:
+        slow.close()

@@ -8,7 +8,8 @@ import io
 
 
 from conftest import SPEC, make_settings
-from toolchain import layers, pipeline
+from toolchain.image import layers
+from toolchain import pipeline
 from toolchain.progress import Reporter
 
 

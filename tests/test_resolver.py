@@ -1,11 +1,11 @@
-"""The requirement set's resolution for the image (toolchain/resolver.py): uv, against the real index, keeps
+"""The requirement set's resolution for the image (toolchain/wheels/resolver.py): uv, against the real index, keeps
 the newest release of a package whose dependency is published only as an sdist, where pip's wheels-only
 resolution steps back to an old one; the pool's wheel for each pin is the one the image takes."""
 import pytest
 from packaging.version import Version
 
-from toolchain import resolver
-from toolchain.wheelhouse import _pip_download
+from toolchain.wheels import resolver
+from toolchain.wheels.wheelhouse import _pip_download
 
 PY = "3.11"
 

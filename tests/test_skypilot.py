@@ -191,7 +191,7 @@ def test_a_failed_launch_says_how_to_remove_what_it_left_and_destroy_removes_it(
 def test_a_held_cluster_of_a_profile_image_takes_code_from_a_tree_built_without_the_flag(tmp_path):
     """`build --profile skypilot` then `run`: the profile's layers are above the app's, so the guard that
     refuses a change below the code must not count the profile (seen on a real SkyPilot cluster)."""
-    from toolchain.images import source_keys
+    from toolchain.image.images import source_keys
     plain = _settings(tmp_path / "build")
     profiled = plain.model_copy(update={"image": plain.image.model_copy(update={"profile": "skypilot"})})
     assert source_keys(plain) == source_keys(profiled)

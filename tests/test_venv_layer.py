@@ -1,4 +1,4 @@
-"""The dependency layers assembled directly from wheels (toolchain/venv_layer.py, toolchain/venv_plan.py),
+"""The dependency layers assembled directly from wheels (toolchain/image/venv_layer.py, toolchain/image/venv_plan.py),
 engine-free: a wheel gives the same layer bytes from any checkout, and the layers together hold a venv as
 an installer makes it. The real layers, from the 3.9 GiB wheelhouse, are exercised by every image test
 (tests/test_images.py runs the selfcheck, which imports torch and ray from them)."""
@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from toolchain import bytecode
-from toolchain.bytecode import host_can_compile
+from toolchain.image import bytecode
+from toolchain.image.bytecode import host_can_compile
 from toolchain.errors import BuildError
-from toolchain import venv_plan
-from toolchain.venv_layer import LayerWriter, Python, check_conflicts, planned_modules, top_layer, wheels_of
+from toolchain.image import venv_plan
+from toolchain.image.venv_layer import LayerWriter, Python, check_conflicts, planned_modules, top_layer, wheels_of
 
 PY = Python("3.11.2", "/usr/bin/python3")
 SITE = "opt/venv/lib/python3.11/site-packages"
@@ -279,7 +279,7 @@ def test_the_host_compiles_only_for_the_image_s_bytecode():
 
 
 def test_a_damaged_wheel_member_is_named_and_leaves_no_layer(wheelhouse, tmp_path):
-    """Members are inflated by toolchain/wheel_members.py, not zipfile: its CRC-32 check is theirs too."""
+    """Members are inflated by toolchain/image/wheel_members.py, not zipfile: its CRC-32 check is theirs too."""
     wheel = make_wheel(wheelhouse, "omega", "1.0", {"omega/__init__.py": b"VALUE = 'intact'\n"})
     with zipfile.ZipFile(wheel) as z:  # a stored copy, then one byte of the member changed, sizes kept
         content = {i.filename: z.read(i) for i in z.infolist()}

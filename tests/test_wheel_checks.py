@@ -1,4 +1,4 @@
-"""Hostile and broken wheels (toolchain/wheel_checks.py, toolchain/venv_layer.py): each is refused with one
+"""Hostile and broken wheels (toolchain/wheels/wheel_checks.py, toolchain/image/venv_layer.py): each is refused with one
 line naming the wheel's file, before a layer is written, and leaves no layer behind. Engine-free."""
 from __future__ import annotations
 
@@ -7,15 +7,16 @@ import struct
 import warnings
 import tarfile
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from tests.test_venv_layer import PY, SITE, make_wheel, members, write
-from toolchain import wheel_checks
+from toolchain.wheels import wheel_checks
 from toolchain.errors import BuildError
-from toolchain.venv_layer import check_conflicts, in_scheme, wheels_of
+from toolchain.image.venv_layer import check_conflicts, in_scheme, wheels_of
 
 
 def _only(wheel: Path, tmp_path: Path) -> Path:
@@ -70,6 +71,54 @@ def test_names_are_normalised_and_two_spellings_of_one_path_conflict(tmp_path):
     layers_, _ = write([a], tmp_path / "store")
     names = [m.name for m in members(layers_[0].path)]
     assert f"{SITE}/sharedns/x.py" in names and not any("/./" in n or n.endswith("/..") for n in names)
+
+
+def _forge_crc32(data: bytes, wanted: int) -> bytes:
+    """Four bytes that, appended to DATA, give the CRC-32 WANTED (the register run backwards)."""
+    table = []
+    for i in range(256):
+        c = i
+        for _ in range(8):
+            c = (c >> 1) ^ 0xEDB88320 if c & 1 else c >> 1
+        table.append(c)
+    top = {table[i] >> 24: i for i in range(256)}
+    w, picks = wanted ^ 0xFFFFFFFF, []
+    for _ in range(4):
+        picks.append(top[w >> 24])
+        w = ((w ^ table[picks[-1]]) << 8) & 0xFFFFFFFF
+    crc, out = zlib.crc32(data) ^ 0xFFFFFFFF, bytearray()
+    for i in reversed(picks):
+        out.append((crc ^ i) & 0xFF)
+        crc = (crc >> 8) ^ table[i]
+    return bytes(out)
+
+
+def test_two_wheels_whose_one_path_differs_only_past_its_crc_conflict(tmp_path):
+    """Equal size and CRC-32, other bytes: the RECORD's sha256 tells them apart."""
+    good = b"mode = 'safe' ......."
+    evil = b"mode = 'evil' ..."
+    evil += _forge_crc32(evil, zlib.crc32(good))
+    assert len(evil) == len(good) and zlib.crc32(evil) == zlib.crc32(good) and evil != good
+    a = make_wheel(tmp_path, "one", "1.0", {"shared/conf.txt": good})
+    b = make_wheel(tmp_path, "two", "1.0", {"shared/conf.txt": evil})
+    with pytest.raises(BuildError, match=r"one-1\.0-py3-none-any\.whl and two-1\.0-py3-none-any\.whl both install "
+                                         r"/opt/venv/.*/shared/conf\.txt, with different contents"):
+        check_conflicts([a, b], PY, "/opt/venv")
+
+
+def test_a_console_script_may_not_hide_a_file_or_another_wheel_s_script(tmp_path):
+    tool = make_wheel(tmp_path, "tool", "1.0", {"tool-1.0.data/scripts/runme": b"#!python\nprint('data script')\n"})
+    cli = make_wheel(tmp_path, "cli", "1.0", {"cli/__init__.py": b""}, entry_points="[console_scripts]\nrunme = cli:main\n")
+    cli2 = make_wheel(tmp_path, "clitwo", "1.0", {"clitwo/__init__.py": b""},
+                      entry_points="[console_scripts]\nrunme = clitwo:main\n")
+    with pytest.raises(BuildError, match=r"tool-1\.0-py3-none-any\.whl and cli-1\.0-py3-none-any\.whl both install "
+                                         r"/opt/venv/bin/runme, \(a file, and a console script over it\)"):
+        check_conflicts([tool, cli], PY, "/opt/venv")
+    with pytest.raises(BuildError, match=r"cli-1\.0-py3-none-any\.whl and clitwo-1\.0-py3-none-any\.whl both install "
+                                         r"/opt/venv/bin/runme, as console scripts"):
+        check_conflicts([cli, cli2], PY, "/opt/venv")
+    check_conflicts([tool], PY, "/opt/venv")  # alone, each is fine
+    check_conflicts([cli], PY, "/opt/venv")
 
 
 def test_in_scheme_keeps_every_name_inside_and_normalised():
@@ -140,6 +189,51 @@ def test_a_member_whose_bytes_differ_from_its_record_line_is_refused(tmp_path):
     _rewrite(w, [(n, b"VALUE = 'evil'\n" if n == "altered/__init__.py" else d) for n, d in _contents(w)])
     _refused(_only(w, tmp_path), r"altered-1\.0-py3-none-any\.whl: /opt/venv/.*altered/__init__\.py does not match "
                                  r"the sha256 its RECORD gives", tmp_path)
+
+
+def _with_record(wheel: Path, edit) -> None:
+    """WHEEL with its RECORD's text passed through EDIT."""
+    _rewrite(wheel, [(n, edit(d.decode()).encode() if n.endswith(".dist-info/RECORD") else d)
+                     for n, d in _contents(wheel)])
+
+
+@pytest.mark.parametrize("edit,says", [
+    # other bytes of another size, the RECORD as it was: refused, not taken unverified
+    (None, r"its RECORD gives 'rec/__init__\.py' the size '15'; the archive holds 30 bytes"),
+    (lambda r: r.replace(",sha256=", ",md5=", 1), r"its RECORD gives 'rec/__init__\.py' the hash 'md5=.*not a sha256"),
+    (lambda r: r.replace("rec/__init__.py,sha256=", "rec/__init__.py,sha256=xx", 1), r"not a sha256"),
+    (lambda r: r.replace("rec/__init__.py,", "rec/__init__.py,,", 1), r"its RECORD has a malformed row"),
+    (lambda r: "\n".join(l for l in r.splitlines() if not l.startswith("rec/__init__.py,")),
+     r"its RECORD gives no hash for 'rec/__init__\.py'"),
+    (lambda r: "\n".join("rec/__init__.py,," if l.startswith("rec/__init__.py,") else l for l in r.splitlines()),
+     r"its RECORD gives no hash for 'rec/__init__\.py'"),
+    (lambda r: "\n".join(l if not l.startswith("rec/__init__.py,") else l.rsplit(",", 1)[0] + ",999"
+                          for l in r.splitlines()), r"its RECORD gives 'rec/__init__\.py' the size '999'"),
+    (lambda r: r + "\n\"a,b\n", r"its RECORD has a malformed row"),
+])
+def test_record_is_checked_as_installer_checks_it(tmp_path, edit, says):
+    """Every member but RECORD has a sha256 in RECORD, its size where one is given, rows well formed; each
+    failure is one line naming the wheel, before anything is written."""
+    w = make_wheel(tmp_path, "rec", "1.0", {"rec/__init__.py": b"VALUE = 'good'\n"})
+    if edit is not None:
+        _with_record(w, edit)
+    else:
+        _rewrite(w, [(n, b"VALUE = 'a longer evil value'\n" if n == "rec/__init__.py" else d) for n, d in _contents(w)])
+    _refused(_only(w, tmp_path), r"rec-1\.0-py3-none-any\.whl: .*" + says, tmp_path)
+
+
+def test_a_record_too_big_to_read_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(wheel_checks, "MAX_RECORD", 100)
+    w = make_wheel(tmp_path, "bigrec", "1.0", {"bigrec/__init__.py": b""})
+    _refused(_only(w, tmp_path), r"bigrec-1\.0-py3-none-any\.whl: its RECORD is \d+ bytes \(at most 100\)", tmp_path)
+
+
+def test_an_altered_data_script_is_refused(tmp_path):
+    """A .data/scripts file is rewritten in memory (its #! line): its bytes are checked before that."""
+    w = make_wheel(tmp_path, "scr", "1.0", {"scr-1.0.data/scripts/scr-tool": b"#!python\nprint('good')\n"})
+    _rewrite(w, [(n, b"#!python\nprint('evil')\n" if n.endswith("scr-tool") else d) for n, d in _contents(w)])
+    _refused(_only(w, tmp_path), r"scr-1\.0-py3-none-any\.whl: /scr-1\.0\.data/scripts/scr-tool does not match the "
+                                 r"sha256 its RECORD gives", tmp_path)
 
 
 @pytest.mark.parametrize("name,ok", [
@@ -237,7 +331,7 @@ _PART = st.sampled_from(["pkg", "..", ".", "", "a.py", "x.pth", "probe-1.0.data"
 def test_any_member_names_are_refused_in_one_line_or_land_inside_their_scheme(tmp_path_factory, names):
     """Whatever the member names, a wheel is either refused before anything is written, with one line naming
     it, or each of its files lands inside the venv under a normalised name."""
-    from toolchain.venv_layer import _installed
+    from toolchain.image.venv_layer import _installed
     where = tmp_path_factory.mktemp("w")
     files = {n: b"x = 1\n" for n in names}
     try:

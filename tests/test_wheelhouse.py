@@ -1,9 +1,10 @@
-"""The wheelhouse: the user's wheel pool and its requirement sets (toolchain/wheelhouse.py).
+"""The wheelhouse: the user's wheel pool and its requirement sets (toolchain/wheels/wheelhouse.py).
 
 One process fills a set at a time; a set is reused by any project with the same requirements without
 pip; a new set downloads only the wheels the pool lacks; a lock's hashes are honoured; the pool is
 bounded. The pip tests download small real wheels from PyPI (the suite's images download all of them)."""
 import hashlib
+import io
 import json
 import os
 import threading
@@ -12,7 +13,8 @@ import time
 import pytest
 
 from conftest import ROOT, make_settings
-from toolchain import cache, wheelhouse
+from toolchain import cache
+from toolchain.wheels import wheelhouse
 from toolchain.config import TorchSettings
 from toolchain.errors import ConfigError
 from toolchain.progress import Reporter
@@ -40,6 +42,7 @@ def test_two_builds_of_the_same_requirements_fill_the_wheelhouse_once(tmp_path, 
         (partial / wheelhouse.MANIFEST).write_text(json.dumps({"key": "0" * 16, "requirements": full,
                                                                "wheels": ["x-1.0-py3-none-any.whl"], "size": 5,
                                                                "sha256": [digest]}))
+        (partial / wheelhouse.LOCK).write_text(wheelhouse._lock_text(["x-1.0-py3-none-any.whl"], [digest]))
         partial.rename(path)
         return wheelhouse.Wheelhouse(path, "0" * 16, full, ["x-1.0-py3-none-any.whl"], 5, "default index", (digest,),
                                      pool)
@@ -87,6 +90,13 @@ def test_the_wheelhouses_own_files_are_data_not_trust(tmp_path, own_cache, monke
     req, source = wheelhouse.choose_torch(s, "cpu", "3.11", Reporter())
     assert asked and "--index-url" not in " ".join(asked[0]) and req == torch.requirement
     assert json.loads(memo.read_text())["requirement"] == torch.requirement  # written again, from the settings
+    # cut short, a list, its key missing: each is said, and the choice made again
+    for text in ('{"requirement": "torch', "[]", '{"source": "default index (fallback)"}'):
+        memo.write_text(text)
+        err = io.StringIO()
+        wheelhouse.choose_torch(s, "cpu", "3.11", Reporter(stream=err))
+        assert f"{memo} is not a torch choice this tool wrote" in err.getvalue(), text
+        assert json.loads(memo.read_text())["requirement"] == torch.requirement
 
 
 def _tiny_project(tmp_path, name: str, lines: list[str]):
@@ -131,13 +141,47 @@ def test_two_projects_share_the_pool_and_a_set_is_resolved_once(tmp_path, own_ca
                                         "3.11", Reporter())
     assert more.path != first.path and len(calls) == 2
     assert "1 downloaded" in capsys.readouterr().err
-    assert sorted(os.listdir(own_cache / cache.WHEELS)) == sorted({*first.wheels, *more.wheels, ".lock"})
+    assert sorted(os.listdir(own_cache / cache.WHEELS)) == sorted({*first.wheels, *more.wheels, ".lock", ".used"})
 
     # a wheel pruned from the pool: the set is filled again, that wheel alone downloaded
     (own_cache / cache.WHEELS / next(w for w in first.wheels if w.startswith("tabulate"))).unlink()
     capsys.readouterr()
     wheelhouse.ensure_wheelhouse(_tiny_project(tmp_path, "p4", ["tabulate==0.9.0"]), "cpu", "3.11", Reporter())
     assert len(calls) == 3 and "1 downloaded" in capsys.readouterr().err
+
+
+def test_a_reused_set_is_checked_against_its_lock_and_its_wheels_bytes(tmp_path, own_cache, monkeypatch, capsys):
+    """A wheel whose bytes changed in the pool (same size, same mtime) is found by its sha256 and fetched again;
+    a lock that no longer lists the manifest's wheels makes the set again. A wheel whose stat is unchanged
+    since it was found good is not hashed again."""
+    calls = _counting_pip(monkeypatch)
+    project = _tiny_project(tmp_path, "p1", ["tabulate==0.9.0"])
+    first = wheelhouse.ensure_wheelhouse(project, "cpu", "3.11", Reporter())
+    assert len(calls) == 1
+    hashed = []
+    real_sha = wheelhouse.file_sha256
+    monkeypatch.setattr(wheelhouse, "file_sha256", lambda p: hashed.append(p.name) or real_sha(p))
+    wheelhouse.ensure_wheelhouse(project, "cpu", "3.11", Reporter())
+    assert len(calls) == 1 and hashed == []  # reused, nothing hashed: every wheel's stat is as it was found good
+
+    tab = own_cache / cache.WHEELS / next(w for w in first.wheels if w.startswith("tabulate"))
+    st = tab.stat()
+    data = bytearray(tab.read_bytes())
+    data[100] ^= 0xFF
+    tab.write_bytes(bytes(data))
+    os.utime(tab, ns=(st.st_atime_ns, st.st_mtime_ns))  # the same size and mtime: only the bytes (and ctime) differ
+    capsys.readouterr()
+    again = wheelhouse.ensure_wheelhouse(project, "cpu", "3.11", Reporter())
+    assert f"{tab} is not the wheel its set recorded" in capsys.readouterr().err
+    assert len(calls) == 2 and hashed[0] == tab.name  # the changed wheel alone was hashed to find it, then refetched
+    assert hashlib.sha256(tab.read_bytes()).hexdigest() == again.sha256[again.wheels.index(tab.name)]
+
+    lock = again.path / wheelhouse.LOCK
+    lock.write_text(lock.read_text().replace("tabulate==0.9.0", "tabulate==0.8.0"))
+    capsys.readouterr()
+    wheelhouse.ensure_wheelhouse(project, "cpu", "3.11", Reporter())
+    assert "does not list the wheels its manifest does; the set is made again" in capsys.readouterr().err
+    assert "tabulate==0.9.0" in lock.read_text()  # made again from the pool: every wheel there, no download
 
 
 def test_a_lock_s_hashes_are_honoured(tmp_path, own_cache):
@@ -164,6 +208,11 @@ def test_the_pool_is_bounded_and_keeps_the_set_in_use(tmp_path):
     assert sorted(os.listdir(pool)) == ["a-1-py3-none-any.whl", "d-1-py3-none-any.whl"]
     wheelhouse.prune_pool(pool, 2500, set(), Reporter(quiet=True))  # under the bound: nothing goes
     assert len(os.listdir(pool)) == 2
+    # a use is marked beside the wheel, which keeps its own stat: d used longest ago now, so d goes first
+    wheelhouse._touch(pool, ["a-1-py3-none-any.whl"])
+    assert os.stat(pool / "a-1-py3-none-any.whl").st_mtime == 1000
+    wheelhouse.prune_pool(pool, 1500, set(), Reporter(quiet=True))
+    assert sorted(n for n in os.listdir(pool) if n.endswith(".whl")) == ["a-1-py3-none-any.whl"]
 
 
 def test_an_unwritable_cache_is_one_line_naming_it(tmp_path, monkeypatch):

@@ -1,13 +1,13 @@
 """The user's cache: one directory per user, shared by every project they build, like pip's.
 
     $RAYTRAIN_CACHE, else $XDG_CACHE_HOME/raytrain, else ~/.cache/raytrain
-      wheels/         the wheel pool: every wheel once, whichever project's set uses it (toolchain/wheelhouse.py)
+      wheels/         the wheel pool: every wheel once, whichever project's set uses it (toolchain/wheels/wheelhouse.py)
       wheel-sets/     each requirement set's resolution: its wheels' names and hashes, its lock
-      layer-index/    the dependency layer a layer key gave (toolchain/venv_plan.py)
-      blobs/          compressed layers of builds that keep no blob cache of their own (toolchain/push.py)
-      blob-digests/   each layer's compressed digest, per diff ID (toolchain/blobs.py)
-      blob-homes/     where each blob was pushed, for cross-repository mounts (toolchain/blobs.py)
-      uv/             uv's own cache: the metadata a requirement set's resolution reads (toolchain/resolver.py)
+      layer-index/    the dependency layer a layer key gave (toolchain/image/venv_plan.py)
+      blobs/          compressed layers of builds that keep no blob cache of their own (toolchain/publish/push.py)
+      blob-digests/   each layer's compressed digest, per diff ID (toolchain/publish/blobs.py)
+      blob-homes/     where each blob was pushed, for cross-repository mounts (toolchain/publish/blobs.py)
+      uv/             uv's own cache: the metadata a requirement set's resolution reads (toolchain/wheels/resolver.py)
 
 Everything in it is content-addressed: two projects that need the same wheel or layer find it here,
 and a build whose cache is empty makes it again. `raytrain clean --cache` removes it.
@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import stat
 from pathlib import Path
 from typing import Optional
 
+from runtime.files import FileReadError, read_regular
 from toolchain.errors import ConfigError
 
 ENV = "RAYTRAIN_CACHE"
@@ -98,21 +98,9 @@ def read_entry(path: Path, max_bytes: int = 1 << 20) -> Optional[bytes]:
     file, or one over MAX_BYTES, is a BadEntry: everything in the cache is read as untrusted, and opening it
     never follows a link or waits on a pipe."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        return read_regular(path, max_bytes, follow=False)
     except FileNotFoundError:
         return None
-    except OSError as e:
-        raise BadEntry(f"cannot be opened as a file ({e.strerror or e}: a link, or not a file)") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise BadEntry("is not a regular file")
-        if st.st_size > max_bytes:
-            raise BadEntry(f"is {st.st_size} bytes, more than the {max_bytes} such a file can be")
-        data = os.read(fd, max_bytes + 1)
-        if len(data) > max_bytes:
-            raise BadEntry(f"grew past {max_bytes} bytes while read")
-        return data
-    finally:
-        os.close(fd)
+    except FileReadError as e:
+        raise BadEntry(str(e)) from None
 

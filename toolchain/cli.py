@@ -100,7 +100,26 @@ class RaytrainProgram(Program):
             raise _config_error(f"-f {runtime_file}" if runtime_file else "INVOKE_* variables", e) from None
 
 
+HELP_FLAGS = ("--help", "-h")
+
+
+def task_help_first(argv: list[str]) -> list[str]:
+    """`raytrain TASK --help` as Invoke's `raytrain --help TASK`, for every task: Invoke would give the
+    `--help` of a task whose first argument is positional (`spec.check FILE`) to that argument."""
+    for i in range(2, len(argv)):
+        if argv[i] in HELP_FLAGS and not argv[i - 1].startswith("-") and argv[i - 1] in _task_names():
+            return [argv[0], "--help", argv[i - 1]]
+    return argv
+
+
+def _task_names() -> set[str]:
+    module = importlib.import_module("toolchain.tasks")
+    collection = Collection.from_module(module)
+    return set(collection.task_names) | {alias for aliases in collection.task_names.values() for alias in aliases}
+
+
 def main(argv: Optional[list[str]] = None) -> None:
+    argv = task_help_first(list(sys.argv if argv is None else argv))
     program = RaytrainProgram(name="raytrain", binary="raytrain", binary_names=["raytrain"], version=__version__,
                               config_class=RaytrainConfig)
     try:

@@ -185,6 +185,9 @@ def check_env(environ: dict, tree: Optional[dict] = None, prefix: str = "INVOKE"
     for key, value in tree.items():
         var = f"{prefix}_{key.upper()}"
         if isinstance(value, dict):
+            if var in environ:  # Invoke would ignore it without a word
+                problems.append(f"{var}: {key} is a group of settings, not one value; set each of its settings "
+                                f"({var}_<NAME>), or the group in the project's settings file")
             more, fixed = check_env(environ, value, var)
             problems += more
             rewrites.update(fixed)

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from pathlib import Path
 
 import yaml
 
+from runtime.files import FileReadError, read_regular
 from toolchain.boundary import ConfigFileError
 
 MAX_BYTES = 1 << 20
@@ -118,18 +118,15 @@ def read_text(path: Path) -> str:
     """The file's text, bounded; FileNotFoundError stays itself (Invoke tries each suffix and skips
     the missing), anything else is a ConfigFileError."""
     try:
-        st = os.stat(path)
+        raw = read_regular(path, MAX_BYTES)
     except FileNotFoundError:
         raise
-    except OSError as e:
-        raise ConfigFileError(f"{path}: cannot read it ({e.strerror}); fix or remove that file") from None
-    if not stat.S_ISREG(st.st_mode):
-        raise ConfigFileError(f"{path}: not a regular file; give a YAML, JSON or .py configuration file")
-    if st.st_size > MAX_BYTES:
-        raise ConfigFileError(f"{path}: {st.st_size} bytes; a configuration file is at most {MAX_BYTES >> 10} KiB")
+    except FileReadError as e:
+        raise ConfigFileError(f"{path}: the file {e}; give a YAML, JSON or .py configuration file of at most "
+                              f"{MAX_BYTES >> 10} KiB") from None
     try:
-        text = path.read_bytes()[:MAX_BYTES + 1].decode("utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise ConfigFileError(f"{path}: cannot read it as UTF-8 text ({e}); fix or remove that file") from None
     if "\ufeff" in text[1:]:
         line = text[:text.index("\ufeff", 1)].count("\n") + 1

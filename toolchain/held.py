@@ -28,12 +28,13 @@ from deploy.targets import HOLDING, TARGETS
 from deploy.targets.base import HeldContext
 from runtime import contract as C
 from runtime.spec import load_spec, read_spec, spec_hash
-from toolchain import layers, pipeline
+from toolchain.image import layers
+from toolchain import pipeline
 from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
 from toolchain.job_inputs import driver_command, given, now, pick_run, resolve_spec
-from toolchain.images import source_keys
+from toolchain.image.images import source_keys
 from toolchain.progress import Reporter
 from toolchain.records import (ClusterRecord, RunRecord, drop_cluster, read_builds, read_clusters, read_runs, restore_run,
                                runs_before, write_cluster, write_run)
@@ -116,7 +117,7 @@ def up(settings: Settings, spec: str | None, target: str | None, *, rep: Reporte
 
 
 def guard(settings: Settings, record: ClusterRecord, spec_file: Path, keys: dict) -> list[str]:
-    """Why this tree (KEYS: toolchain.images.source_keys) cannot run on the held cluster (each with the
+    """Why this tree (KEYS: toolchain.image.images.source_keys) cannot run on the held cluster (each with the
     fix); [] when it can."""
     build = "build --profile skypilot push" if record.target == C.SKYPILOT_PROFILE else "build push"  # its pre-flight
     redeploy = f"rebuild and redeploy: {hint.cmd(build)} && {hint.cmd(f'down --name {record.name}')} && {_up_again(record)}"

@@ -22,6 +22,26 @@ def given(value: str | None, flag: str) -> str | None:
     return value
 
 
+def out_dir(settings: Settings, out: str | None) -> Path | None:
+    """--out: the directory the artifacts go to (None: the default), refused before anything is rendered when
+    it reads as an option or a file stands where a directory would be made."""
+    if given(out, "--out") is None:
+        return None
+    if out.startswith("-"):
+        raise ConfigError(f"--out: {out[:80]!r} starts with '-', as an option does (a flag without its value?); "
+                          f"give a directory, ./{out[:80]} for one named so")
+    path = settings.path(out)
+    for place in (path, *path.parents):
+        if place.exists():
+            if place == path and not place.is_dir():
+                raise ConfigError(f"--out: {path} exists and is not a directory; give a directory for the artifacts")
+            if not place.is_dir():
+                raise ConfigError(f"--out: {place} is not a directory, so {path} cannot be made there; give a "
+                                  "directory for the artifacts")
+            break
+    return path
+
+
 def resolve_spec(settings: Settings, spec: str | None) -> Path:
     path = settings.path(given(spec, "--spec") or settings.project.spec)
     load_spec(path)  # raises SpecError with every problem listed

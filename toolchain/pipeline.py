@@ -11,21 +11,22 @@ from deploy.job import PreflightError
 from deploy.targets.base import Applied, ApplyContext
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, json_schema, load_spec, read_spec
-from toolchain.bootstrap import ensure_base
+from toolchain.image.bootstrap import ensure_base
 from toolchain.config import Settings
 from toolchain.docker_client import engine
 from toolchain.errors import ConfigError, ToolchainError
-from toolchain.images import build_all, layer_store
-from toolchain.job_inputs import driver_command, given, now, pick_run, ranks_fit, resolve_spec
+from toolchain.image.images import build_all, layer_store, registry_address
+from toolchain.job_inputs import driver_command, given, now, out_dir, pick_run, ranks_fit, resolve_spec
 from toolchain.job_inputs import job_env as job_env_of
 from runtime import contract as C
 from runtime.contract import PROFILE_LABEL
-from toolchain.records import (PushRecord, RunRecord, add_launches, drop_launches, read_builds, read_launches,
+from toolchain.image import registry_build
+from toolchain.records import (PushRecord, write_builds, RunRecord, add_launches, drop_launches, read_builds, read_launches,
                                read_pushes, restore_run, runs_before, write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
-from toolchain.push import BLOB_CACHE, push_image
+from toolchain.publish.push import BLOB_CACHE, push_image
 from deploy.registry.address import is_local, scheme
-from toolchain.registry import blob_storage, start_local
+from toolchain.publish.local_registry import blob_storage, start_local
 from deploy import hint
 
 
@@ -77,17 +78,19 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
     spec_file = resolve_spec(settings, spec)
     variants = pick_variants(settings, variant)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
-    built = build_all(engine(), settings, variants, read_spec(spec_file), rep)
+    loaded = read_spec(spec_file)
+    try:
+        client = engine()
+    except ToolchainError as e:  # no engine: on the image the registry holds (toolchain/image/registry_build.py)
+        if settings.image.profile == C.SKYPILOT_PROFILE:
+            raise ToolchainError(f"{e}; the skypilot profile's layers need one") from None
+        built = [registry_build.build_variant(settings, v, loaded, str(e), rep) for v in variants]
+        write_builds(settings.build_dir, built)
+    else:
+        built = build_all(client, settings, variants, loaded, rep)
     for b in built:
         rep.step(f"built {b.variant}: {b.local_ref} (also {b.human_ref}); rebuilt: {', '.join(b.rebuilt) or 'nothing'}")
     return {"spec": str(spec_file), "images": {b.variant: b.model_dump() for b in built}}
-
-
-def registry_address(settings: Settings, spec: ClusterSpec, variant: str = "cpu") -> str:
-    """Where push sends a variant: the spec's `registry`, else a registry named in its cpu_image/gpu_image,
-    else registry.address."""
-    named = ImageRef.parse(spec.cpu_image if variant == "cpu" else spec.gpu_image).registry
-    return spec.registry or named or settings.registry.address
 
 
 def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporter) -> dict:
@@ -102,7 +105,8 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         instead = f", or push what was built: {hint.cmd('push --variant ' + ','.join(have))}" if have else ""
         raise ConfigError(f"no build recorded for {', '.join(missing)} in {settings.build_dir / 'build.json'}; "
                           f"build it: {hint.cmd('build --variant ' + ','.join(missing))}{instead}")
-    client = engine()
+    client = engine() if any(built[v].engine for v in variants) else None
+    store = layer_store(settings.build_dir)
     results = {}
     pushed_to = {(r.registry, r.ref.repository) for r in read_pushes(settings.build_dir).values()}  # blobs to mount from
     for v in variants:
@@ -113,38 +117,54 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         if entry.spec_sha256 != sha:
             raise ConfigError(f"the {v} build was made from another spec (sha256 {entry.spec_sha256[:12]}, now {sha[:12]}); "
                               f"build with this spec: INVOKE_PROJECT_SPEC={_shown(settings, spec_file)} {hint.cmd('build push')}")
-        try:
-            image = client.images.get(entry.local_ref.docker())
-        except Exception:
-            raise ToolchainError(f"image {entry.local_ref} from build.json is not in the engine; run `{hint.cmd('build')}` again") from None
+        image_id, config = _image_of(client, entry, store)
         repo, content_tag, human_tag = entry.local_ref.repository, entry.local_ref.tag, entry.human_ref.tag
         target = ImageRef.parse(f"{address}/{repo}", "push target")  # a registry address may carry a path
         # the layers not in the layer store come from `docker save` of the smallest stage that has them
         below = [ref for ref in (entry.base_ref, entry.user_ref, entry.deps_ref) if ref and ref != "-"]
-        res = push_image(client, v, image.id, target, [content_tag, human_tag],
+        res = push_image(client if entry.engine else None, v, image_id, target, [content_tag, human_tag],
                          settings.registry.retries, settings.registry.retry_backoff_s, rep,
-                         settings.registry.stall_timeout_s, layer_store=layer_store(settings.build_dir),
+                         settings.registry.stall_timeout_s, layer_store=store,
                          blob_cache=settings.build_dir / BLOB_CACHE, candidates=below,
                          mount_from=sorted(r for a, r in pushed_to if a == address and r != repo),
                          share_with=blob_storage(settings) if is_local(address) and address == settings.registry.address
                          else None)
         pushed_to.add((address, repo))
         record = PushRecord(
-            local_ref=entry.local_ref, image_id=image.id, repo_digest=res.repo_digest, digest=res.digest,
+            local_ref=entry.local_ref, image_id=image_id, repo_digest=res.repo_digest, digest=res.digest,
             spec_sha256=sha, spec_file=_shown(settings, spec_file), registry=address, registry_scheme=scheme(address),
-            tags=[content_tag, human_tag], user=(image.attrs.get("Config") or {}).get("User") or "",
-            profile=((image.attrs.get("Config") or {}).get("Labels") or {}).get(PROFILE_LABEL) or "default")
+            tags=[content_tag, human_tag], user=config.get("User") or "",
+            profile=(config.get("Labels") or {}).get(PROFILE_LABEL) or "default")
         path = write_push(settings.build_dir, v, record)
         mounted = f", {res.layers_mounted} mounted from another repository" if res.layers_mounted else ""
+        mounted += (f", {res.layers_known_from_registry} of them known from the previous image"
+                    if res.layers_known_from_registry else "")
         compressed = (f"; {human_bytes(res.bytes_compressed)} of layers compressed"
                       if res.bytes_compressed else "")
         compressed += (f"; {human_bytes(res.bytes_shared)} of blobs stored once with the registry's files"
                        if res.bytes_shared else "")
         rep.step(f"pushed {v}: {res.repo_digest} ({res.layers_pushed} layers uploaded, "
-                 f"{res.layers_existing} already there{mounted}, {human_bytes(res.bytes_uploaded)}, "
+                 f"{res.layers_existing + res.layers_known_from_registry} already there{mounted}, {human_bytes(res.bytes_uploaded)}, "
                  f"{res.seconds:.1f}s{compressed})")
         results[v] = {**record.model_dump(), "push": res.as_dict()}
     return {"images_json": str(path), "images": results}
+
+
+def _image_of(client, entry, store) -> tuple[str, dict]:
+    """(image ID, its config's `config` part) of a build: from the engine, or, for one built with no engine,
+    from the config the layer store keeps."""
+    if entry.engine:
+        try:
+            image = client.images.get(entry.local_ref.docker())
+        except Exception:
+            raise ToolchainError(f"image {entry.local_ref} from build.json is not in the engine; run `{hint.cmd('build')}` "
+                                 "again") from None
+        return image.id, image.attrs.get("Config") or {}
+    data = store.read_config(entry.image_id)
+    if data is None:
+        raise ToolchainError(f"the config of {entry.local_ref} is not in the layer store ({store}) as it was built; "
+                             f"run `{hint.cmd('build')}` again")
+    return entry.image_id, json.loads(data).get("config") or {}
 
 
 def _built_for(settings: Settings, built: dict, sha: str, spec_file: Path, rep: Reporter) -> list[str]:
@@ -173,6 +193,19 @@ class DeployResult(BaseModel):
     rendered: Optional[dict[str, str]] = None  # a dry run: each file's text, nothing written
     objects: Optional[list] = None   # a dry run of a target that writes no files (local): what it would start
     applied: Optional[Applied] = None  # what the target's apply did (None in a dry run)
+
+
+def _warn_if_code_changed(settings: Settings, gpus_per_node: int, rep: Reporter) -> None:
+    """A job runs the code in its image: say so when the project's code is not what the image was built
+    from (an edited script, a new one --torchrun names), before a scheduler finds out."""
+    from deploy.job import job_variant
+    from toolchain.hashing import tree_hash
+    variant = job_variant(gpus_per_node)
+    built = read_builds(settings.build_dir).get(variant)
+    app_dir = settings.path(settings.project.app_dir)
+    if built is not None and built.code_sha256 and built.code_sha256 != tree_hash(app_dir):
+        rep.warn(f"the code in {app_dir} changed since the {variant} image was built; the job runs the image's "
+                 f"code. To run this code: {hint.cmd(f'build --variant {variant} push')}, then deploy")
 
 
 def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Reporter, dry_run: bool = False,
@@ -209,6 +242,9 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     req = make_request(target_name, flags, cluster, _shown(settings, spec_file), loaded.sha256, images,
                        job_values, gpus, settings.path(settings.project.app_dir), settings.build_dir)
     ranks_fit(nproc_per_node, req.job.gpus_per_node)
+    chosen_out = out_dir(settings, out)
+    if not serve:  # a held cluster's code comes with each `run`
+        _warn_if_code_changed(settings, req.job.gpus_per_node, rep)
     try:
         artifacts = plan(req, dry_run)
     except PreflightError as e:
@@ -220,8 +256,8 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     if not serve:
         rep.step(f"run {run_id}" + (" (resumed: its checkpoints are continued)" if resume else
                                     " (a new run; `--resume` continues the last one of this --name)"))
-    out_dir = settings.path(out) if given(out, "--out") else settings.build_dir / "deploy" / req.target.name / job.name
-    result = DeployResult(target=req.target.name, job=job.model_dump(mode="json"), out_dir=str(out_dir),
+    out_to = chosen_out or settings.build_dir / "deploy" / req.target.name / job.name
+    result = DeployResult(target=req.target.name, job=job.model_dump(mode="json"), out_dir=str(out_to),
                           files=sorted(artifacts.files), notes=list(artifacts.notes),
                           sqsh=artifacts.extra.get("sqsh_ref"))
     for note in artifacts.notes:
@@ -233,7 +269,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     if not serve:  # a held cluster runs nothing itself; each `invoke run` is a run (toolchain/held.py)
         write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
                                                           image=str(job.image or ""), started=now()))
-    ctx = ApplyContext(out_dir=out_dir, engine=engine, progress=rep.step, env=env,
+    ctx = ApplyContext(out_dir=out_to, engine=engine, progress=rep.step, env=env,
                        layer_store=layer_store(settings.build_dir),
                        launching=lambda names: add_launches(settings.build_dir, req.target.name, job.name, names))
     try:

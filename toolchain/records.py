@@ -9,7 +9,6 @@ fix instead of failing later on a missing key. Writes are atomic: a crash leaves
 from __future__ import annotations
 
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,12 +19,16 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from runtime import strict_json
 from runtime.contract import JOB_NAME_RE
 from runtime.errors import InputError
+from runtime.files import FileReadError, read_regular
 from toolchain.atomic import write_atomic
 from runtime.digest import Digest
 from runtime.imageref import ImageRef, ImageRefError
 from deploy import handles, hint
+from deploy.targets import check_handle
 
 SHA256 = r"^[0-9a-f]{64}$"
+
+MAX_RECORDS = 16 << 20  # a build directory's record file (build/*.json): kilobytes in practice
 
 
 def _tagged(value: object) -> ImageRef:
@@ -104,6 +107,9 @@ class BuildRecord(_Record):
     below_app_key: str = ""      # requirements, base, torch and image settings
     runtime_sha256: str = ""     # the runtime package (tree hash, as the app layer's key uses it)
     code_sha256: str = ""        # the project's code (project.app_dir)
+    # False: built with no engine (toolchain/image/registry_build.py): the image is its config and new layers in
+    # the layer store, the rest in the registry it is pushed to; nothing of it is in a local engine
+    engine: bool = True
 
 
 class PushRecord(_Record):
@@ -213,17 +219,14 @@ def images_file(build_dir: Path) -> Path:
 
 
 def _raw(path: Path, made_by: str) -> bytes | None:
-    """The file's bytes (None: there is none); anything but a readable regular file is an InputError."""
-    if not os.path.lexists(path):
-        return None
-    if not path.is_file():  # a directory, a FIFO (a read would block), a dangling link
-        raise InputError(f"{path}: not a regular file; it is written by `{made_by}`: remove it and run "
-                         f"`{made_by}` again")
+    """The file's bytes (None: there is none); anything but a regular file of at most MAX_RECORDS bytes
+    (a link, a directory, a FIFO: this toolchain writes none of them) is an InputError."""
     try:
-        return path.read_bytes()
-    except OSError as e:  # unreadable (permissions), or gone between the check and the read
-        raise InputError(f"{path}: cannot read it ({e.strerror}); it is written by `{made_by}`: fix its "
-                         f"permissions, or delete it and run `{made_by}` again") from None
+        return read_regular(path, MAX_RECORDS, follow=False)
+    except FileNotFoundError:
+        return None
+    except FileReadError as e:
+        raise InputError(f"{path} {e}; it is written by `{made_by}`: remove it and run `{made_by}` again") from None
 
 
 def _parse(raw: bytes | None, path: Path, model: type[R], made_by: str) -> dict[str, R]:
@@ -329,13 +332,13 @@ def read_clusters(build_dir: Path) -> dict[str, ClusterRecord]:
         if key != rec.name:
             raise InputError(f"{path}: the record under {key[:40]!r} is named {rec.name!r}; it is written by "
                              f"`{hint.cmd('up')}`: correct it, or delete that entry")
-        out[key] = rec.model_copy(update={"handle": handles.check(rec.target, rec.handle, f"{path} [{key}]",
+        out[key] = rec.model_copy(update={"handle": check_handle(rec.target, rec.handle, f"{path} [{key}]",
                                                                         rec.name)})
     return out
 
 
 def write_cluster(build_dir: Path, record: ClusterRecord) -> Path:
-    handles.check(record.target, record.handle, f"the handle of {record.name!r} from its target",
+    check_handle(record.target, record.handle, f"the handle of {record.name!r} from its target",
                   record.name)  # readable back
     return _write(clusters_file(build_dir), {**read_clusters(build_dir), record.name: record})
 

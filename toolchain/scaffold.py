@@ -26,7 +26,8 @@ from typing import Optional
 import yaml
 
 from runtime.spec import ClusterSpec
-from toolchain import assets, project, requirements
+from toolchain import assets, project
+from toolchain.wheels import requirements
 from toolchain.errors import ConfigError
 from toolchain.job_inputs import TORCHRUN, parse_command
 

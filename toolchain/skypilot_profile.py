@@ -32,13 +32,13 @@ from runtime.contract import PROFILE_LABEL, SKYPILOT_PROFILE
 from deploy.layer_store import LayerStore
 from runtime.digest import Digest
 from runtime.imageref import ImageRef
-from toolchain import layers
-from toolchain.blobs import file_sha256
+from toolchain.image import layers
+from toolchain.publish.blobs import file_sha256
 from toolchain.docker_client import image_exists
 from toolchain.errors import BuildError
 from toolchain.hashing import key_of
 from toolchain.progress import Reporter
-from toolchain.templates import render, template_hash
+from toolchain.image.templates import render, template_hash
 
 PACKAGES = ("sudo", "ca-certificates", "curl", "wget", "rsync", "netcat-openbsd", "openssh-server", "pciutils",
             "patch", "gcc")

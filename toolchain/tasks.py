@@ -29,7 +29,8 @@ from deploy.targets.flags import FLAGS as TARGET_FLAGS  # the target flags, from
 from runtime import numbers
 from runtime.contract import TORCHRUN_MAX_NPROC, TORCHRUN_MAX_RESTARTS
 from runtime.errors import InputError
-from toolchain import boundary, pipeline, project, registry as registry_mod
+from toolchain import boundary, pipeline, project
+from toolchain.publish import local_registry
 from toolchain.config import check_env, defaults, load_settings
 from toolchain.job_inputs import given
 from toolchain.progress import Reporter, human_bytes
@@ -382,7 +383,7 @@ def base_bootstrap(c, quiet=False, json=False):
 @task(help={"quiet": COMMON["quiet"]})
 def start(c, quiet=False):
     """Start the local docker-registry on registry.address (no-op if it answers)."""
-    st = _run(c, registry_mod.start_local, quiet=quiet)
+    st = _run(c, local_registry.start_local, quiet=quiet)
     print(f"registry {st.address} up" + (f" (pid {st.pid})" if st.pid else ""))
 
 
@@ -390,8 +391,16 @@ def start(c, quiet=False):
 def stop(c):
     """Stop the local registry started by `registry.start` / `push`."""
     with _boundary():
-        stopped = registry_mod.stop_local(_settings(c))
-    print("stopped" if stopped else "not running (nothing started by this project)")
+        settings = _settings(c)
+        stopped = local_registry.stop_local(settings)
+        answering = not stopped and local_registry.status(settings).reachable
+    if stopped:
+        print("stopped")
+    elif answering:
+        print(f"not stopped: a registry answers at {settings.registry.address}, but not one this project started "
+              "(its registry.pid names none of them); stop it where it was started")
+    else:
+        print("not running (nothing started by this project)")
 
 
 @task(name="ping")
@@ -400,7 +409,7 @@ def registry_ping(c):
 
     Held clusters have their own `status` (invoke up/run/status/down)."""
     with _boundary():
-        st = registry_mod.status(_settings(c))
+        st = local_registry.status(_settings(c))
     print(f"registry {st.address}: {'up' if st.reachable else 'down'}")
     if not st.reachable:
         raise Exit(code=1)

@@ -9,6 +9,7 @@ from typing import Optional
 
 import requests
 
+from deploy.registry.deadline import answer_within, watched_session
 from runtime.errors import InputError
 from runtime.imageref import ImageRef
 
@@ -34,6 +35,23 @@ def tls_settings(host: str) -> tuple[object, Optional[tuple[str, str]]]:
     return (not is_local(host)), cert
 
 
+def _status(url: str, timeout: float, **kw) -> int:
+    """The status of GET URL: its headers whole within TIMEOUT however they trickle (deadline.py), its body
+    never read (an endless or deflate-bomb answer costs nothing); requests' errors pass through."""
+    import warnings
+    session = watched_session()
+    try:
+        with answer_within(timeout) as watch, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # an unverified loopback registry, as the engine allows
+            r = session.get(url, timeout=timeout, allow_redirects=False, stream=True, **kw)
+            r.close()
+        if watch.fired:
+            raise requests.exceptions.ReadTimeout(f"{url}: no whole answer within {timeout:.0f}s")
+        return r.status_code
+    finally:
+        session.close()
+
+
 def _untrusted(e: requests.exceptions.SSLError) -> bool:
     """A TLS handshake that got as far as the certificate (the registry speaks TLS)."""
     text = str(e).lower()
@@ -45,8 +63,7 @@ def _tls(host: str, timeout: float) -> Optional[int]:
     but its certificate is not trusted here; None when no TLS answered."""
     verify, cert = tls_settings(host)
     try:
-        return requests.get(f"https://{host}/v2/", timeout=timeout, verify=verify, cert=cert,
-                            allow_redirects=False).status_code
+        return _status(f"https://{host}/v2/", timeout, verify=verify, cert=cert)
     except requests.exceptions.SSLError as e:
         return 0 if _untrusted(e) else None
     except requests.RequestException:
@@ -57,7 +74,7 @@ def ping(address: str, timeout: float = 2.0) -> bool:
     """A registry answers /v2/ (200, or 401 when it wants a login), over TLS or plain HTTP."""
     host = address.split("/")[0]
     try:
-        if requests.get(f"http://{host}/v2/", timeout=timeout, allow_redirects=False).status_code in (200, 401):
+        if _status(f"http://{host}/v2/", timeout) in (200, 401):
             return True
     except requests.RequestException:
         pass

@@ -12,11 +12,18 @@ import base64
 import json
 import os
 import re
+import signal
 import subprocess
+import threading
 from pathlib import Path
 from typing import Mapping, Optional
 
 from deploy.registry.errors import RegistryError
+from runtime.files import FileReadError, read_regular
+
+MAX_DOCKER_CONFIG = 4 << 20  # the Docker CLI's config.json: logins and settings, kilobytes in practice
+MAX_HELPER_OUTPUT = 1 << 20  # what a credential helper prints: one small JSON object
+HELPER_TIMEOUT_S = 60.0      # a credential helper's answer (a cloud login may take seconds); a client's stall bound is lower when set so
 
 _TOKEN = r"[!#$%&'*+.^_`|~0-9A-Za-z-]+"
 _PARAM = re.compile(rf'\s*({_TOKEN})\s*=\s*(?:"((?:[^"\\]|\\.)*)"|({_TOKEN}))\s*')
@@ -70,10 +77,13 @@ def docker_config(env: Optional[Mapping[str, str]] = None) -> tuple[Path, dict]:
     home = Path(env.get("HOME") or Path.home())
     path = Path(d) / "config.json" if d else home / ".docker" / "config.json"
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(read_regular(path, MAX_DOCKER_CONFIG))
     except FileNotFoundError:
         return path, {}
-    except (OSError, ValueError) as e:
+    except FileReadError as e:
+        raise RegistryError(f"{path}: the Docker config {e}; fix it, or remove it and log in again "
+                            "(`docker login <registry>`)") from None
+    except (OSError, ValueError, RecursionError) as e:
         raise RegistryError(f"{path}: not readable as the Docker config ({type(e).__name__}); fix it, or remove it "
                             "and log in again (`docker login <registry>`)") from None
     if not isinstance(doc, dict):
@@ -81,23 +91,63 @@ def docker_config(env: Optional[Mapping[str, str]] = None) -> tuple[Path, dict]:
     return path, doc
 
 
-def _helper(name: str, host: str) -> Optional[tuple[str, str]]:
+def _bounded_run(argv: list[str], stdin: bytes, timeout_s: float, limit: int) -> tuple[int, bytes, bytes]:
+    """(exit code, stdout, stderr) of ARGV given STDIN, ended within TIMEOUT_S; a stream is read up to LIMIT + 1
+    bytes, and a program that prints more is killed (its output is then longer than LIMIT)."""
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)  # its own group: what it started goes with it
+    got: dict[str, bytes] = {}
+
+    def kill() -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def read(name: str, stream) -> None:
+        got[name] = stream.read(limit + 1)
+        if len(got[name]) > limit:
+            kill()
+    readers = [threading.Thread(target=read, args=(n, s), daemon=True) for n, s in (("out", proc.stdout),
+                                                                                   ("err", proc.stderr))]
+    for r in readers:
+        r.start()
+    try:
+        try:
+            proc.stdin.write(stdin)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill()
+        proc.wait()
+        raise
+    for r in readers:
+        r.join(timeout=1)
+    return proc.returncode, got.get("out", b""), got.get("err", b"")
+
+
+def _helper(name: str, host: str, timeout_s: float) -> Optional[tuple[str, str]]:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}", name):
         raise RegistryError(f"the Docker config names the credential helper {name[:40]!r}, which is not a helper name")
     binary = f"docker-credential-{name}"
     try:
-        out = subprocess.run([binary, "get"], input=host, capture_output=True, text=True, timeout=60)
+        code, stdout, stderr = _bounded_run([binary, "get"], host.encode(), timeout_s, MAX_HELPER_OUTPUT)
     except FileNotFoundError:
         raise RegistryError(f"the Docker config names the credential helper {name!r} but {binary} is not on PATH; "
                             f"install it or remove it from the config") from None
     except subprocess.TimeoutExpired:
-        raise RegistryError(f"{binary} get did not answer within 60 s for {host}") from None
-    if out.returncode != 0:
-        if "not found" in (out.stdout + out.stderr).lower():
+        raise RegistryError(f"{binary} get did not answer within {timeout_s:.0f} s for {host}") from None
+    if len(stdout) > MAX_HELPER_OUTPUT or len(stderr) > MAX_HELPER_OUTPUT:
+        raise RegistryError(f"{binary} get printed more than {MAX_HELPER_OUTPUT} bytes for {host}; a helper answers "
+                            "with one small JSON object")
+    if code != 0:
+        if b"not found" in (stdout + stderr).lower():
             return None
-        raise RegistryError(f"{binary} get failed for {host} (exit {out.returncode}); run `docker login {host}`")
+        raise RegistryError(f"{binary} get failed for {host} (exit {code}); run `docker login {host}`")
     try:
-        doc = json.loads(out.stdout)
+        doc = json.loads(stdout)
         user, secret = doc["Username"], doc["Secret"]
     except (ValueError, KeyError, TypeError):
         raise RegistryError(f"{binary} get gave no Username/Secret for {host}") from None
@@ -106,13 +156,15 @@ def _helper(name: str, host: str) -> Optional[tuple[str, str]]:
     return user, secret
 
 
-def credentials(host: str, env: Optional[Mapping[str, str]] = None) -> Optional[tuple[str, str]]:
-    """(user, password) for a registry host from the Docker CLI's config, as the engine's client gets them."""
+def credentials(host: str, env: Optional[Mapping[str, str]] = None,
+                timeout_s: float = HELPER_TIMEOUT_S) -> Optional[tuple[str, str]]:
+    """(user, password) for a registry host from the Docker CLI's config, as the engine's client gets them; a
+    credential helper has TIMEOUT_S to answer."""
     path, cfg = docker_config(env)
     helpers = cfg.get("credHelpers")
     helper = helpers.get(host) if isinstance(helpers, dict) else None
     if isinstance(helper, str) and helper:
-        return _helper(helper, host)
+        return _helper(helper, host, timeout_s)
     auths = cfg.get("auths")
     for key, entry in (auths.items() if isinstance(auths, dict) else ()):
         if key.split("://")[-1].split("/")[0] == host and isinstance(entry, dict) and isinstance(entry.get("auth"), str):
@@ -126,7 +178,7 @@ def credentials(host: str, env: Optional[Mapping[str, str]] = None) -> Optional[
             return user, password
     store = cfg.get("credsStore")
     if isinstance(store, str) and store:
-        return _helper(store, host)
+        return _helper(store, host, timeout_s)
     return None
 
 

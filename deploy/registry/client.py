@@ -239,10 +239,13 @@ class RegistryClient:
         msg += f" ({detail})" if detail else ""
         kind = kind_of(r.status_code, tuple(c for c, _ in codes))
         if kind is Unauthorized:
-            who = "with no login" if auth.credentials(self.host, self.env) is None else \
-                "with the login in the Docker config"
+            who = "with no login" if self._login() is None else "with the login in the Docker config"
             msg += f", {who} — the registry refused the credentials; run `docker login {self.host}` or fix registry.address"
         return kind(msg, r.status_code, tuple(c for c, _ in codes))
+
+    def _login(self) -> Optional[tuple[str, str]]:
+        """The Docker config's login for this registry; a credential helper has the stall bound to answer."""
+        return auth.credentials(self.host, self.env, min(self.stall_s, auth.HELPER_TIMEOUT_S))
 
     def _authenticate(self, r: Answer) -> None:
         """Answer a 401 challenge (Basic or Bearer); without usable credentials, the auth error with the fix."""
@@ -251,7 +254,7 @@ class RegistryClient:
         except ValueError as e:
             raise RegistryError(f"{self.host} asked for a login with a challenge that cannot be read ({shown(e, 120)}); "
                                 "check the registry's auth settings", r.status_code) from None
-        creds = auth.credentials(self.host, self.env)
+        creds = self._login()
         if kind == "basic":
             if creds is None:
                 raise self.fail(r, f"log in to {self.host}")
@@ -314,6 +317,35 @@ class RegistryClient:
         if r.status_code == 404:
             return False
         raise self.fail(r, f"asking {self.host} for the manifest {reference[:19]} of {self.repo}")
+
+    def get_manifest(self, reference: str) -> Optional[tuple[bytes, str]]:
+        """GET the manifest (a tag or digest): (its bytes, its media type); None on 404. Bytes that do
+        not fit MAX_ANSWER, or that are not the digest asked for, are a RegistryError."""
+        what = f"reading the manifest {self.repo}:{reference[:72]}"
+        r = self._request("GET", f"/v2/{self.repo}/manifests/{reference}", what, headers={"Accept": ACCEPT_MANIFESTS})
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise self.fail(r, what)
+        if r.truncated:
+            raise RegistryError(f"{what}: {self.host} sent more than {MAX_ANSWER} bytes")
+        if reference.startswith("sha256:") and Digest.of(r.body) != reference:
+            raise RegistryError(f"{what}: {self.host} sent bytes that are not that digest")
+        return r.body, shown(r.headers.get("Content-Type", ""), 120).split(";")[0].strip()
+
+    def get_small_blob(self, digest: str, what: str) -> Optional[bytes]:
+        """GET a blob of at most MAX_ANSWER bytes (an image config), checked against its digest; None on 404."""
+        digest = Digest(digest, "blob digest")
+        what = f"reading {what} ({digest.short}) from {self.repo}"
+        r = self._request("GET", f"/v2/{self.repo}/blobs/{digest}", what)
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise self.fail(r, what)
+        if r.truncated or Digest.of(r.body) != digest:
+            raise RegistryError(f"{what}: {self.host} sent bytes that are not that blob"
+                                + (f" (more than {MAX_ANSWER})" if r.truncated else ""))
+        return r.body
 
     def has_blob(self, digest: str) -> bool:
         return self.blob_size(digest) is not None

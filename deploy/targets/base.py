@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Callable, ClassVar, Optional
+from typing import Annotated, Any, Callable, ClassVar, Optional, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
 
@@ -23,9 +23,6 @@ from deploy.layer_store import LayerStore
 from deploy.artifacts import write_all
 from deploy.job import IMAGE_WORKDIR, DeployError, JobSpec, PreflightError
 from runtime.spec import ClusterSpec
-
-MAX_SEEDS = 1000
-
 
 class TargetOptions(BaseModel):
     """Base of every target's options: strict types, unknown flags refused.
@@ -124,6 +121,25 @@ class ApplyContext:
         return written
 
 
+@runtime_checkable
+class HeldOps(Protocol):
+    """How a target reaches a held cluster through its scheduler's CLI (a module: slurm/held.py, ...)."""
+
+    def status(self, handle: Any, env: dict) -> ClusterStatus: ...
+
+    def run(self, handle: Any, env: dict, code_tar: bytes, rel_dir: str, argv: list[str], run_env: dict,
+            out: Any) -> int: ...
+
+    def down(self, handle: Any, env: dict) -> list[str]: ...
+
+
+@runtime_checkable
+class StatusMany(Protocol):
+    """HeldOps whose scheduler answers for every held cluster at once (Slurm's one squeue)."""
+
+    def status_many(self, handles: list, env: dict) -> list[ClusterStatus]: ...
+
+
 class Target:
     """A deploy target. Subclasses set `name`, `Options`, `summary`, and implement the three steps."""
     name: ClassVar[str]
@@ -147,11 +163,19 @@ class Target:
                 if err["type"] == "extra_forbidden":
                     lines.append(f"{flag}: not an option of the {self.name} target (its options: {known})")
                 else:
-                    lines.append(f"{flag}: {err['msg']} (got {str(err.get('input'))[:80]!r})")
+                    lines.append(f"{flag}: {err['msg'].removeprefix('Value error, ')} (got {str(err.get('input'))[:80]!r})")
             raise PreflightError(lines) from None
 
     def pulls_from_registry(self, opts: TargetOptions) -> bool:
         return self.pulls_image
+
+    def allows_local_registry(self, opts: TargetOptions) -> bool:
+        """--allow-local-registry, for a target that takes it."""
+        return False
+
+    def port_stride(self, opts: TargetOptions) -> int:
+        """How far apart the nodes' Ray ports are (--port-stride, for a target whose nodes share a host)."""
+        return 0
 
     def build_dir_options(self, build_dir: Path) -> dict:
         """Options that are not flags, which this target keeps under the project's build directory
@@ -188,13 +212,16 @@ class Target:
         return Applied(written=[str(p) for p in ctx.write(artifacts)])
 
     # -- a held cluster (invoke up / run / status / down): apply of a `job.serve` job returns
-    # Applied(held=handle), the target's model from deploy/handles.py, which these operations get back
-    # (build/clusters.json keeps it as JSON).
-    # A target that reaches its nodes through a CLI names the module that does it (`held`:
-    # status(handle, env), run(handle, env, code_tar, rel_dir, argv, run_env, out), down(handle, env));
-    # one that needs more (the local target's Docker engine) overrides the three methods.
-    holds_clusters: ClassVar[bool] = False
-    held: ClassVar[Any] = None
+    # Applied(held=handle), an instance of the target's `handle` model (deploy/handles.py), which these
+    # operations get back (build/clusters.json keeps it as JSON, checked against `handle` when read).
+    # A target that reaches its nodes through a CLI names the module that does it (`held`, a HeldOps);
+    # one that needs more (the local target's Docker engine) overrides the methods below.
+    handle: ClassVar[Optional[type[Handle]]] = None  # None: the target holds no clusters
+    held: ClassVar[Optional["HeldOps"]] = None
+
+    @property
+    def holds_clusters(self) -> bool:
+        return self.handle is not None
 
     def held_status(self, handle: Handle, ctx: HeldContext) -> ClusterStatus:
         return self.held.status(handle, ctx.env)
@@ -202,9 +229,8 @@ class Target:
     def held_status_many(self, handles: list[Handle], ctx: HeldContext) -> list[ClusterStatus]:
         """held_status of each of HANDLES, in order; a held module whose scheduler answers for all at
         once (`status_many(handles, env)`: Slurm's one squeue) is asked once."""
-        many = getattr(self.held, "status_many", None)
-        if many is not None:
-            return many(handles, ctx.env)
+        if isinstance(self.held, StatusMany):
+            return self.held.status_many(handles, ctx.env)
         return [self.held_status(h, ctx) for h in handles]
 
     def held_run(self, handle: Handle, ctx: HeldContext, code_tar: bytes, rel_dir: str, argv: list[str],

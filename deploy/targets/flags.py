@@ -13,7 +13,7 @@ What a field's type makes of its flag:
     bool            a switch (default False: not given)
     int             a value, a whole number of ASCII digits within the field's ge/le (numbers.whole)
     str, list[...]  a value passed on as text; a list field's own validator turns the text into the
-                    list (k8s.Seeds, k8s.Slots), so the string becomes a list in exactly one place
+                    list (seeds.Seeds, k8s.Slots), so the string becomes a list in exactly one place
 A field marked `json_schema_extra={"cli": False}` is not a flag but plumbing the target sets itself
 (pyxis' sqsh_dir, from Target.build_dir_options). Two targets that define the same field must agree
 on its type, help, default and bounds; `collect` refuses them otherwise (the CLI could not say which one a flag means).

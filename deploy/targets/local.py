@@ -122,20 +122,37 @@ def _exit_code(c) -> int | None:
     return c.attrs["State"].get("ExitCode") if c.status in ("exited", "dead") else None
 
 
+def _tail(c, lines: int = 12) -> list[str]:
+    """A container's last lines."""
+    return c.logs(tail=lines).decode(errors="replace").rstrip().splitlines()
+
+
+def _left_after_driver(c) -> bool:
+    """Whether a worker left with the driver's published exit code (read from more lines than are shown:
+    its other processes may print after the launcher's last)."""
+    return C.left_after_driver("\n".join(_tail(c, 60)))
+
+
 def _watch(head, workers: list, timeout_s: float) -> tuple[int, bool]:
     """The head's exit code, and whether it was stopped here: a worker that fails first gives the head
     WORKER_GRACE_S to fail by itself (it hears of the node through Ray), then the head is stopped, so
-    no job waits out a barrier."""
+    no job waits out a barrier. A worker that left with the driver's published exit code did not fail:
+    the driver has ended, and the head, ending too, is not stopped however long its Ray takes to stop."""
     import time
     deadline = time.monotonic() + timeout_s
     worker_failed, stopped = None, False
+    left: set = set()  # workers seen leaving after the driver
     while True:
         code = _exit_code(head)
         if code is not None:
             return code, stopped
         now = time.monotonic()
-        if worker_failed is None and any(_exit_code(w) not in (None, 0) for w in workers):
-            worker_failed = now
+        for i, w in enumerate(workers):
+            if worker_failed is None and i not in left and _exit_code(w) not in (None, 0):
+                if _left_after_driver(w):
+                    left.add(i)
+                else:
+                    worker_failed = now
         if (worker_failed is not None and now - worker_failed > WORKER_GRACE_S) or now > deadline:
             head.stop(timeout=10)
             stopped = True
@@ -150,14 +167,12 @@ def diagnose(head, head_alias: str, workers: list, aliases: list[str], cores: in
     def finished(c) -> str:
         return c.attrs["State"].get("FinishedAt", "")
 
-    def tail(c) -> list[str]:
-        return c.logs(tail=12).decode(errors="replace").rstrip().splitlines()
     consequence = () if head_stopped else (EXIT_HEAD_LOST,)
     failed = sorted(((finished(w), alias, w) for w, alias in zip(workers, aliases)
-                     if _exit_code(w) not in (None, 0, *consequence) and not C.left_after_driver("\n".join(tail(w)))),
+                     if _exit_code(w) not in (None, 0, *consequence) and not _left_after_driver(w)),
                     key=lambda t: t[0])
     _, alias, culprit = failed[0] if failed else ("", head_alias, head)
-    lines = tail(culprit)
+    lines = _tail(culprit)
     text = "\n".join(lines)
     if any(mark in text for mark in SLOW_START):
         fix = (f"this machine could not start every node's Ray in time ({nodes} nodes on {cores} core(s), "
@@ -355,7 +370,7 @@ class Local(Target):
                 ctx.progress(f"created the fileroot {m.source} (mode 1777)")
 
     # -- a held cluster (invoke up / run / status / down) ----------------------------------------
-    holds_clusters = True
+    handle = LocalHandle
 
     def held_status(self, handle: LocalHandle, ctx: HeldContext) -> ClusterStatus:
         return held_status(ctx.engine(), handle)

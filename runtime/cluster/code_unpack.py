@@ -1,6 +1,6 @@
 """The code a held cluster's run brings on stdin: a tar, read as data, unpacked whole or not at all.
 
-`invoke run` sends the project's files as the app layer holds them (toolchain.layers: regular files
+`invoke run` sends the project's files as the app layer holds them (toolchain.image.layers: regular files
 and directories only, uncompressed, under one relative directory). Anything else is refused before a
 byte is written: links of either kind (a chain of symlinks, each harmless alone, wrote outside the
 root together), devices, FIFOs, sparse members, names that are absolute, climb with `..`, are empty

@@ -16,7 +16,7 @@ import sys
 # named once for both ends. The request: an 8-byte length, JSON {argv, env, cwd}, and three descriptors
 # (the worker's stdio). The zygote answers, one line each:
 #     pid <n>          it forked the worker
-#     exit <status>    the worker ended (negative: the signal that killed it)
+#     exit <status> <t> the worker ended (negative: the signal that killed it), reaped at unix time t
 #     refused <why>    it will not fork (a thread is running): start the worker plainly
 PID, EXIT, REFUSED = "pid", "exit", "refused"
 
@@ -88,11 +88,12 @@ def _zygote_argv(argv: list[str], real_python: str, trampoline: str) -> tuple[li
 
 
 def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds=(0, 1, 2), on_pid=None,
-                     forward_signals: bool = True) -> int | None:
+                     forward_signals: bool = True, on_end=None) -> int | None:
     """Have the zygote at SOCKET_PATH fork `python ARGV` with ENV in CWD, on FDS as its stdio; wait for it.
     Its exit status (negative: the signal that killed it), or None when no zygote took it (none there,
     it refused because it found a thread, or it was not ready in time): start it plainly then. ON_PID
-    gets the child's pid; with FORWARD_SIGNALS (main thread only) signals to this process go to it."""
+    gets the child's pid, ON_END the unix time the zygote reaped it (the moment it ended, not the later
+    one this process heard of it); with FORWARD_SIGNALS (main thread only) signals to this process go to it."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         conn.connect(socket_path)
@@ -126,7 +127,10 @@ def fork_from_zygote(socket_path: str, argv: list[str], env: dict, cwd: str, fds
             continue
     conn.close()
     word, rest = _word(answer)
-    return int(rest) if word == EXIT else -signal.SIGKILL
+    status, _, at = rest.partition(" ")
+    if on_end is not None and word == EXIT and at:
+        on_end(float(at))
+    return int(status) if word == EXIT else -signal.SIGKILL
 
 
 def trampoline_main(real_python: str, socket_path: str) -> None:

@@ -30,6 +30,7 @@ import os
 import signal
 import socket
 import sys
+import time
 
 from runtime.cluster.preload import import_all, parse, run
 from runtime.cluster.trampoline import EXIT, PID, REFUSED, protocol_line, python_for_raylet
@@ -167,7 +168,6 @@ def _child(req: dict, fds: list[int]) -> None:
 
 def serve(socket_path: str, log=lambda m: print(m, file=sys.stderr, flush=True)) -> int:
     """Import PRELOAD, then fork a worker for each trampoline that connects, until SIGTERM."""
-    import time
     t0 = time.monotonic()
     # bound before the imports: a worker that starts meanwhile waits in the backlog for them (they are
     # under way, and a second torch import beside them would only compete for the same cores)
@@ -222,7 +222,6 @@ def _preload(log) -> list[str]:
 def _single_threaded(wait_s: float = 2.0) -> bool:
     """Whether this process is down to one thread (the imports' thread is joined; the kernel drops its
     task a moment later): only then is forking safe."""
-    import time
     deadline = time.monotonic() + wait_s
     while _threads() != 1 and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -277,7 +276,7 @@ class _Loop:
             conn = self.children.pop(pid, None)
             if conn is not None:
                 try:
-                    conn.sendall(protocol_line(EXIT, os.waitstatus_to_exitcode(status)))
+                    conn.sendall(protocol_line(EXIT, f"{os.waitstatus_to_exitcode(status)} {time.time():.6f}"))
                 except OSError:
                     pass
                 self.sel.unregister(conn)

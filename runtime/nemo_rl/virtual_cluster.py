@@ -33,6 +33,7 @@ from typing import Optional
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from runtime import numbers
 from runtime.errors import InputError
 from runtime.workers import free_ports
 from runtime.workers.virtual_cluster import RayVirtualCluster as _CoreCluster
@@ -154,6 +155,7 @@ class RayVirtualCluster(_CoreCluster):
             raise NotImplementedError(
                 "segment_size / node_resource_constraints pin nodes to NVLink domains that NeMo RL's ray.sub "
                 "registers as Ray resources; this runtime registers none, so both must be None")
+        use_gpus = numbers.boolean(use_gpus, "use_gpus")
         if use_gpus and num_gpus_per_node <= 0:
             raise ValueError("num_gpus_per_node must be greater than 0 if using GPUs")
         super().__init__(list(bundle_ct_per_node_list), use_gpus=use_gpus,
@@ -163,8 +165,10 @@ class RayVirtualCluster(_CoreCluster):
         self.num_gpus_per_node = num_gpus_per_node
         self.name = name
         self.placement_group_strategy = placement_group_strategy
-        self.port_range_low = DEFAULT_MASTER_PORT_RANGE_LOW if port_range_low is None else port_range_low
-        self.port_range_high = DEFAULT_MASTER_PORT_RANGE_HIGH if port_range_high is None else port_range_high
+        self.port_range_low = DEFAULT_MASTER_PORT_RANGE_LOW if port_range_low is None else \
+            numbers.integer(port_range_low, "port_range_low", 1, free_ports.PORT_MAX)
+        self.port_range_high = DEFAULT_MASTER_PORT_RANGE_HIGH if port_range_high is None else \
+            numbers.integer(port_range_high, "port_range_high", 1, free_ports.PORT_MAX + 1)
         if not self.port_range_low < self.port_range_high:
             raise ValueError(f"port range [{self.port_range_low}, {self.port_range_high}) is empty")
         self.segment_size = None

@@ -43,6 +43,7 @@ from typing import Any, Optional, Union
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from runtime import numbers
 from runtime.nemo_rl.named_sharding import NamedSharding
 from runtime.nemo_rl.ray_actor_environment_registry import get_actor_python_env
 from runtime.nemo_rl.virtual_cluster import RAY_PRIVATE_ENV, RayVirtualCluster
@@ -338,6 +339,8 @@ class RayWorkerGroup(GroupOfMembers):
             counts = list(workers_per_node)
         else:
             raise ValueError("workers_per_node must be None (for default distribution), an int, or a list")
+        counts = [numbers.integer(n, f"workers_per_node[{i}]" if isinstance(workers_per_node, list) else
+                                  "workers_per_node", 1) for i, n in enumerate(counts)]
         for i, (pg, n) in enumerate(zip(groups, counts)):
             if n > pg.bundle_count:
                 raise ValueError(f"Placement group {i} has {pg.bundle_count} bundles, but {n} workers were requested")

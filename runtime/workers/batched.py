@@ -19,8 +19,8 @@ from runtime.workers.batching import collectives, plans
 from runtime.workers.batching.args import DynamicBatchingArgs, SequencePackingArgs
 from runtime.workers.batching.media import NATIVE_MULTIMODAL_KEYS, PIXEL_KEYS, check_coupled_media, shared_media_memo
 from runtime.workers.batching.packed_tensor import PackedTensor
-from runtime.workers.batching.rows import (BatchShapeError, as_index_list, require, take_range, take_rows,
-                                   uniform_row_count)
+from runtime.workers.batching.rows import (BatchShapeError, as_index_list, indices_within, require, take_range,
+                                           take_rows, uniform_row_count, whole)
 from runtime.workers.batching.stacking import ordered_keys, stack_batches
 
 __all__ = ["BatchedDataDict", "SlicedDataDict", "DynamicBatchingArgs", "SequencePackingArgs", "PackedTensor",
@@ -125,20 +125,22 @@ class BatchedDataDict(dict, Generic[DictT]):
     def slice(self, start: int, end: int) -> "SlicedDataDict":
         """Rows start..end-1 (tensor values are views; a tensor must have `end` rows). Every value must
         have the same number of rows (BatchShapeError), or the slices would not line up."""
-        if self:
-            uniform_row_count(self)
+        total = uniform_row_count(self) if self else 0
+        start = whole("slice start", start, 0)
+        end = whole("slice end", end, start)
+        require(end <= total, f"end: {end} is greater than the shape of the batch: {total} rows")  # NeMo RL's words
         return SlicedDataDict({k: take_range(v, start, end, k) for k, v in self.items()})
 
     def select_indices(self: B, indices: Indices) -> B:
         """Rows at `indices`, in that order (every value with the same number of rows)."""
-        if self:
-            uniform_row_count(self)
-        return self._rows(indices)
+        total = uniform_row_count(self) if self else 0
+        return self._rows(indices_within("select_indices", indices, total))
 
     def chunk(self, rank: int, chunks: int) -> "SlicedDataDict":
         """Split into `chunks` equal consecutive parts and return part `rank` (tensors copied)."""
         total = uniform_row_count(self)
-        require(chunks > 0 and total % chunks == 0, f"batch size ({total}) is not a multiple of chunks ({chunks})")
+        chunks, rank = whole("chunks", chunks, 1), whole("rank", rank, 0)
+        require(total % chunks == 0, f"batch size ({total}) is not a multiple of chunks ({chunks})")
         require(0 <= rank < chunks, f"index OOB: not enough splits for this rank. rollout_batch_size: {total}, "
                                     f"chunks ({chunks}), rank_idx ({rank})")
         per = total // chunks
@@ -147,22 +149,32 @@ class BatchedDataDict(dict, Generic[DictT]):
     def reorder_data(self, reorded_indices: Sequence[int]) -> None:
         """Undo a shuffle in place: the row now at position p came from position reorded_indices[p]
         (what shard_by_batch_size returns for dynamic batching and sequence packing)."""
-        uniform_row_count(self)
-        order = sorted(range(len(reorded_indices)), key=lambda p: reorded_indices[p])
+        total = uniform_row_count(self)
+        given = indices_within("reorder_data", reorded_indices, total)
+        require(sorted(given) == list(range(total)), f"reorder_data: the indices are not each row number 0-{total - 1} "
+                                                     "once (a repeated or missing row would be lost)")
+        order = sorted(range(len(given)), key=lambda p: given[p])
         for k, v in list(self.items()):
             self[k] = take_rows(v, order)
 
     def get_batch(self, batch_idx: int, batch_size: Optional[int] = None) -> "SlicedDataDict":
         """Global batch `batch_idx` of a shard, with its micro-batch plan. Sequence-packed shards
         know each global batch's row count; otherwise pass batch_size (rows per global batch)."""
+        batch_idx = whole("batch_idx", batch_idx, 0)
         if self.elem_counts_per_gb is not None:
             require(self.micro_batch_indices is not None, "micro_batch_indices must be provided if sequence_packing is True")
+            require(batch_idx < len(self.elem_counts_per_gb), f"batch_idx: {batch_idx}, but the shard has "
+                                                              f"{len(self.elem_counts_per_gb)} global batch(es)")
             start = sum(self.elem_counts_per_gb[:batch_idx])
             batch = self.slice(start, start + self.elem_counts_per_gb[batch_idx])
             batch.elem_counts_per_gb = [self.elem_counts_per_gb[batch_idx]]
         else:
             if batch_size is None:
                 raise TypeError("get_batch needs batch_size unless the batch was sequence-packed")
+            batch_size = whole("batch_size", batch_size, 1)
+            total = uniform_row_count(self) if self else 0
+            require(batch_size * (batch_idx + 1) <= total, f"get_batch: batch {batch_idx} of {batch_size} rows ends at "
+                                                           f"row {batch_size * (batch_idx + 1)}, past the {total} rows")
             batch = self.slice(batch_size * batch_idx, batch_size * (batch_idx + 1))
         if self.micro_batch_indices is not None:
             batch.micro_batch_indices = [self.micro_batch_indices[batch_idx]]
@@ -233,6 +245,7 @@ class BatchedDataDict(dict, Generic[DictT]):
         copies, so repeats can be changed independently; with share_immutable_media the copies
         share their media (PackedTensor segments, vllm_* payloads, image/video/audio content
         parts) while every container is still new. PackedTensor values cannot be repeated."""
+        num_repeats = whole("num_repeats", num_repeats, 0)
         if self:
             uniform_row_count(self)
         out = type(self)()

@@ -29,6 +29,15 @@ def _range(low, high, what: str) -> tuple[int, int]:
     return low, high
 
 
+def _port_set(ports, what: str) -> set[int]:
+    """A collection of port numbers (a set, list or tuple of whole numbers), as a set; None is none."""
+    if ports is None:
+        return set()
+    if not isinstance(ports, (set, frozenset, list, tuple)):
+        raise InputError(f"{what}: {str(ports)[:40]!r} is not a collection of ports; give a set of ints, e.g. {{45001}}")
+    return {numbers.integer(p, what, 1, PORT_MAX) for p in ports}
+
+
 def _bindable(port: int) -> Optional[socket.socket]:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:
@@ -47,7 +56,7 @@ def bind_in_range(sock: socket.socket, low: int, high: int, max_retries: Optiona
     low, high = _range(low, high, "bind_in_range")
     if max_retries is not None:
         max_retries = numbers.integer(max_retries, "bind_in_range: max_retries", 1, 1_000_000)
-    excluded = excluded or set()
+    excluded = _port_set(excluded, "bind_in_range: excluded")
     if max_retries is None:
         candidates = [p for p in range(low, high) if p not in excluded]
         random.shuffle(candidates)

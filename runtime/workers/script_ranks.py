@@ -11,9 +11,12 @@ TORCHELASTIC_USE_AGENT_STORE=False, so `init_process_group()` with no arguments,
 TorchElasticEnvironment and Accelerate find them. CUDA_VISIBLE_DEVICES is the node's (every GPU; the
 rank picks by LOCAL_RANK); OMP_NUM_THREADS is the job's, else 1 when K > 1, as torchrun's.
 
-A rank is a process started by its node's Ray actor (NodeRanks, one per node, no resources held),
-forked from the node's zygote when there is one (torch imported: runtime/cluster/zygote.py), else a
-new interpreter; its lines reach the driver through Ray's log stream, `(nodeK@IP ...) [rankR] line`. Failures
+A rank is a process forked from its node's zygote when there is one (torch imported:
+runtime/cluster/zygote.py), else a new interpreter. The driver's own node's ranks are started by the
+driver itself; each other node's by a Ray actor there (NodeRanks, no resources held), whose start (a
+Ray worker: 0.7 s on a busy node) is all a one-node run would otherwise wait for. Every rank's lines
+read `(nodeK@IP pid=P) [rankR] line`: the driver writes its own node's, Ray's log stream brings the
+others'. Failures
 follow torchrun: the first rank to exit non-zero stops the others (SIGTERM, SIGKILL after
 STOP_GRACE_S), and the whole group starts again with TORCHELASTIC_RESTART_COUNT one higher, up to
 MAX_RESTARTS; then the exit code is that rank's, and the message names it, its node and its last lines.
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent import futures
 from dataclasses import dataclass
 from typing import Optional
 
@@ -109,14 +113,16 @@ class Ended:
 
 
 class NodeRanks:
-    """The actor that runs one node's ranks, each a process, and passes their lines on, each named by its
-    rank. Threaded: each rank's `run` waits for its process while `stop` and the others are served."""
+    """What runs one node's ranks, each a process, and passes their lines on, each named by its rank: an
+    actor on that node, or (IN_DRIVER) an object in the driver for the driver's own node. Threaded: each rank's `run` waits for its process while `stop` and the others are served."""
 
-    def __init__(self, node_rank: int):
+    def __init__(self, node_rank: int, in_driver: bool = False):
         self.node_rank, self.ip = node_rank, ray.util.get_node_ip_address()
         self.pids: dict[int, int] = {}         # rank -> its process
         self.attempt = -1
         self.stopping = threading.Event()
+        # Ray names an actor's lines; in the driver they are named here, the same way
+        self.line_prefix = f"({self!r} pid={os.getpid()}) " if in_driver else ""
 
     def __repr__(self) -> str:  # Ray names the actor's lines with it: node1@10.0.0.2
         return f"node{self.node_rank}@{self.ip}"
@@ -150,29 +156,33 @@ class NodeRanks:
         tail: collections.deque = collections.deque(maxlen=TAIL_LINES)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        pumps = [threading.Thread(target=_pump, args=(fd, stream, tail, f"[rank{rank}] "), daemon=True)
+        pumps = [threading.Thread(target=_pump, args=(fd, stream, tail, f"{self.line_prefix}[rank{rank}] "),
+                                  daemon=True)
                  for fd, stream in ((out_r, sys.stdout), (err_r, sys.stderr))]
         for p in pumps:
             p.start()
+        ended_at: list[float] = []  # when it ended: the zygote's word, else when this process heard
         try:
-            status = self._start(rank, argv, env, cwd, (out_w, err_w)) if attempt == self.attempt else -signal.SIGTERM
+            status = self._start(rank, argv, env, cwd, (out_w, err_w), ended_at.append) \
+                if attempt == self.attempt else -signal.SIGTERM
         finally:
             os.close(out_w)
             os.close(err_w)
-        ended_at = time.time()
+        ended_at.append(time.time())
         for p in pumps:
             p.join(timeout=5)
         self.pids.pop(rank, None)
         code = 128 - status if status < 0 else status
-        return Ended(code, tuple(tail), self.stopping.is_set() or attempt != self.attempt, ended_at)
+        return Ended(code, tuple(tail), self.stopping.is_set() or attempt != self.attempt, ended_at[0])
 
-    def _start(self, rank: int, argv: list[str], env: dict, cwd: str, fds: tuple[int, int]) -> int:
+    def _start(self, rank: int, argv: list[str], env: dict, cwd: str, fds: tuple[int, int], on_end) -> int:
         socket_path = os.environ.get(C.ZYGOTE_ENV)
         with open(os.devnull, "rb") as devnull:
             if socket_path:
                 from runtime.cluster.trampoline import fork_from_zygote
                 status = fork_from_zygote(socket_path, argv, env, cwd, fds=(devnull.fileno(), *fds),
-                                          on_pid=lambda pid: self._started(rank, pid), forward_signals=False)
+                                          on_pid=lambda pid: self._started(rank, pid), forward_signals=False,
+                                          on_end=on_end)
                 if status is not None:
                     return status
             proc = subprocess.Popen([sys.executable, *argv], env=env, cwd=cwd, stdin=devnull, stdout=fds[0],
@@ -226,6 +236,44 @@ def _pump(fd: int, stream, tail: collections.deque, prefix: str) -> None:
                 stream.flush()
 
 
+class _InDriver:
+    """A NodeRanks in the driver's process (its node's ranks), called the way an actor is: `call` gives a
+    future, `tell` does not wait."""
+
+    def __init__(self, ranks: NodeRanks, threads: futures.ThreadPoolExecutor):
+        self.ranks, self.threads = ranks, threads
+
+    def call(self, method: str, *args, **kwargs) -> futures.Future:
+        return self.threads.submit(getattr(self.ranks, method), *args, **kwargs)
+
+    def tell(self, method: str, *args) -> None:
+        getattr(self.ranks, method)(*args)
+
+
+class _Actor:
+    """A NodeRanks actor on another node, with _InDriver's calls."""
+
+    def __init__(self, actor):
+        self.actor = actor
+
+    def call(self, method: str, *args, **kwargs) -> futures.Future:
+        return getattr(self.actor, method).remote(*args, **kwargs).future()
+
+    def tell(self, method: str, *args) -> None:
+        getattr(self.actor, method).remote(*args)
+
+
+def _node_hosts(nodes: list[Node], per_node: int, threads: futures.ThreadPoolExecutor) -> list:
+    """Each node's NodeRanks: the driver's node's in this process, an actor pinned to each other node."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    here = ray.get_runtime_context().get_node_id()
+    return [_InDriver(NodeRanks(node.rank, in_driver=True), threads) if node.node_id == here else
+            _Actor(ray.remote(NodeRanks).options(num_cpus=0, max_concurrency=per_node + 4, scheduling_strategy=
+                                                 NodeAffinitySchedulingStrategy(node.node_id, soft=False))
+                   .remote(node.rank))
+            for node in nodes]
+
+
 @dataclass(frozen=True)
 class Failure:
     rank: int
@@ -264,41 +312,54 @@ def run_group(target: list[str], nproc: Optional[int] = None, max_restarts: int 
     per_node = ranks_per_node(nodes, nproc)
     run_id = os.environ.get(C.RUN_ID) or os.environ.get("TORCHELASTIC_RUN_ID") or "none"
     omp = os.environ.get("OMP_NUM_THREADS") or ("1" if per_node > 1 else None)
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-    hosts = [ray.remote(NodeRanks).options(num_cpus=0, max_concurrency=per_node + 4, scheduling_strategy=
-                                           NodeAffinitySchedulingStrategy(node.node_id, soft=False)).remote(node.rank)
-             for node in nodes]
-    cwds = ray.get([h.code_dir.remote(cwd) for h in hosts])
-    places = [(host, node, local, d) for host, node, d in zip(hosts, nodes, cwds) for local in range(per_node)]
+    threads = futures.ThreadPoolExecutor(max_workers=per_node + 4, thread_name_prefix="ranks")
+    try:
+        hosts = _node_hosts(nodes, per_node, threads)
+        cwds = [f.result() for f in [h.call("code_dir", cwd) for h in hosts]]
+        places = [(host, node, local, d) for host, node, d in zip(hosts, nodes, cwds) for local in range(per_node)]
+        say(f"{len(nodes)} node(s) x {per_node} rank(s): world size {len(places)}, run {run_id}, up to "
+            f"{max_restarts} restart(s) (ray.init {t_init - t0:.2f} s, the nodes' hosts "
+            f"{time.monotonic() - t_init:.2f} s)")
+        return _attempts(hosts, places, argv, omp, len(nodes), run_id, max_restarts, say)
+    finally:
+        threads.shutdown(wait=False, cancel_futures=True)
+
+
+def _attempts(hosts: list, places: list, argv: list[str], omp: Optional[str], nnodes: int, run_id: str,
+              max_restarts: int, say) -> int:
+    """The group's attempts, until one ends with every rank at 0 or the restarts are spent; the exit code."""
     world = len(places)
-    say(f"{len(nodes)} node(s) x {per_node} rank(s): world size {world}, run {run_id}, up to {max_restarts} "
-        f"restart(s) (ray.init {t_init - t0:.2f} s, the nodes' hosts {time.monotonic() - t_init:.2f} s)")
+    per_node = world // nnodes
+    actors = [h.actor for h in hosts if isinstance(h, _Actor)]  # the lines Ray's log stream still carries
     failure: Optional[Failure] = None
     for restart in range(max_restarts + 1):
-        master = ray.get(hosts[0].free_port.remote())
-        ray.get([h.begin.remote(restart) for h in hosts])
-        running = {host.run.remote(restart, rank=i, argv=argv, omp=omp, cwd=d, contract=rank_env(
-                       node, local, per_node, len(nodes), master, run_id, restart, max_restarts)): (i, node, local)
+        master = hosts[0].call("free_port").result()
+        for began in [h.call("begin", restart) for h in hosts]:
+            began.result()
+        running = {host.call("run", restart, rank=i, argv=argv, omp=omp, cwd=d, contract=rank_env(
+                       node, local, per_node, nnodes, master, run_id, restart, max_restarts)): (i, node, local)
                    for i, (host, node, local, d) in enumerate(places)}
         failed: list[Failure] = []
         while running:
-            done, _ = ray.wait(list(running), num_returns=1)
-            i, node, local = running.pop(done[0])
-            try:
-                ended = ray.get(done[0])
-            except ray.exceptions.RayActorError as e:
-                ended = Ended(1, (f"its host actor died ({type(e).__name__}): its node may have left",), False,
-                              time.time())
-            if ended.code != 0 and not ended.stopped:
-                if not failed:
-                    say(f"rank {i} (node {node.rank}, {node.ip}) exited with {ended.code}; stopping the other ranks")
-                    for h in hosts:
-                        h.stop.remote(restart)
-                failed.append(Failure(i, node, local, ended))
+            done, _ = futures.wait(list(running), return_when=futures.FIRST_COMPLETED)
+            for fut in done:
+                i, node, local = running.pop(fut)
+                try:
+                    ended = fut.result()
+                except ray.exceptions.RayActorError as e:
+                    ended = Ended(1, (f"its host actor died ({type(e).__name__}): its node may have left",), False,
+                                  time.time())
+                if ended.code != 0 and not ended.stopped:
+                    if not failed:
+                        say(f"rank {i} (node {node.rank}, {node.ip}) exited with {ended.code}; stopping the other "
+                            "ranks")
+                        for h in hosts:
+                            h.tell("stop", restart)
+                    failed.append(Failure(i, node, local, ended))
         # the first to fail by when it ended, not by when the driver heard: a rank whose peer left may fail
         # on the lost connection a moment later, and its word can arrive first
         failure = min(failed, key=lambda f: f.ended.at) if failed else None
-        output_flush.flush(hosts, timeout_s=10)  # the ranks' lines before what this says of them
+        output_flush.flush(actors, timeout_s=10)  # the ranks' lines before what this says of them
         if failure is None:
             say(f"all {world} ranks exited with 0")
             return 0

@@ -31,7 +31,7 @@ def parse_bytes(value: Union[int, str, None], what: str) -> Optional[int]:
     naming WHAT for anything else."""
     if value is None or isinstance(value, int):
         return value
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?)(i?B)?\s*", str(value), re.I)
+    m = re.fullmatch(r" *([0-9]+(?:\.[0-9]+)?) *([KMGT]?)(i?B)? *", str(value), re.I)  # spaces, no line breaks
     if not m:
         raise InputError(f"{what}: {value!r} is not a size such as 8GB, 512MiB or a number of bytes")
     return int(float(m.group(1)) * 1024 ** " KMGT".index((m.group(2) or " ").upper()))

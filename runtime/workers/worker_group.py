@@ -32,6 +32,7 @@ The seed's (NeMo RL's) group options, each with a meaning here:
 """
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import Callable, Optional
@@ -83,6 +84,8 @@ def gather_futures(*futures: WorkerGroupFuture) -> list[list]:
 
 WEEK_S = 7 * 86400.0  # the longest timeout an option takes
 
+
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}")  # a process environment's name, as a shell reads one
 
 class GroupOptions(BaseModel):
     """Every option of a RayWorkerGroup, checked once (GroupOptions.parse), by name, before Ray or the
@@ -138,10 +141,14 @@ class GroupOptions(BaseModel):
         if not isinstance(v, dict) or not all(isinstance(k, str) for k in v):
             raise InputError(f"{info.field_name}: {str(v)[:40]!r} is not a dict of names; give the {what} as a "
                              "dict with str keys")
-        bad = [k for k, x in v.items() if not isinstance(x, str)] if info.field_name == "env" else []
-        if bad:
-            raise InputError(f"env: {bad[0]}={v[bad[0]]!r:.40} is not text; give every variable's value as "
-                             "a str (e.g. \"1\")")
+        if info.field_name == "env":
+            for name, value in v.items():
+                if not ENV_NAME.fullmatch(name):
+                    raise InputError(f"env: {name[:40]!r} is not a variable name; give names of letters, digits and "
+                                     "_ that do not start with a digit (e.g. NCCL_DEBUG)")
+                if not isinstance(value, str) or "\x00" in value:
+                    raise InputError(f"env: {name}={value!r:.40} is not text without NUL; give every variable's "
+                                     "value as a str (e.g. \"1\")")
         return dict(v)
 
     @field_validator("backend", mode="before")
@@ -198,7 +205,7 @@ class GroupOptions(BaseModel):
     @field_validator("enable_gradient_compression", mode="before")
     @classmethod
     def _compression(cls, v):
-        kind = "fp16" if v is True else (v or None)
+        kind = "fp16" if v is True else None if v is None or v is False else v
         if kind not in (None, *COMPRESSIONS):
             raise InputError(f"enable_gradient_compression: {str(v)[:40]!r} is not True or one of "
                              f"{', '.join(COMPRESSIONS)}")

@@ -1,6 +1,6 @@
 """Small images for push tests, made here (nothing can be pulled): a runnable base imported from this
 host's /bin/sh and /bin/cat with the libraries they load, and a layer assembled on top by
-toolchain.layers (kept in a layer store, its config too, as a build keeps them)."""
+toolchain.image.layers (kept in a layer store, its config too, as a build keeps them)."""
 from __future__ import annotations
 
 import io
@@ -14,7 +14,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolchain import layers
+from toolchain.image import layers
 
 BINARIES = ("/bin/sh", "/bin/cat")
 

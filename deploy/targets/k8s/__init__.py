@@ -37,22 +37,24 @@ from dataclasses import dataclass
 from typing import Annotated, Optional, Sequence
 
 import yaml
-from pydantic import BeforeValidator, Field
+from pydantic import Field
 
 from deploy.targets.k8s import held
 from deploy.targets.k8s import kubectl
 from deploy.targets.k8s.kubectl import LABEL_GROUP, LABEL_JOB, LABEL_ROLE, LABEL_SEED
 from deploy.job import JOB_NAME_RE, DeployError, JobSpec, time_limit_seconds
-from deploy.targets.base import (MAX_SEEDS, AllowLocalRegistry, Applied, ApplyContext, Artifacts, Destroyed, File,
+from deploy.targets.base import (AllowLocalRegistry, Applied, ApplyContext, Artifacts, Destroyed, File,
                                  SiteCheck, Target, TargetOptions)
+from deploy.targets.seeds import MAX_SEEDS, Seeds, from_text, seeds_problems
 from deploy.yaml_out import Dumper
 from runtime import contract as C
-from runtime import k8s_names, numbers
+from runtime import k8s_names
 from runtime.contract import EXIT_HEAD_LOST, EXIT_NODE_CANNOT_START
 from runtime.contract import RayPorts
 from runtime.spec import ClusterSpec, KubernetesOptions
 from runtime.errors import RaytrainError
 from deploy import hint
+from deploy.handles import K8sHandle
 
 TOKEN_KEY = "token"
 
@@ -347,38 +349,13 @@ def cluster_problems(view: kubectl.ClusterView, objs_secrets: list[str], group: 
     return problems
 
 
-def parse_seeds(text: str) -> list[int]:
-    """'1-4', '1,5,9' or '1-3 7' -> seeds, at most MAX_SEEDS of them, each 0..2**31-1."""
-    out: list[int] = []
-    for w in (x for x in text.replace(",", " ").split() if x):
-        lo, dash, hi = w.partition("-")
-        if not (numbers.is_whole(lo) and (not dash or numbers.is_whole(hi))) or len(w) > 21:
-            raise DeployError(f"--seeds: {w[:40]!r} is not a whole number or a range like 1-8")
-        a, b = int(lo), int(hi) if dash else int(lo)
-        if a > b or b >= 2**31:
-            raise DeployError(f"--seeds: {w!r} is not an increasing range of seeds below 2**31")
-        if len(out) + (b - a + 1) > MAX_SEEDS:
-            raise DeployError(f"--seeds: more than {MAX_SEEDS} runs; split the sweep into several deploys")
-        out += range(a, b + 1)
-    if not out:
-        raise DeployError("--seeds: no seed given")
-    return out
-
-
 def parse_slots(text: str) -> list[Slot]:
     """'node1:0,node1:1 node2' -> slots (comma- or space-separated NODE[:GPU])."""
     return [Slot.parse(x) for x in text.replace(",", " ").split()]
 
 
-def _from_text(parse):
-    """The flag's text becomes the list here, and only here; a list is taken as it is."""
-    return BeforeValidator(lambda v: parse(v) if isinstance(v, str) else v)
-
-
-# the options k8s shares with skypilot: one definition, so their flags agree
-Seeds = Annotated[list[int], _from_text(parse_seeds), Field(default_factory=list, max_length=MAX_SEEDS, description=(
-    "one independent run per seed, e.g. '1-4' or '1,5,9' (<name>-s<seed>; --seed is appended)."))]
-Slots = Annotated[list[Slot], _from_text(parse_slots), Field(default_factory=list, max_length=MAX_SEEDS, description=(
+# the options k8s shares with skypilot: deploy/targets/seeds.py; --slots is k8s' own
+Slots = Annotated[list[Slot], from_text(parse_slots), Field(default_factory=list, max_length=MAX_SEEDS, description=(
     "with --seeds, NODE[:GPU] slots the runs are pinned to round-robin, e.g. 'node1:0,node1:1,node2'."))]
 
 
@@ -394,6 +371,9 @@ class Kubernetes(Target):
     summary = "Kubernetes manifests: head Service + Job, Indexed worker Job; --seeds fan-out; --submit applies"
     Options = K8sFlags
     pulls_image = True
+
+    def allows_local_registry(self, opts: K8sFlags) -> bool:
+        return opts.allow_local_registry
 
     def spec_gpus(self, spec: ClusterSpec) -> int:
         return spec.kubernetes.gpus_per_pod if spec.kubernetes else 0
@@ -417,10 +397,7 @@ class Kubernetes(Target):
             problems.append(f"image: {job.image} has no numeric USER recorded (build/images.json 'user': "
                             f"{job.image_info.user if job.image_info else None!r}); a kubelet cannot verify "
                             "runAsNonRoot. Build and push again")
-        if opts.seeds and job.serve:
-            problems.append(f"--seeds: a held cluster ({hint.cmd('up')}) is one cluster; fan seeds out with `{hint.cmd('deploy')}`")
-        if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
-            problems.append(f"--name {job.name!r}: too long for the seed runs' object names; use a shorter name")
+        problems += seeds_problems(job, opts.seeds)
         if k is not None:
             problems += spec_problems(job, k)
         return problems
@@ -479,7 +456,7 @@ class Kubernetes(Target):
                          details={"namespace": namespace, "kubectl": out})
 
     # a held cluster is the job's head and worker pods, the head serving (deploy/targets/k8s/held.py)
-    holds_clusters = True
+    handle = K8sHandle
     held = held
 
 

@@ -55,6 +55,9 @@ class Pyxis(SlurmJobTarget):
     def pulls_from_registry(self, opts: PyxisFlags) -> bool:
         return not opts.sqsh
 
+    def allows_local_registry(self, opts: PyxisFlags) -> bool:
+        return opts.allow_local_registry
+
     def build_dir_options(self, build_dir: Path) -> dict:
         return {"sqsh_dir": str(build_dir / "sqsh")}
 

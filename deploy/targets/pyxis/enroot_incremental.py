@@ -18,7 +18,7 @@ again under another name (`etc_1`), never merged. So the split is by top-level d
 
 The image layout keeps this cheap: the app lives in /app, away from /opt/venv (runtime/contract.py),
 so the stage holds /app and /etc (a few MB), not the venv. The upper layers' files come from the
-layer store the build writes (<build_dir>/layers/<diff id>.tar; toolchain/layers.py): a layer is
+layer store the build writes (<build_dir>/layers/<diff id>.tar; toolchain/image/layers.py): a layer is
 upper when its tar is there and hashes to its diff ID.
 
 Falls back to a full conversion, with the reason, when: no top layer is in the store, a layer

@@ -15,7 +15,7 @@ recorded as launched under the name (build/launched.json). A launch that fails s
 removes what it left. `invoke up` launches the one task with every node serving and holds the cluster
 (deploy/targets/skypilot/held.py), which `down` removes.
 
-The image must be built with the SkyPilot profile (`build --profile skypilot`: toolchain/images.py):
+The image must be built with the SkyPilot profile (`build --profile skypilot`: toolchain/image/images.py):
 SkyPilot's pod setup needs a user that can become root and a few tools; pre-flight refuses another.
 """
 from __future__ import annotations
@@ -24,14 +24,15 @@ import os
 import re
 from typing import Optional
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from deploy import hint
+from deploy.handles import SkyHandle
 from deploy.job import DeployError, JobSpec
 from deploy.targets.skypilot import held
 from deploy.targets.skypilot.task import IMAGE_ENV, by_rank, dump
 from deploy.targets.base import AllowLocalRegistry, Applied, ApplyContext, Artifacts, Destroyed, File, Target, TargetOptions
-from deploy.targets.k8s import Seeds
+from deploy.targets.seeds import Seeds, seeds_problems
 from runtime import contract as C
 from runtime.contract import SKYPILOT_PROFILE as PROFILE
 from runtime.spec import ClusterSpec
@@ -42,8 +43,17 @@ class SkyFlags(TargetOptions):
     seeds: Seeds
     accelerator: Optional[str] = Field(None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$", description=(
         "accelerator name for resources.accelerators (default: the spec's one GPU type)."))
-    fileroot_store: Optional[str] = Field(None, pattern=r"^(s3|gs|r2|cos|oci|https)://[A-Za-z0-9_./-]{1,500}$",
+    fileroot_store: Optional[str] = Field(None, pattern=r"^(s3|gs|r2|cos|oci|https)://[A-Za-z0-9_-][A-Za-z0-9_./-]{0,499}$",
                                           description="bucket URI mounted at the fileroot (e.g. s3://bucket/runs).")
+
+    @field_validator("fileroot_store")
+    @classmethod
+    def _one_place(cls, v: Optional[str]) -> Optional[str]:
+        """A bucket and a path in it, each part named: '.', '..' or an empty part would name another place."""
+        if v is not None and any(part in ("", ".", "..") for part in v.split("://", 1)[1].rstrip("/").split("/")):
+            raise ValueError("an empty, '.' or '..' part names another place; give the bucket and its path, e.g. "
+                             "s3://bucket/runs")
+        return v
     allow_local_registry: AllowLocalRegistry
 
 
@@ -93,15 +103,15 @@ class SkyPilot(Target):
     Options = SkyFlags
     pulls_image = True
 
+    def allows_local_registry(self, opts: SkyFlags) -> bool:
+        return opts.allow_local_registry
+
     def preflight(self, job: JobSpec, spec: ClusterSpec, opts: SkyFlags) -> list[str]:
         problems = []
         if job.gpus_per_node and not accelerator_name(spec, opts):
             problems.append("--accelerator: the job has GPUs and the spec's gpu_type_from_node_name does not name "
                             "exactly one GPU type SkyPilot can take; pass --accelerator (e.g. A100)")
-        if opts.seeds and job.serve:
-            problems.append(f"--seeds: a held cluster ({hint.cmd('up')}) is one cluster; fan seeds out with `{hint.cmd('deploy')}`")
-        if opts.seeds and len(f"{job.name}-s{max(opts.seeds)}") > 47:
-            problems.append(f"--name {job.name!r}: too long for the seed runs' task names; use a shorter name")
+        problems += seeds_problems(job, opts.seeds)
         info = job.image_info
         if info is not None and info.profile != PROFILE:
             problems.append(f"the pushed image {job.image.docker() if job.image else ''} has no SkyPilot profile: "
@@ -158,7 +168,7 @@ class SkyPilot(Target):
         return Destroyed(name, said, list(launched))
 
     # a held cluster is the launched cluster and its serving job (deploy/targets/skypilot/held.py)
-    holds_clusters = True
+    handle = SkyHandle
     held = held
 
 

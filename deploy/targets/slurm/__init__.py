@@ -11,6 +11,7 @@ from typing import Optional
 
 from pydantic import Field
 
+from deploy.handles import SlurmHandle
 from deploy.targets.slurm import held, sbatch
 from deploy.job import JobSpec
 from deploy.targets.base import Applied, ApplyContext, Artifacts, File, Target, TargetOptions
@@ -69,8 +70,11 @@ def submit(artifacts: Artifacts, job: JobSpec, ctx: ApplyContext, container: boo
 
 class SlurmJobTarget(Target):
     """A target whose held cluster is one running Slurm job (deploy/targets/slurm/held.py): plain and Pyxis."""
-    holds_clusters = True
+    handle = SlurmHandle
     held = held
+
+    def port_stride(self, opts: SlurmFlags) -> int:
+        return opts.port_stride
 
 
 class Slurm(SlurmJobTarget):

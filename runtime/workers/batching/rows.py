@@ -1,10 +1,13 @@
 """Row-level access to the values of a batch: tensors (rows on dim 0), PackedTensors and lists."""
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Sequence
+import operator
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
+from runtime import numbers
+from runtime.errors import InputError
 from runtime.workers.batching.packed_tensor import PackedTensor
 
 
@@ -21,6 +24,33 @@ class BatchShapeError(AssertionError, ValueError):
 def require(condition: bool, message: str) -> None:
     if not condition:
         raise BatchShapeError(message)
+
+
+def whole(what: str, value: Any, low: int, high: Optional[int] = None) -> int:
+    """VALUE as a whole number in [LOW, HIGH] (anything integral: an int, a numpy integer, a 0-d integer
+    tensor; not a bool, a float or a string), checked by runtime.numbers; else BatchShapeError naming WHAT."""
+    number = None
+    if not isinstance(value, (bool, float, str)) and not (torch.is_tensor(value) and value.dtype == torch.bool):
+        try:
+            number = operator.index(value)
+        except TypeError:
+            pass
+    try:
+        if number is None:
+            raise InputError(f"{what}: {str(value)[:40]!r} is not a whole number; give an int")
+        return numbers.integer(number, what, low, high)
+    except InputError as e:
+        raise BatchShapeError(str(e)) from None
+
+
+def indices_within(what: str, indices: Any, size: int) -> list[int]:
+    """INDICES as a list of row numbers, each in [0, SIZE), else BatchShapeError naming WHAT and the first bad one."""
+    try:
+        listed = indices.tolist() if torch.is_tensor(indices) else list(indices)
+    except TypeError:
+        raise BatchShapeError(f"{what}: {indices!r:.80} is not a sequence of row numbers") from None
+    return [whole(f"{what}[{i}]", v, 0, size - 1) if size else whole(f"{what}[{i}] (the batch has no rows)", v, 0, -1)
+            for i, v in enumerate(listed)]
 
 
 def row_count(value: Any) -> int:

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from runtime.workers.batching.packed_tensor import PackedTensor
-from runtime.workers.batching.rows import row_count
+from runtime.workers.batching.rows import require, row_count
 
 
 def _rows_in(batch: Mapping[Any, Any], strict: bool) -> int:
@@ -59,11 +59,20 @@ def _check_packed_rows(key: Any, values: list[PackedTensor], batches: Sequence[M
                              f"expected {rows[i]}.")
 
 
+def _kind(value: Any) -> str:
+    if torch.is_tensor(value):
+        return "tensor"
+    return "PackedTensor" if isinstance(value, PackedTensor) else type(value).__name__
+
+
 def stack_values(key: Any, values: list[Any], pad_value: float) -> Any:
     """Lists are joined, PackedTensors concatenated, 1-D tensors concatenated. 2-D tensors are
     right-padded to the longest row; tensors of 3 or more dims are padded on dim 1 (the sequence
     dim) and keep their trailing dims, e.g. top-k logits [B, S, K]."""
     first = values[0]
+    kinds = {_kind(v) for v in values}
+    require(len(kinds) == 1, f"from_batches: the batches' values for key {str(key)[:80]!r} are of different kinds "
+                             f"({', '.join(sorted(kinds))}); give every batch the same kind for a key")
     if isinstance(first, list):
         return [item for v in values for item in v]
     if isinstance(first, PackedTensor):

@@ -2,9 +2,9 @@
 
 A stage is built only when its tag is missing, so a one-line code change rebuilds the app and
 spec stages, a spec change rebuilds the spec stage only, and a requirements change writes the
-layers of the wheels that changed (toolchain/deps_stage.py) and the thin ones above. Equal inputs
+layers of the wheels that changed (toolchain/image/deps_stage.py) and the thin ones above. Equal inputs
 give equal tags. The image's layers, bottom first: [base, user (2), one per wheel or group of
-small wheels (toolchain/venv_plan.py), the venv's top layer, app, spec] (docs/image-layers.md).
+small wheels (toolchain/image/venv_plan.py), the venv's top layer, app, spec] (docs/image-layers.md).
 """
 from __future__ import annotations
 
@@ -24,18 +24,20 @@ from runtime.digest import Digest
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, LoadedSpec
 from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, PROJECT_DIR, SKYPILOT_PROFILE, SPEC_PATH as SPEC_ENV, VENV
-from toolchain import __version__, bytecode, layers, skypilot_profile, venv_layer, venv_plan
-from toolchain.bootstrap import BaseImage, ensure_base
-from toolchain.deps_stage import DepsAssembly
+from toolchain import __version__, skypilot_profile
+from toolchain.image import bytecode, layers, provenance, venv_layer, venv_plan
+from toolchain.image.bootstrap import BaseImage, ensure_base
+from toolchain.image.deps_stage import DepsAssembly
 from toolchain.config import Settings
 from toolchain.docker_client import image_exists
 from toolchain.errors import BuildError, ConfigError
 from toolchain.hashing import key_of, tree_hash
 from toolchain.records import BuildRecord, write_builds
 from toolchain.progress import Reporter, human_bytes
-from toolchain.templates import render, template_hash
-from toolchain.venv_layer import Python
-from toolchain.wheelhouse import Wheelhouse, ensure_wheelhouse, image_set, requirements_key
+from toolchain.image.templates import render, template_hash
+from toolchain.image.venv_layer import Python
+from toolchain.image.venv_plan import LayerIndex, default_index, scripts_of
+from toolchain.wheels.wheelhouse import Wheelhouse, ensure_wheelhouse, image_set, requirements_key
 
 SPEC_PATH_IN_IMAGE = "/etc/raytrain/cluster-spec.json"
 IMAGE_PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -68,12 +70,75 @@ def image_names(spec: ClusterSpec, variant: str, settings: Settings) -> tuple[st
 
 
 def git_revision(root: Path) -> str:
-    """HEAD's commit (the source revision label). Uncommitted edits are covered by the content keys."""
+    """HEAD's commit (the source revision label). Uncommitted edits are covered by the content keys.
+
+    Also in a checkout another user owns (a CI runner's job user, a container's uid): git calls that
+    "dubious ownership" and refuses, and the label would depend on who built. `safe.directory` for this
+    one read of HEAD only; rev-parse runs no hook or configured program."""
     try:
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(["git", "-c", "safe.directory=*", "-C", str(root), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
+
+
+def registry_address(settings: Settings, spec: ClusterSpec, variant: str = "cpu") -> str:
+    """Where push sends a variant: the spec's `registry`, else a registry named in its cpu_image/gpu_image,
+    else registry.address."""
+    named = ImageRef.parse(spec.cpu_image if variant == "cpu" else spec.gpu_image).registry
+    return spec.registry or named or settings.registry.address
+
+
+# -- what both ways of building (the engine's stages here, toolchain/image/registry_build.py without one) make alike
+def deps_key(user_key: str, planned: list, python: Python, compiler: Optional[list]) -> str:
+    """The deps stage's key: the user stage's and each dependency layer's (toolchain/image/venv_plan.py)."""
+    return key_of("deps", user_key, [p.key for p in planned], python.version, python.executable, VENV,
+                  venv_plan.FORMAT, layers.LAYER_FORMAT, compiler or bytecode.COMPILE)
+
+
+def app_key(deps_key: str, sources: dict) -> str:
+    return key_of("app", deps_key, sources["runtime_sha256"], sources["code_sha256"], layers.LAYER_FORMAT, APP_FORMAT)
+
+
+def app_layer(settings: Settings) -> layers.Layer:
+    """The runtime package and the user's code as one layer. The code's directory is the image user's, as a
+    checkout is its user's: a script that writes beside itself (a plot, data, a checkpoint) can; the
+    runtime stays root's."""
+    app_dir = settings.path(settings.project.app_dir)
+    if not app_dir.is_dir():
+        raise ConfigError(f"project.app_dir: {app_dir} is not a directory; point it at your training code")
+    user = settings.image.user
+    return layers.make_layer(layers.files_under(settings.runtime_dir, f"{APP_ROOT}/runtime")
+                             + layers.files_under(app_dir, PROJECT_DIR), owned={PROJECT_DIR: (user.uid, user.gid)})
+
+
+def image_labels(settings: Settings, loaded: LoadedSpec, variant: str, torch_source: str) -> dict:
+    """The labels the top (spec) layer's config adds."""
+    repo, _ = image_names(loaded.model, variant, settings)
+    return {
+        "org.opencontainers.image.revision": git_revision(settings.root),
+        "org.opencontainers.image.version": __version__,
+        "org.opencontainers.image.title": repo,
+        f"{LABEL_PREFIX}.variant": variant,
+        f"{LABEL_PREFIX}.spec-sha256": loaded.sha256,
+        f"{LABEL_PREFIX}.cluster-name": loaded.model.cluster_name,
+        f"{LABEL_PREFIX}.toolchain-version": __version__,
+        f"{LABEL_PREFIX}.torch-source": torch_source,
+    }
+
+
+def config_fields(made_from: Optional[provenance.Provenance]) -> dict:
+    """The top-level fields of this tool's own the top (spec) layer's config adds: the provenance."""
+    return {provenance.FIELD: made_from.text()} if made_from is not None else {}
+
+
+def spec_key(app_key: str, spec_sha256: str, labels: dict, fields: dict) -> str:
+    return key_of("spec", app_key, spec_sha256, labels, fields, SPEC_PATH_IN_IMAGE, layers.LAYER_FORMAT)
+
+
+def spec_file_layer(loaded: LoadedSpec) -> layers.Layer:
+    """The validated spec at CLUSTER_SPEC_PATH: the bytes that were validated."""
+    return layers.make_layer([(SPEC_PATH_IN_IMAGE, loaded.raw, False)])
 
 
 class Builder:
@@ -118,7 +183,7 @@ class Builder:
         return Path(tempfile.mkdtemp(dir=ctx_root))
 
     def _assemble(self, stage: str, ref: str, lower_ref: str, make, **config_kw) -> Optional[layers.Layer]:
-        """The stage REF as LOWER_REF plus the layer MAKE gives (toolchain/layers.py); None when REF is
+        """The stage REF as LOWER_REF plus the layer MAKE gives (toolchain/image/layers.py); None when REF is
         already in the engine. Either way its layer and config end up in this build's layer store, where
         an incremental .sqsh and the push read them: a reused stage's are made again from the same files
         (same bytes, same diff ID, same config) and kept when they match."""
@@ -174,24 +239,35 @@ class Builder:
         return ref, key
 
     def deps(self, user_ref: str, user_key: str, user_job: Future, variant: str, python: Python,
-             rebuilt: list, early: Optional[Future] = None) -> tuple[str, str, Wheelhouse]:
+             rebuilt: list, early: Optional[Future] = None) -> tuple[str, str, Wheelhouse, Optional[provenance.Provenance]]:
         """The user stage plus the dependency layers: one per wheel (or group of small wheels), each with
         its bytecode when the host's Python writes the image's, then the venv's top layer
-        (toolchain/deps_stage.py). USER_JOB builds the user stage beside; only the layers the engine
+        (toolchain/image/deps_stage.py). USER_JOB builds the user stage beside; only the layers the engine
         lacks are written and loaded. Otherwise the base's interpreter compiles the venv in a container
-        and its .pyc go in one layer on top (toolchain/bytecode.py). EARLY: the wheelhouse for this
+        and its .pyc go in one layer on top (toolchain/image/bytecode.py). EARLY: the wheelhouse for this
         Python, downloaded while the base was made (`build`)."""
         wh = early.result() if early is not None else ensure_wheelhouse(self.settings, variant, python.minor, self.rep)
         compiler = bytecode.identity(python.magic, python.cache_tag)
         wheels = venv_layer.wheels_of(wh.files, python.minor)
-        planned, overflow = venv_plan.plan(wheels, dict(zip(wh.wheels, wh.sha256)), VENV, python.minor, compiler)
-        key = key_of("deps", user_key, [p.key for p in planned], python.version, python.executable, VENV,
-                     venv_plan.FORMAT, layers.LAYER_FORMAT, compiler or bytecode.COMPILE)
+        sha256 = dict(zip(wh.wheels, wh.sha256))
+        measured = {w.name: venv_plan.measure(w) for w in wheels}
+        planned, overflow = venv_plan.plan(wheels, sha256, VENV, python.minor, compiler, measured)
+        key = deps_key(user_key, planned, python, compiler)
         ref = f"{self.stage_repo}:deps-{key[:16]}"
+
+        def facts(made: list) -> Optional[provenance.Provenance]:
+            lower = len(self.client.images.get(user_job.result()[0]).attrs["RootFS"]["Layers"])
+            if any(m is None for m in made):
+                self.rep.detail("deps: a layer's index entry is gone; the image carries no provenance label "
+                                "(a build elsewhere cannot reuse its layers)")
+                return None
+            return provenance.of_build(user_key, lower, python, compiler, VENV, sha256, measured, planned, made)
         if image_exists(self.client, ref):
             user_job.result()
             self.rep.step(f"deps: reusing {ref}")
-            return ref, key, wh
+            index = LayerIndex(default_index())
+            entries = [index.get(p.key) for p in planned]
+            return ref, key, wh, facts([(e["diff_id"], scripts_of(e)) if e else None for e in entries])
         if overflow:
             self.rep.warn(f"more than {venv_plan.MAX_OWN} big wheels: {', '.join(overflow)} share group layers")
         venv_layer.check_conflicts(wheels, python, VENV)
@@ -220,51 +296,28 @@ class Builder:
         self.rep.step(f"deps: assembled {ref} ({assembly.summary(time.monotonic() - t0)})")
         layers.prune_big(self.layer_store, keep={s.layer.path for s in assembly.slots if s.layer is not None})
         rebuilt.append("deps")
-        return ref, key, wh
+        return ref, key, wh, facts([(s.diff_id, s.scripts or []) for s in assembly.slots])
 
     def app(self, deps_ref: str, deps_key: str, sources: dict, rebuilt: list) -> tuple[str, str]:
-        """The runtime package and the user's code as one layer, assembled directly (toolchain/layers.py).
-        The code's directory is the image user's, as a checkout is its user's: a script that writes beside
-        itself (a plot, data it generates, a checkpoint) can; the runtime stays root's."""
-        app_dir = self.settings.path(self.settings.project.app_dir)
-        if not app_dir.is_dir():
-            raise ConfigError(f"project.app_dir: {app_dir} is not a directory; point it at your training code")
-        runtime_dir = self.settings.runtime_dir
-        user = self.settings.image.user
-        key = key_of("app", deps_key, sources["runtime_sha256"], sources["code_sha256"], layers.LAYER_FORMAT,
-                     APP_FORMAT)
+        """The app stage: the deps stage and `app_layer`, assembled directly (toolchain/image/layers.py)."""
+        key = app_key(deps_key, sources)
         ref = f"{self.stage_repo}:app-{key[:16]}"
-
-        def make() -> layers.Layer:
-            return layers.make_layer(layers.files_under(runtime_dir, f"{APP_ROOT}/runtime")
-                                     + layers.files_under(app_dir, PROJECT_DIR),
-                                     owned={PROJECT_DIR: (user.uid, user.gid)})
         t0 = time.monotonic()
-        layer = self._assemble("app", ref, deps_ref, make)
+        layer = self._assemble("app", ref, deps_ref, lambda: app_layer(self.settings))
         if layer is not None:
             self.rep.step(f"app: assembled {ref} ({human_bytes(layer.size)} layer, {time.monotonic() - t0:.2f}s)")
             rebuilt.append("app")
         return ref, key
 
-    def spec_layer(self, app_ref: str, app_key: str, loaded: LoadedSpec, variant: str, torch_source: str, rebuilt: list):
+    def spec_layer(self, app_ref: str, app_key: str, loaded: LoadedSpec, variant: str, torch_source: str, rebuilt: list,
+                   made_from: Optional[provenance.Provenance] = None):
         """The validated spec at CLUSTER_SPEC_PATH (the bytes that were validated) and the image's labels, as one layer."""
         spec, sha = loaded.model, loaded.sha256
         repo, human = image_names(spec, variant, self.settings)
-        labels = {
-            "org.opencontainers.image.revision": git_revision(self.settings.root),
-            "org.opencontainers.image.version": __version__,
-            "org.opencontainers.image.title": repo,
-            f"{LABEL_PREFIX}.variant": variant,
-            f"{LABEL_PREFIX}.spec-sha256": sha,
-            f"{LABEL_PREFIX}.cluster-name": spec.cluster_name,
-            f"{LABEL_PREFIX}.toolchain-version": __version__,
-            f"{LABEL_PREFIX}.torch-source": torch_source,
-        }
-        key = key_of("spec", app_key, sha, labels, SPEC_PATH_IN_IMAGE, layers.LAYER_FORMAT)
-        ref = f"{repo}:{variant}-{key[:16]}"
-        def make() -> layers.Layer:
-            return layers.make_layer([(SPEC_PATH_IN_IMAGE, loaded.raw, False)])
-        if self._assemble("spec", ref, app_ref, make, env={SPEC_ENV: SPEC_PATH_IN_IMAGE}, labels=labels) is not None:
+        labels, fields = image_labels(self.settings, loaded, variant, torch_source), config_fields(made_from)
+        ref = f"{repo}:{variant}-{spec_key(app_key, sha, labels, fields)[:16]}"
+        if self._assemble("spec", ref, app_ref, lambda: spec_file_layer(loaded), env={SPEC_ENV: SPEC_PATH_IN_IMAGE},
+                          labels=labels, extra=fields) is not None:
             self.rep.step(f"spec: assembled {ref}")
             rebuilt.append("spec")
         return ref, f"{repo}:{human}", sha
@@ -296,7 +349,8 @@ class Builder:
         with ThreadPoolExecutor(1, thread_name_prefix="user-stage") as pool:
             user_job = pool.submit(self.user, base, built, True)
             try:
-                deps_ref, deps_key, wh = self.deps(user_ref, user_key, user_job, variant, python, rebuilt, early)
+                deps_ref, deps_key, wh, made_from = self.deps(user_ref, user_key, user_job, variant, python, rebuilt,
+                                                              early)
             finally:
                 user_job.exception()  # a build under way is waited for; its error, if deps did not say it, below
             user_job.result()
@@ -305,7 +359,7 @@ class Builder:
             rebuilt.insert(int(base.built), "user")
         sources = source_keys(self.settings)  # the trees hashed once: the app layer's key and the record's
         app_ref, app_key = self.app(deps_ref, deps_key, sources, rebuilt)
-        ref, human_ref, sha = self.spec_layer(app_ref, app_key, loaded, variant, wh.torch_source, rebuilt)
+        ref, human_ref, sha = self.spec_layer(app_ref, app_key, loaded, variant, wh.torch_source, rebuilt, made_from)
         if self.settings.image.profile == SKYPILOT_PROFILE:
             ref, human_ref = skypilot_profile.add(self, ref, human_ref, user_ref, user_key, rebuilt)
         image = self.client.images.get(ref)

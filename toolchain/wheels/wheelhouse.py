@@ -1,7 +1,7 @@
 """Host-side wheelhouse: the project's requirement set downloaded with pip, for the image's Python.
 
 The image build never touches the network: the dependency layers are written from these wheels
-(toolchain/deps_stage.py). Both halves live in the user's cache (toolchain/cache.py), shared by every
+(toolchain/image/deps_stage.py). Both halves live in the user's cache (toolchain/cache.py), shared by every
 project as pip's cache is:
   - the pool, `wheels/`: every wheel once;
   - the sets, `wheel-sets/<set key>/`: what one requirement set (for one Python, one torch) resolved to,
@@ -12,7 +12,7 @@ this project or another with the same requirements, as long as its wheels are in
 resolution and no network; an unpinned requirement therefore stays as it first resolved until the
 requirements change (pin them to choose). The pool is
 bounded (RAYTRAIN_WHEELS_MAX_GB, default 40): after a download the wheels used longest ago go first,
-never one of the set just made. The requirements themselves are read by toolchain/requirements.py.
+never one of the set just made. The requirements themselves are read by toolchain/wheels/requirements.py.
 """
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -33,19 +32,23 @@ from typing import Optional
 
 from runtime import numbers
 from runtime.errors import InputError
-from toolchain import cache, requirements, resolver
+from runtime.files import read_regular
+from toolchain import cache
+from toolchain.wheels import requirements, resolver
 from toolchain.atomic import write_atomic
-from toolchain.blobs import file_sha256
+from toolchain.publish.blobs import file_sha256
 from toolchain.config import Settings, TorchSettings
 from toolchain.errors import ConfigError, WheelhouseError
 from toolchain.hashing import key_of
 from toolchain.progress import Reporter, human_bytes
-from toolchain.requirements import Requirement
-from toolchain.wheel_checks import PLATFORMS  # the image's interpreter and glibc, not the host's
+from toolchain.wheels.requirements import Requirement
+from toolchain.wheels.wheel_checks import PLATFORMS  # the image's interpreter and glibc, not the host's
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 MANIFEST = "manifest.json"
 LOCK = "requirements.lock"
+VERIFIED = "verified.json"
+USED = ".used"  # in the pool: an empty marker per wheel, its mtime the wheel's last use
 MAX_POOL_ENV = "RAYTRAIN_WHEELS_MAX_GB"
 MAX_POOL_GB = 40
 # pip download's line for each file of the resolved set: fetched now, or found in the download directory
@@ -62,6 +65,14 @@ class _Manifest(BaseModel):
     sha256: list[str] = Field(..., max_length=10_000)
 
 
+class _Verified(BaseModel):
+    """verified.json beside a set's manifest: each wheel's (size, inode, mtime ns, ctime ns) when its bytes were
+    last hashed and found to be the manifest's. A wheel whose stat differs is hashed again (a rewrite, even
+    of equal size and mtime, moves its ctime, which no user can set)."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+    wheels: dict[str, tuple[int, int, int, int]] = Field(..., max_length=10_000)
+
+
 class _TorchChoice(BaseModel):
     """The torch memo: which requirement and source were chosen (never an option: checked on reading)."""
     model_config = ConfigDict(extra="forbid", strict=True)
@@ -73,10 +84,7 @@ def _own_json(path: Path, model: type[BaseModel]) -> Optional[BaseModel]:
     """A JSON file this toolchain wrote, parsed as MODEL; None when it is missing, a link or not a regular
     file, too big, or damaged (the caller then makes it again)."""
     try:
-        st = os.lstat(path)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > 1 << 20:
-            return None
-        return model.model_validate_json(path.read_bytes())
+        return model.model_validate_json(read_regular(path, 1 << 20, follow=False))
     except (OSError, ValueError, ValidationError, RecursionError):
         return None
 
@@ -103,7 +111,7 @@ class Wheelhouse:
 
 
 def project_requirements(settings: Settings) -> tuple[list[Requirement], list[Requirement]]:
-    """(the runtime's requirements, the project's), each source read once (toolchain/requirements.py)."""
+    """(the runtime's requirements, the project's), each source read once (toolchain/wheels/requirements.py)."""
     own = settings.runtime_dir / "requirements.txt"
     if not own.is_file():
         raise ConfigError(f"project.runtime_dir: {settings.runtime_dir} has no requirements.txt, so it is not the "
@@ -141,8 +149,19 @@ def _pip_download(dest: Path, reqs: list[str], python_version: str, extra: list[
     return subprocess.run(cmd + extra + reqs, capture_output=True, text=True)
 
 
-def choose_torch(settings: Settings, variant: str, python_version: str, rep: Reporter) -> tuple[str, str]:
-    """(requirement, source) for torch in a variant; the choice is remembered so re-runs work offline."""
+DEFAULT_SOURCES = ("default index", "default index (fallback)")  # torch from pip's index, not image.torch's
+
+
+def pool_dir() -> Path:
+    """The user cache's wheel pool (every project's wheels, each file once)."""
+    return cache.writable(cache.WHEELS)
+
+
+def choose_torch(settings: Settings, variant: str, python_version: str, rep: Reporter,
+                 known_source: Optional[str] = None) -> tuple[str, str]:
+    """(requirement, source) for torch in a variant; the choice is remembered so re-runs work offline.
+    KNOWN_SOURCE: the source a previous image of the variant was made with (its label), taken when it is
+    one of the two choices and nothing is remembered here: a fresh runner does not download torch to look."""
     torch: TorchSettings = settings.image.torch[variant]
     if not torch.index_url:
         return torch.requirement, "default index"
@@ -152,6 +171,14 @@ def choose_torch(settings: Settings, variant: str, python_version: str, rep: Rep
     remembered = _own_json(memo, _TorchChoice)
     if remembered is not None and (remembered.requirement, remembered.source) in known:
         return remembered.requirement, remembered.source
+    if remembered is None:
+        for requirement, source in known:
+            if source == known_source:
+                write_atomic(memo, json.dumps({"requirement": requirement, "source": source}))
+                return requirement, source
+    if os.path.lexists(memo):
+        rep.warn(f"wheelhouse[{variant}]: {memo} is not a torch choice this tool wrote (damaged, or another "
+                 "choice); it is made again")
     rep.step(f"wheelhouse[{variant}]: looking for {wanted} on {torch.index_url}")
     pool = cache.writable(cache.WHEELS)  # what the look downloads is the wheel the set then takes
     with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
@@ -177,7 +204,7 @@ def image_set(settings: Settings, variant: str, python_version: str, torch_req: 
 
 def ensure_wheelhouse(settings: Settings, variant: str, python_version: str, rep: Reporter) -> Wheelhouse:
     torch_req, torch_source = choose_torch(settings, variant, python_version, rep)
-    index = settings.image.torch[variant].index_url if torch_source not in ("default index", "default index (fallback)") else None
+    index = settings.image.torch[variant].index_url if torch_source not in DEFAULT_SOURCES else None
     wanted = image_set(settings, variant, python_version, torch_req)
     req_key = key_of("wheelhouse", python_version, sorted(r.key() for r in wanted), index)
     path = cache.writable(cache.WHEEL_SETS) / req_key[:16]
@@ -200,19 +227,86 @@ def _reuse(path: Path, pool: Path, variant: str, torch_source: str, rep: Reporte
     if not all(_WHEEL_FILE.fullmatch(w) and os.path.isfile(pool / w) and not os.path.islink(pool / w)
                for w in data.wheels):
         return None  # a wheel pruned from the pool (or the cache cleared): filled again, only that one downloaded
+    if _lock_lines(path / LOCK) != _lock_text(data.wheels, data.sha256).splitlines():
+        rep.warn(f"wheelhouse[{variant}]: {path / LOCK} does not list the wheels its manifest does; the set is made "
+                 "again")
+        return None
+    altered = _verify(path, pool, data.wheels, data.sha256)
+    if altered is not None:
+        rep.warn(f"wheelhouse[{variant}]: {pool / altered} is not the wheel its set recorded (its sha256 differs); it "
+                 "is removed and the set is made again")
+        (pool / altered).unlink(missing_ok=True)
+        return None
     _touch(pool, data.wheels)
     rep.step(f"wheelhouse[{variant}]: reusing {path.name} ({len(data.wheels)} wheels, {human_bytes(data.size)}, "
              f"in {pool})")
     return Wheelhouse(path, data.key, data.requirements, data.wheels, data.size, torch_source, tuple(data.sha256), pool)
 
 
+def _lock_text(wheels: list[str], digests: list[str]) -> str:
+    """requirements.lock: each wheel pinned by name, version and sha256, in the set's order."""
+    return "".join(f"{_pin(w)} --hash=sha256:{d}\n" for w, d in zip(wheels, digests))
+
+
+def _lock_lines(path: Path) -> list[str] | None:
+    """The lock file's lines as read back (None: missing, a link, too big or not text)."""
+    try:
+        return read_regular(path, 4 << 20, follow=False).decode("utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _fingerprint(path: Path) -> tuple[int, int, int, int]:
+    st = os.stat(path, follow_symlinks=False)
+    return st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
+def _verify(path: Path, pool: Path, wheels: list[str], digests: list[str]) -> Optional[str]:
+    """The first wheel whose bytes are not the sha256 the set recorded (None: all are). Only a wheel whose
+    stat changed since it was last found good (VERIFIED) is hashed again; those found good are recorded."""
+    known = _own_json(path / VERIFIED, _Verified)
+    seen = dict(known.wheels) if known is not None else {}
+    changed = False
+    for w, digest in zip(wheels, digests):
+        now = _fingerprint(pool / w)
+        if seen.get(w) == now:
+            continue
+        if file_sha256(pool / w).hex != digest:
+            return w
+        seen[w], changed = _fingerprint(pool / w), True
+    if changed:
+        _write_verified(path, {w: seen[w] for w in wheels})
+    return None
+
+
+def _write_verified(path: Path, fingerprints: dict[str, tuple[int, int, int, int]]) -> None:
+    try:
+        write_atomic(path / VERIFIED, json.dumps({"wheels": fingerprints}).encode())
+    except OSError:  # a read-only or full cache: the next reuse hashes again
+        pass
+
+
 def _touch(pool: Path, wheels: list[str]) -> None:
-    """Mark the set's wheels used now: the pool's bound removes those used longest ago first."""
+    """Mark the set's wheels used now (the pool's bound removes those used longest ago first), on a marker of
+    each under USED: a wheel's own stat stays as it was found good (`_verify`)."""
+    used = pool / USED
+    try:
+        used.mkdir(exist_ok=True)
+    except OSError:
+        return
     for w in wheels:
         try:
-            os.utime(pool / w)
+            (used / w).touch()
         except OSError:
             pass
+
+
+def _last_used(pool: Path, name: str, st: os.stat_result) -> float:
+    """When a wheel was last used: its marker's mtime, else its own (a wheel no set has used yet)."""
+    try:
+        return max(os.stat(pool / USED / name, follow_symlinks=False).st_mtime, st.st_mtime)
+    except OSError:
+        return st.st_mtime
 
 
 def prune_pool(pool: Path, bound: int, keep: set[str], rep: Reporter) -> None:
@@ -221,7 +315,7 @@ def prune_pool(pool: Path, bound: int, keep: set[str], rep: Reporter) -> None:
     for e in os.scandir(pool):
         if e.is_file(follow_symlinks=False) and e.name.endswith(".whl"):
             st = e.stat(follow_symlinks=False)
-            entries.append((st.st_mtime, e.name, st.st_size))
+            entries.append((_last_used(pool, e.name, st), e.name, st.st_size))
     total = sum(size for _, _, size in entries)
     if total <= bound:
         return
@@ -232,6 +326,7 @@ def prune_pool(pool: Path, bound: int, keep: set[str], rep: Reporter) -> None:
         if name in keep:
             continue
         (pool / name).unlink(missing_ok=True)
+        (pool / USED / name).unlink(missing_ok=True)
         freed += size
     rep.detail(f"wheel pool over its bound ({human_bytes(bound)}, {MAX_POOL_ENV}): removed {human_bytes(freed)} of "
                "wheels used longest ago")
@@ -283,7 +378,8 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         prune_pool(pool, pool_bound(), set(wheels), rep)
-    (tmp / LOCK).write_text("".join(f"{_pin(w)} --hash=sha256:{d}\n" for w, d in zip(wheels, digests)))
+    (tmp / LOCK).write_text(_lock_text(wheels, digests))
+    _write_verified(tmp, {w: _fingerprint(pool / w) for w in wheels})
     key = key_of("wheels", list(zip(wheels, digests)), sorted(full))
     data = {"key": key, "requirements": full, "wheels": wheels, "size": sum(sizes.values()), "sha256": digests}
     (tmp / MANIFEST).write_text(json.dumps(data, indent=2))
@@ -295,7 +391,7 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
 
 
 def _download(pool: Path, full: list[str], python_version: str, variant: str, rep: Reporter) -> list[str]:
-    """The set's wheel files in the pool, downloading the ones it lacks: uv resolves the set (toolchain/resolver.py)
+    """The set's wheel files in the pool, downloading the ones it lacks: uv resolves the set (toolchain/wheels/resolver.py)
     and pip downloads the missing pins alone; without uv, pip resolves and downloads (wheels only)."""
     t0 = time.monotonic()
     try:
@@ -314,6 +410,48 @@ def _download(pool: Path, full: list[str], python_version: str, variant: str, re
                                                                                       if missing else ""))
     fetched = _pip_fetch(pool, missing, python_version, variant, ["--no-deps"], rep) if missing else []
     return sorted(set(have.values()) | set(fetched))
+
+
+def set_files(pool: Path, full: list[str], python_version: str, variant: str, index: Optional[str],
+              known: dict[tuple[str, str], str], rep: Reporter) -> tuple[list[str], list[str]]:
+    """(the wheel files of the requirement set FULL, those downloaded now). uv resolves the set; a pin KNOWN
+    ((canonical name, version) -> file name: a previous image's record) is that file, downloaded or not; the
+    others are the pool's, or downloaded (torch from INDEX when one is given), pip picking each file."""
+    t0 = time.monotonic()
+    try:
+        pins = resolver.resolve(full, python_version, pool)
+    except resolver.ResolveError as e:
+        raise WheelhouseError(f"wheelhouse[{variant}]: {e}; a build with no engine resolves with uv only (where "
+                              "an engine runs, pip resolves the set instead when uv cannot)") from None
+    files = {p: known[(p.name, str(p.version))] for p in pins if (p.name, str(p.version)) in known}
+    rest = [p for p in pins if p not in files]
+    have = resolver.in_pool(rest, pool, python_version)
+    missing = [p for p in rest if p not in have]
+    rep.step(f"wheelhouse[{variant}]: {len(pins)} packages resolved by uv in {time.monotonic() - t0:.1f}s; "
+             f"{len(files)} recorded by the previous image, {len(have)} in the pool, {len(missing)} to download")
+    fetched: list[str] = []
+    if missing:
+        with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
+            torch = [p.text for p in missing if p.name == "torch"]
+            if index and torch:
+                res = _pip_download(pool, torch, python_version, ["--no-deps", "--index-url", index])
+                if res.returncode != 0:
+                    raise WheelhouseError(f"pip could not fetch {torch[0]} from {index}: {_last_line(res.stderr)}")
+            before = set(os.listdir(pool))
+            _pip_fetch(pool, [p.text for p in missing], python_version, variant, ["--no-deps"], rep)
+            fetched = sorted(set(os.listdir(pool)) - before)
+        have = resolver.in_pool(rest, pool, python_version)
+    lost = [p.text for p in rest if p not in have]
+    if lost:
+        raise WheelhouseError(f"wheelhouse[{variant}]: pip gave no wheel of {', '.join(lost)} for Python {python_version}")
+    _touch(pool, list(have.values()))
+    return sorted(set(files.values()) | set(have.values())), [f for f in fetched if f in have.values()]
+
+
+def fetch_files(pool: Path, files: list[str], python_version: str, variant: str, rep: Reporter) -> list[str]:
+    """Download the wheels FILES names (by name and version; pip picks the file), into the pool."""
+    with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
+        return _pip_fetch(pool, [_pin(f) for f in files], python_version, variant, ["--no-deps"], rep)
 
 
 def _pip_fetch(pool: Path, reqs: list[str], python_version: str, variant: str, extra: list[str],
@@ -345,8 +483,12 @@ def _pin(wheel: str) -> str:
 def _build_pure_wheel(requirement: str, dest: Path, rep: Reporter) -> bool:
     """`pip wheel` one sdist-only requirement on the host; kept only if the wheel is pure Python."""
     with tempfile.TemporaryDirectory() as out:
+        # zip times fixed (the `wheel` backend reads SOURCE_DATE_EPOCH): the same sdist and backend give the
+        # same wheel bytes, so the same layer, on every machine. Not from pip's wheel cache: a wheel pip
+        # built there before (installing the package on this machine) has that day's times
         res = subprocess.run([sys.executable, "-m", "pip", "wheel", "--disable-pip-version-check", "--no-deps",
-                              "-w", out, requirement], capture_output=True, text=True)
+                              "--no-cache-dir", "-w", out, requirement], capture_output=True, text=True,
+                             env={**os.environ, "SOURCE_DATE_EPOCH": os.environ.get("SOURCE_DATE_EPOCH", "315532800")})
         wheels = list(Path(out).glob("*.whl"))
         if res.returncode != 0 or len(wheels) != 1 or not wheels[0].name.endswith("-none-any.whl"):
             return False

@@ -1,7 +1,7 @@
 """Push built images to the registry over its HTTP API and record their digests.
 
-The project pushes, not the engine (whose push gzips every layer on one core): each layer is compressed once, on all cores, into the blob cache (toolchain/blobs.py,
-from the layer store or `docker save`: toolchain/layer_sources.py), and sent by
+The project pushes, not the engine (whose push gzips every layer on one core): each layer is compressed once, on all cores, into the blob cache (toolchain/publish/blobs.py,
+from the layer store or `docker save`: toolchain/publish/layer_sources.py), and sent by
 the registry package's client (deploy/registry/client.py): a HEAD per blob (present: not sent; in another repository of the
 registry: mounted), an upload of each missing one, the config, and a schema2 manifest per tag. A
 layer compressed from the layer store is uploaded while it is compressed (a chunked PATCH fed as the
@@ -20,6 +20,7 @@ finish writes no record.
 """
 from __future__ import annotations
 
+import json
 import queue
 import threading
 import time
@@ -33,10 +34,11 @@ import docker
 from deploy.layer_store import LayerStore
 from runtime.digest import Digest
 from toolchain import cache as user_cache
-from toolchain.blobs import Blob, BlobCache, BlobHomes, LayerMismatch
-from toolchain.errors import RegistryError, TransientRegistryError
-from toolchain.layer_sources import LayerSource
-from toolchain.registry import share_blob
+from toolchain.publish.blobs import Blob, BlobCache, BlobHomes, LayerMismatch
+from toolchain.errors import RegistryError, ToolchainError, TransientRegistryError
+from toolchain.publish.layer_sources import LayerSource
+from toolchain.image.previous_image import HeldBlob, held_layers
+from toolchain.publish.local_registry import share_blob
 from toolchain.progress import Reporter, human_bytes
 from runtime.imageref import ImageRef
 from deploy.registry.client import FileBody, RegistryClient, manifest
@@ -68,6 +70,7 @@ class PushResult:
     compress_seconds: float = 0.0
     upload_seconds: float = 0.0
     bytes_shared: int = 0       # cached blobs stored once with a local registry's copy (share_with)
+    layers_known_from_registry: int = 0  # already there, paired with their blobs by the previous image
 
     def as_dict(self) -> dict:
         return {**asdict(self), "repo_digest": self.repo_digest.docker()}
@@ -83,6 +86,7 @@ class _Sent:
     pushed: set = field(default_factory=set)
     existing: set = field(default_factory=set)
     mounted: set = field(default_factory=set)
+    from_registry: set = field(default_factory=set)  # there, known from the previous image, not compressed
     bytes: int = 0
     seconds: float = 0.0  # wall time of the layers' uploads
     shared: int = 0       # bytes of cached blobs made one file with the registry's copy
@@ -138,8 +142,13 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[Digest],
     UPLOADS_AT_ONCE layers go at once (a registry takes several uploads faster than one)."""
     layers: dict[str, tuple[str, int]] = {}
     need = []
-    for d in dict.fromkeys(diff_ids):
-        known = source.cache.known(d)
+    cached = {d: source.cache.known(d) for d in dict.fromkeys(diff_ids)}
+    # a fresh runner (a layer whose blob no cache knows): what a previous push left under these tags
+    held = held_layers(reg, tags, rep) if None in cached.values() else {}
+    for d, known in cached.items():
+        if known is None and d in held and _holds(reg, held[d], sent, rep):
+            layers[d] = (held[d].digest, held[d].size)
+            continue
         try:
             tar_size = source.tar_size(d) if known is not None else None
             if tar_size is not None and tar_size != known.diff_size:
@@ -382,6 +391,16 @@ def _same_size(blob: Blob, size: Optional[int], where: str) -> bool:
     return True
 
 
+def _holds(reg: RegistryClient, blob: HeldBlob, sent: _Sent, rep: Reporter) -> bool:
+    """The repository still has a blob its previous image listed, of the size listed."""
+    size = reg.blob_size(blob.digest)
+    if size is None or (size >= 0 and size != blob.size):
+        return False
+    sent.from_registry.add(blob.digest)
+    rep.detail(f"{blob.digest.short}: already there (the previous image's layer; not compressed)")
+    return True
+
+
 def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> bool:
     """The registry's repository has the blob, or it was mounted there from another repository; each
     checked against the size the registry gives (`_NotThatBlob` when it differs)."""
@@ -398,6 +417,17 @@ def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_fr
     return False
 
 
+def _layers_of(client: Optional[docker.DockerClient], image_id: Digest, store: Optional[LayerStore]) -> list:
+    """The image's diff IDs: from the engine, or (no engine: a build from the registry) from its config in the store."""
+    if client is not None:
+        return client.images.get(image_id).attrs["RootFS"]["Layers"]
+    data = store.read_config(image_id) if store is not None else None
+    if data is None:
+        raise ToolchainError(f"image {image_id.short}: no engine here, and its config is not in the layer store "
+                             f"({store}); build it again")
+    return json.loads(data)["rootfs"]["diff_ids"]
+
+
 def _tell_the_engine(client: docker.DockerClient, target: str, digest: str, rep: Reporter) -> None:
     """Make `target@digest` resolve in this engine, as its own push would have: a pull by digest that
     finds the image's config already here fetches the manifest and config and nothing else, and records
@@ -412,13 +442,13 @@ def _tell_the_engine(client: docker.DockerClient, target: str, digest: str, rep:
 def _drop_compressed_tars(store: LayerStore, cache: BlobCache, diff_ids: Sequence[str]) -> None:
     """Delete the layer store's tar of each pushed layer whose compressed blob is cached, but the small
     ones: the blob serves every later push, the engine holds the layer, and a build that needs the tar
-    again (to load a chain above a changed layer) writes it again, byte for byte (toolchain/deps_stage.py)."""
+    again (to load a chain above a changed layer) writes it again, byte for byte (toolchain/image/deps_stage.py)."""
     for d in diff_ids:
         if cache.get(d) is not None:
             store.drop_tar(d, smaller_than=KEEP_TAR_BELOW)
 
 
-def push_image(client: docker.DockerClient, variant: str, image_id: str, target: Union[ImageRef, str], tags: list[str],
+def push_image(client: Optional[docker.DockerClient], variant: str, image_id: str, target: Union[ImageRef, str], tags: list[str],
                retries: int, backoff: float, rep: Reporter, stall_s: float = 300, *,
                layer_store: Union[LayerStore, Path, None] = None, blob_cache: Optional[Path] = None,
                candidates: Sequence[str] = (), mount_from: Sequence[str] = (),
@@ -428,22 +458,22 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
     Layers come from the blob cache, the layer store, or `docker save` of the candidates (local
     images holding some of its layers, smallest first) and of the image itself. A blob the
     registry has in one of the `mount_from` repositories is mounted, not sent. With `share_with` (the blob
-    directory of a registry whose files are on this machine: toolchain/registry.py), each cached blob
+    directory of a registry whose files are on this machine: toolchain/publish/local_registry.py), each cached blob
     becomes one file with the registry's copy as soon as the registry has it."""
     t0 = time.monotonic()
     where = target if isinstance(target, ImageRef) else ImageRef.parse(target, "push target")
     if where.registry is None or where.tag or where.digest:
         raise RegistryError(f"push target {where.docker()!r}: give registry/repository (the tags come separately)")
     address, repo, target = where.registry, where.repository, where.name
-    image = client.images.get(image_id)
-    diff_ids = [Digest(d, f"a layer of image {image.id}") for d in image.attrs["RootFS"]["Layers"]]
+    layer_store = LayerStore.of(layer_store) if layer_store is not None else None
+    image_id = Digest(image_id, "image ID")
+    diff_ids = [Digest(d, f"a layer of image {image_id}") for d in _layers_of(client, image_id, layer_store)]
     cache = BlobCache(blob_cache or default_blob_cache(), index=user_cache.part(user_cache.BLOB_DIGESTS))
     homes = BlobHomes(user_cache.part(user_cache.BLOB_HOMES))
     known = [b.digest for d in diff_ids if (b := cache.known(d)) is not None]
     mount_from = list(dict.fromkeys([*mount_from, *sorted(r for dg in known for a, r in homes.of(dg)
                                                           if a == address and r != repo)]))
-    layer_store = LayerStore.of(layer_store) if layer_store is not None else None
-    source = LayerSource(client, cache, image.id, layer_store, candidates, rep)
+    source = LayerSource(client, cache, image_id, layer_store, candidates, rep)
 
     def share(blob: Blob) -> None:
         if share_with is not None:
@@ -467,7 +497,8 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
             time.sleep(wait)
         finally:
             reg.close()
-    _tell_the_engine(client, target, digest, rep)
+    if client is not None:
+        _tell_the_engine(client, target, digest, rep)
     homes.add(blob_digests, address, repo)
     for gone in cache.prune_big(set(diff_ids)):
         rep.detail(f"removed the cached blob {gone.name} (a big layer of an older build)")
@@ -477,6 +508,7 @@ def push_image(client: docker.DockerClient, variant: str, image_id: str, target:
     return PushResult(variant=variant, target=target, tag=tags[0], digest=digest, repo_digest=where.at(digest),
                       layers_pushed=len(sent.pushed), layers_existing=len(sent.existing),
                       layers_mounted=len(sent.mounted), bytes_uploaded=sent.bytes,
+                      layers_known_from_registry=len(sent.from_registry),
                       attempts=attempt, seconds=round(time.monotonic() - t0, 3), extra_tags=list(tags[1:]),
                       layers_compressed=st.layers, bytes_compressed=st.bytes_in,
                       compress_seconds=round(st.seconds, 3), upload_seconds=round(sent.seconds, 3),

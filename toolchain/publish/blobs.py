@@ -161,7 +161,7 @@ class BlobCache:
     def get(self, diff_id: str) -> Optional[Blob]:
         """The cached blob of a layer, or None when there is none or its entry does not hold together
         (sidecar unreadable, another layer's, or the .gz missing or of another size). The content
-        itself is checked as it is sent (toolchain/push.py), or by `verify`."""
+        itself is checked as it is sent (toolchain/publish/push.py), or by `verify`."""
         gz, side = self._paths(diff_id)
         blob = _read_sidecar(side, diff_id, gz)
         try:

@@ -9,7 +9,7 @@ whenever the .pyc format changes, and the same cache tag), the modules are compi
 `HostCompiler`, while the dependency layers are written: worker processes at a lower priority read the
 modules from the wheels from the start and compile them as `compileall` would (the path in the image
 as the code's file name, unchecked-hash .pyc: the venv never changes under them, and no source mtime
-is read), and each wheel's .pyc go into that wheel's layer (toolchain/venv_layer.py `LayerWriter`). A
+is read), and each wheel's .pyc go into that wheel's layer (toolchain/image/venv_layer.py `LayerWriter`). A
 module's .pyc depends only on its source and the compiling Python's version, not on the order or
 the process, so a wheel's layer is the same on every machine with the same host Python.
 
@@ -32,7 +32,7 @@ from typing import Optional, Sequence
 
 import docker
 
-from toolchain import layers
+from toolchain.image import layers
 from toolchain.errors import BuildError
 
 COMPILE = ["python", "-m", "compileall", "-q", "-j0", "--invalidation-mode", "unchecked-hash"]
@@ -120,7 +120,7 @@ class HostCompiler:
     """Compiles the venv's modules on the host's cores, in worker processes, while the layers are written.
 
     The modules each wheel will put under the venv's lib/ (`planned`: read from the zips' directories,
-    toolchain/venv_layer.py `planned_modules`) are submitted at the start, in the order the layers are
+    toolchain/image/venv_layer.py `planned_modules`) are submitted at the start, in the order the layers are
     written, so the compiling spreads over the whole write instead of trailing it. `of(wheels)` waits
     for the .pyc of those wheels' modules ({tar name: bytes or None}); a layer's writer appends them
     after its files. Only where `host_can_compile` says the image loads the result."""

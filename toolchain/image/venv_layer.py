@@ -3,11 +3,11 @@
 No builder container and no `pip install` inside one: PyPA's `installer` unpacks each wheel (the
 same library pip's own install is built on), and every file it would write goes straight into the
 layer's tar in the layer store (`LayerWriter`, one per wheel or group of small wheels:
-toolchain/venv_plan.py), so the venv is written once; the tar is hashed as it is written (its diff
+toolchain/image/venv_plan.py), so the venv is written once; the tar is hashed as it is written (its diff
 ID), and a file's RECORD line keeps the wheel's own hash, as pip keeps it, where the wheel's RECORD
 gives a sha256 for it (the member's bytes are checked against the zip's CRC-32 and size:
-toolchain/wheel_members.py); only files the install writes or changes are hashed again. The .pyc of
-the wheel's modules (toolchain/bytecode.py) follow its files in the same tar.
+toolchain/image/wheel_members.py); only files the install writes or changes are hashed again. The .pyc of
+the wheel's modules (toolchain/image/bytecode.py) follow its files in the same tar.
 
 A layer depends on its wheels alone, and is reproducible, so a wheel gives the same diff ID in any
 project, checkout and machine (with the same host Python for its bytecode):
@@ -19,13 +19,14 @@ project, checkout and machine (with the same host Python for its bytecode):
 What all the wheels share is the venv's top layer (`top_layer`): bin/python3 -> the base's
 interpreter, bin/python and bin/python3.X -> python3, lib64 -> lib, pyvenv.cfg as `python -m venv`
 makes them, and the console scripts (`#!/opt/venv/bin/python`). No pip and no activate scripts: PATH
-and VIRTUAL_ENV are set in the image. The wheelhouse holds wheels only (toolchain/wheelhouse.py
+and VIRTUAL_ENV are set in the image. The wheelhouse holds wheels only (toolchain/wheels/wheelhouse.py
 downloads `--only-binary=:all:` and builds the few pure-Python sdists on the host), so no compiler is
 ever needed here.
 """
 from __future__ import annotations
 
 import base64
+import configparser
 import hashlib
 import io
 import os
@@ -42,16 +43,17 @@ from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Union
 
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
-from installer.records import Hash, RecordEntry, parse_record_file
+from installer.records import Hash, RecordEntry
+from installer.utils import parse_entrypoints
 from installer.scripts import Script
 from installer.sources import WheelFile
 
 from deploy.layer_store import LayerStore
 from runtime.digest import Digest
 from toolchain.errors import BuildError
-from toolchain.layers import CHUNK, MTIME, TAR_END, FileLayer, Layer, tar_header, tar_padding
-from toolchain.wheel_checks import MAX_COMPILED, MAX_SCRIPT, check_wheel
-from toolchain.wheel_members import Member
+from toolchain.image.layers import CHUNK, MTIME, TAR_END, FileLayer, Layer, tar_header, tar_padding
+from toolchain.wheels.wheel_checks import MAX_COMPILED, MAX_SCRIPT, check_wheel, record_digests
+from toolchain.image.wheel_members import Member
 
 INSTALLER_NAME = b"raytrain\n"
 
@@ -200,8 +202,7 @@ class _TarOut:
         self.write(tar_padding(size))
         sha = digest.digest()
         if recorded is not None and sha != recorded:
-            raise BuildError("deps", self.wheel, f"{self.wheel}: /{name} does not match the sha256 its RECORD gives; "
-                             "the wheel is damaged or altered: delete it from the wheelhouse and build again", [])
+            raise BuildError("deps", self.wheel, _altered(self.wheel, name), [])
         if module:
             self.modules.append(name)
         if source is not None:
@@ -224,11 +225,12 @@ class _TarOut:
 
 
 class _SizedWheel(WheelFile):
-    """installer's wheel, its members read by toolchain/wheel_members.py (ISA-L's inflate, the size known
+    """installer's wheel, its members read by toolchain/image/wheel_members.py (ISA-L's inflate, the size known
     before the bytes): WheelFile.get_contents but for the stream."""
 
     def get_contents(self):
-        records = {r[0]: r for r in parse_record_file(self.read_dist_info("RECORD").splitlines())}
+        # the RECORD read once, checked (record_digests); installer takes only each member's path from its row
+        digests = record_digests(self._zipfile, os.path.basename(self._zipfile.filename))
         with open(self._zipfile.filename, "rb") as f:
             for item in self._zipfile.infolist():
                 if item.filename.endswith("/"):
@@ -236,26 +238,23 @@ class _SizedWheel(WheelFile):
                 mode = item.external_attr >> 16
                 executable = bool(mode and stat.S_ISREG(mode) and mode & 0o111)
                 stream = Member(f, item, os.path.basename(self._zipfile.filename))
-                record = records.get(item.filename, (item.filename, "", ""))
+                record = (item.filename, "", "")
                 if ".data/scripts/" in item.filename:  # installer seeks in a script to rewrite its #!python
                     if item.file_size > MAX_SCRIPT:
                         raise BuildError("deps", stream.wheel, f"{stream.wheel}: the script {item.filename[:120]!r} "
                                          f"is {item.file_size} bytes (at most {MAX_SCRIPT})", [])
-                    stream = io.BytesIO(stream.read())
+                    data = stream.read()
+                    if hashlib.sha256(data).digest() != digests.get(item.filename):
+                        raise BuildError("deps", stream.wheel, _altered(stream.wheel, item.filename), [])
+                    stream = io.BytesIO(data)
                 else:
-                    stream.recorded = _recorded_sha256(record, item.file_size)
+                    stream.recorded = digests.get(item.filename)
                 yield record, stream, executable
 
 
-def _recorded_sha256(record: tuple, size: int) -> Optional[bytes]:
-    """The sha256 digest the wheel's RECORD line gives for a member of SIZE bytes, read as installer
-    reads the line; None when it gives another hash, none, or another size (the file is hashed as it
-    is written then)."""
-    entry = RecordEntry.from_elements(*record)
-    if (entry.hash_ is None or entry.hash_.name != "sha256" or entry.size != size
-            or not re.fullmatch(r"[A-Za-z0-9_-]{43}", entry.hash_.value)):
-        return None
-    return base64.urlsafe_b64decode(entry.hash_.value + "=")
+def _altered(wheel: str, name: str) -> str:
+    return (f"{wheel}: /{name} does not match the sha256 its RECORD gives; the wheel is damaged or altered: "
+            "delete it from the wheelhouse and build again")
 
 
 class _TarDestination(SchemeDictionaryDestination):
@@ -323,7 +322,7 @@ def dist_name(wheel: Path) -> str:
 
 def wheels_of(wheelhouse: Union[Path, Sequence[Path]], minor: str) -> list[Path]:
     """The wheels (a directory's, or the files given) in name order, each checked for the image's Python
-    MINOR (toolchain/wheel_checks.py); two versions of one distribution is an error."""
+    MINOR (toolchain/wheels/wheel_checks.py); two versions of one distribution is an error."""
     wheels = sorted(wheelhouse.glob("*.whl") if isinstance(wheelhouse, Path) else wheelhouse, key=lambda w: w.name)
     seen: dict[str, Path] = {}
     for w in wheels:
@@ -371,27 +370,60 @@ def planned_modules(wheels: list[Path], python: Python, venv: str) -> list[tuple
 
 
 def check_conflicts(wheels: list[Path], python: Python, venv: str) -> None:
-    """Refuse two wheels that install one path with different contents (told apart by the zip's CRC-32
-    and size), naming both: pip would keep whichever it installed last, and in layers the upper one
-    would hide the other. The same bytes (every nvidia-* wheel's nvidia/__init__.py) are fine: each
-    wheel's layer holds its own copy, so a wheel's layer depends on that wheel alone."""
-    seen: dict[str, tuple[int, int, str]] = {}
+    """Refuse two wheels that install one path with different contents (told apart by the sha256 each
+    one's RECORD gives, which every member's bytes are checked against as they are written), naming both:
+    pip would keep whichever it installed last, and in layers the upper one would hide the other. The
+    same bytes (every nvidia-* wheel's nvidia/__init__.py) are fine: each wheel's layer holds its own
+    copy, so a wheel's layer depends on that wheel alone. A console script (written to the venv's top
+    layer) may not share its path with another wheel's console script or with any wheel's file."""
+    seen: dict[str, tuple[Optional[bytes], str]] = {}
+    scripts: dict[str, str] = {}  # tar name -> the wheel whose console script it is
+    bin_dir = f"{venv.strip('/')}/bin/"
     for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            digests = record_digests(z, w.name)
+        for name in console_scripts(w):
+            path = bin_dir + name
+            first = scripts.setdefault(path, w.name)
+            if first != w.name:
+                raise BuildError("deps", path, _both(first, w.name, path, "as console scripts"), [])
         for info, name in _installed(w, python, venv):
             if "dist-info/" in name:
                 continue
-            first = seen.setdefault(name, (info.CRC, info.file_size, w.name))
-            if first[:2] != (info.CRC, info.file_size):
-                raise BuildError("deps", name, f"{first[2]} and {w.name} both install /{name}, with different "
-                                 "contents; pip would keep whichever it installed last. Remove one of the two from "
-                                 "the requirements, or pin versions that agree", [])
+            first = seen.setdefault(name, (digests.get(info.filename), w.name))
+            if first[0] != digests.get(info.filename):
+                raise BuildError("deps", name, _both(first[1], w.name, name, "with different contents"), [])
+    for path, owner in scripts.items():
+        if path in seen:
+            raise BuildError("deps", path, _both(seen[path][1], owner, path, "(a file, and a console script over it)"),
+                             [])
+
+
+def _both(first: str, second: str, path: str, how: str) -> str:
+    return (f"{first} and {second} both install /{path}, {how}; pip would keep whichever it installed last. "
+            "Remove one of the two from the requirements, or pin versions that agree")
+
+
+def console_scripts(wheel: Path) -> list[str]:
+    """The console and GUI script names the wheel's entry_points.txt declares (installer's parser)."""
+    dist, version = wheel.name.split("-")[:2]
+    with zipfile.ZipFile(wheel) as z:
+        try:
+            text = z.read(f"{dist}-{version}.dist-info/entry_points.txt")
+        except KeyError:
+            return []
+    try:
+        return [name for name, _module, _attr, _section in parse_entrypoints(text.decode("utf-8", "replace"))]
+    except (AssertionError, ValueError, configparser.Error) as e:
+        raise BuildError("deps", wheel.name, f"{wheel.name}: its entry_points.txt cannot be read ({type(e).__name__}); "
+                         "remove the wheel from the requirements", []) from None
 
 
 class LayerWriter:
-    """One dependency layer (a wheel, or a group of small wheels: toolchain/venv_plan.py) written to
+    """One dependency layer (a wheel, or a group of small wheels: toolchain/image/venv_plan.py) written to
     STORE/<diff id hex>.tar in two steps, so the writer goes on to the next layer while this one's
     bytecode is still being compiled: `files()` installs the wheels into the tar, `finish(pyc)` appends the .pyc of the modules written (PYC: tar name -> bytes, from
-    toolchain/bytecode.py) sorted by name, ends the tar and names it by its sha256. Only a finished
+    toolchain/image/bytecode.py) sorted by name, ends the tar and names it by its sha256. Only a finished
     layer is in the store; `abort()` removes the partial file."""
 
     def __init__(self, wheels: list[Path], python: Python, venv: str, store: LayerStore | Path, planned: set[str] = frozenset(),
@@ -422,8 +454,8 @@ class LayerWriter:
         return self
 
     def finish(self, pyc: Optional[dict[str, Optional[bytes]]], cache_tag: str = "") -> FileLayer:
-        """PYC None: no bytecode in this layer (the base's Python compiles it: toolchain/bytecode.py)."""
-        from toolchain.bytecode import compile_sources, pyc_name
+        """PYC None: no bytecode in this layer (the base's Python compiles it: toolchain/image/bytecode.py)."""
+        from toolchain.image.bytecode import compile_sources, pyc_name
         if pyc is None:
             self.out.modules.clear()
         elif self.out.unforeseen:  # modules the plan did not foresee: compiled here, as the workers would

@@ -17,7 +17,7 @@ The rule (docs/image-layers.md):
 
 A layer's key is made of what its bytes depend on, and nothing else: each wheel's file name and
 sha256, the venv's path and Python minor version (site-packages), and the host compiler's identity
-when the host writes its bytecode (toolchain/bytecode.py `identity`). So the same wheel gives the
+when the host writes its bytecode (toolchain/image/bytecode.py `identity`). So the same wheel gives the
 same layer, diff ID and blob digest in every project, checkout and machine with that host Python.
 """
 from __future__ import annotations
@@ -33,9 +33,9 @@ from typing import Callable, Optional
 from toolchain import cache
 from toolchain.hashing import key_of
 from runtime.digest import Digest, DigestError
-from toolchain.venv_layer import dist_name, is_script_name
+from toolchain.image.venv_layer import dist_name, is_script_name
 
-FORMAT = 1                 # bump when a layer's bytes change for the same key (toolchain/venv_layer.py)
+FORMAT = 1                 # bump when a layer's bytes change for the same key (toolchain/image/venv_layer.py)
 OWN_LAYER_BYTES = 4 << 20  # unpacked: this big and up, a layer of its own
 GROUPS = 4                 # the group layers of the smaller wheels
 MAX_OWN = 96
@@ -55,7 +55,7 @@ def group_of(wheel: Path) -> int:
     return int.from_bytes(hashlib.sha256(dist_name(wheel).encode()).digest()[:4], "big") % GROUPS
 
 
-def _measure(wheel: Path) -> tuple[int, bool]:
+def measure(wheel: Path) -> tuple[int, bool]:
     """(unpacked bytes, whether it ships MODULE_BYTES or more of Python source)."""
     with zipfile.ZipFile(wheel) as z:
         infos = z.infolist()
@@ -63,11 +63,12 @@ def _measure(wheel: Path) -> tuple[int, bool]:
             sum(i.file_size for i in infos if i.filename.endswith(".py")) >= MODULE_BYTES)
 
 
-def plan(wheels: list[Path], sha256: dict[str, str], venv: str, minor: str,
-         compiler: Optional[list]) -> tuple[list[PlannedLayer], list[str]]:
+def plan(wheels: list[Path], sha256: dict[str, str], venv: str, minor: str, compiler: Optional[list],
+         measured: Optional[dict[str, tuple[int, bool]]] = None) -> tuple[list[PlannedLayer], list[str]]:
     """(the layers bottom first, the big wheels sent to a group because of MAX_OWN). SHA256: each wheel's
-    file name -> its sha256 hex (the wheelhouse's manifest)."""
-    measured = {w: _measure(w) for w in wheels}
+    file name -> its sha256 hex (the wheelhouse's manifest). MEASURED: `measure` of some wheels by file
+    name, known without their files (a previous image's provenance); the others are measured here."""
+    measured = {w: (measured or {}).get(w.name) or measure(w) for w in wheels}
     sizes = {w: m[0] for w, m in measured.items()}
     big = sorted((w for w in wheels if sizes[w] >= OWN_LAYER_BYTES), key=lambda w: (-sizes[w], w.name))
     overflow = big[MAX_OWN:]

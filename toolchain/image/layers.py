@@ -6,7 +6,7 @@ uid/gid 0 with no names, modes normalised (0755 directories and executables, 064
 and no host metadata: the same sources give the same bytes, hence the same diff ID, from any
 checkout path, clone or mtime. The image config is written from the lower image's config plus
 what the layer adds (env, labels), with a fixed creation time, as canonical JSON: its sha256 is
-the image ID. A dependency layer (toolchain/venv_layer.py) is a `FileLayer`: a tar on disk in the
+the image ID. A dependency layer (toolchain/image/venv_layer.py) is a `FileLayer`: a tar on disk in the
 layer store, never held in memory. `load()` streams the engine a docker-archive holding only
 the new layers; the lower layers are listed by diff ID and the engine, which has their chain, does
 not ask for them.
@@ -110,8 +110,10 @@ def make_layer(files: Iterable[tuple[str, bytes, bool]], owned: Optional[dict[st
     return Layer(buf.getvalue())
 
 
-def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labels: dict | None = None) -> bytes:
-    """The config of an image of `lower` (the engine's inspect attrs) plus layers, env and labels."""
+def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labels: dict | None = None,
+                 extra: dict | None = None) -> bytes:
+    """The config of an image of `lower` (the engine's inspect attrs) plus layers, env and labels; EXTRA:
+    top-level fields of this tool's own (consumers ignore them; a label would be copied to every container)."""
     cfg = {k: lower["Config"][k] for k in CONFIG_KEYS if (lower.get("Config") or {}).get(k) is not None}
     if env:
         kept = [e for e in cfg.get("Env", []) if e.split("=", 1)[0] not in env]
@@ -122,7 +124,7 @@ def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labe
     # without an Accept header (distribution 2.8 does, for enroot's pulls by tag) refuses an empty history
     history = [{"created": CREATED, "created_by": "raytrain layer"} for _ in diff_ids]
     doc = {"architecture": lower.get("Architecture", "amd64"), "os": lower.get("Os", "linux"), "created": CREATED,
-           "config": cfg, "history": history, "rootfs": {"type": "layers", "diff_ids": diff_ids}}
+           "config": cfg, "history": history, "rootfs": {"type": "layers", "diff_ids": diff_ids}, **(extra or {})}
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -140,7 +142,7 @@ def _write_once(path: Path, data: bytes) -> None:
 def keep(layer: AnyLayer, store: LayerStore) -> Path:
     """Keep the layer's tar in the store (written whole or not at all), for consumers that need a layer's
     files without a 7 GB `docker save`: the incremental .sqsh (deploy/targets/pyxis/enroot_incremental.py)
-    and the push (toolchain/blobs.py). A FileLayer is written there in the first place."""
+    and the push (toolchain/publish/blobs.py). A FileLayer is written there in the first place."""
     path = store.tar(layer.diff_id)
     if isinstance(layer, FileLayer):
         if layer.path != path:

@@ -1,4 +1,4 @@
-"""Where a pushed image's layers and config come from, compressed into the blob cache (toolchain/blobs.py).
+"""Where a pushed image's layers and config come from, compressed into the blob cache (toolchain/publish/blobs.py).
 
 In order: the blob cache itself (compressed before, for any registry); the build's layer store
 (<build_dir>/layers/<diff id hex>.tar, every layer the build assembled, and <image id hex>.json, the
@@ -25,7 +25,7 @@ import docker
 
 from deploy.layer_store import LayerStore
 from runtime.digest import Digest
-from toolchain.blobs import Blob, BlobCache, LayerMismatch
+from toolchain.publish.blobs import Blob, BlobCache, LayerMismatch
 from toolchain.errors import ToolchainError
 from toolchain.progress import Reporter, human_bytes
 from deploy import hint
@@ -56,11 +56,7 @@ class LayerSource:
     def config(self) -> bytes:
         """The image's config bytes (their sha256 is the image ID)."""
         if self._config is None and self.store is not None:
-            path = self.store.config(self.image_id)
-            if path.is_file():
-                data = path.read_bytes()
-                if Digest.of(data) == self.image_id:
-                    self._config = data
+            self._config = self.store.read_config(self.image_id)
         if self._config is None:
             self._from_saves([], want_config=True)
         return self._config
@@ -88,7 +84,7 @@ class LayerSource:
 
     def stored_tar(self, diff_id: str) -> Optional[Path]:
         """The layer's tar in the layer store when its blob is not cached yet (the push compresses it while
-        uploading it: toolchain/push.py), else None."""
+        uploading it: toolchain/publish/push.py), else None."""
         if self.store is None or self.cache.get(diff_id) is not None:
             return None
         tar = self.store.tar(diff_id)
@@ -129,6 +125,11 @@ class LayerSource:
 
     # -- docker save ---------------------------------------------------------------------------------
     def _from_saves(self, missing: list[str], want_config: bool) -> dict[str, Blob]:
+        if self.client is None:  # a build with no engine: what the store and the registry lack is nowhere
+            what = f"layer(s) {', '.join(Digest(d).short for d in missing)}" if missing else "the image config"
+            raise ToolchainError(f"{what} of image {self.image_id.short} are neither in the blob cache, the layer store "
+                                 f"({self.store}) nor in the registry, and no engine here holds them; build it again: "
+                                 f"{hint.cmd('build')}")
         found: dict[str, Blob] = {}
         # without the config at hand the image itself is saved anyway: it holds every layer too
         config_later = self._config is None and self._config_missing()

@@ -10,21 +10,26 @@ Each check ends the build with one line naming the wheel's file, and runs before
     most in the example's 56 wheels is a 2 MB .so at 224x), no two members' data overlapping
     (CPython 3.12's zipfile refuses that too; 3.11's does not), no member name twice, none absolute
     or with a backslash, a NUL or `..` climbing out of the archive;
-  - RECORD: every path it lists is a member (a RECORD that names another wheel's file is refused);
-    each member's sha256 is checked against its RECORD line as the member is written
-    (toolchain/venv_layer.py).
+  - RECORD, as installer's `validate_record` reads it (`record_digests`, the one reader): one
+    RECORD of at most MAX_RECORD bytes, every row three values with a path, every member but the
+    RECORD itself listed with a sha256 and, where a size is given, the member's size; every path it
+    lists is a member (a RECORD that names another wheel's file is refused). Each member's bytes are
+    checked against that sha256 as the member is written (toolchain/image/venv_layer.py).
 Where a member lands in the venv (inside its scheme's directory, by its normalised name) is checked
-by toolchain/venv_layer.py, which knows the schemes.
+by toolchain/image/venv_layer.py, which knows the schemes.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import os
+import re
 import stat
 import zipfile
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
-from installer.records import parse_record_file
+from installer.records import InvalidRecordEntry, parse_record_file
 from packaging.tags import Tag, compatible_tags, cpython_tags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 
@@ -38,6 +43,7 @@ MAX_UNPACKED = 16 << 30   # torch's wheel unpacks to 1.7 GiB
 BOMB_MIN = 64 << 20
 BOMB_RATIO = 200
 MAX_SCRIPT = 16 << 20     # a .data/scripts member: its #! line is rewritten in memory
+MAX_RECORD = 64 << 20     # a wheel's RECORD (torch's: 1.6 MB, for 16,000 files)
 MAX_COMPILED = 16 << 20   # a module this big gets no .pyc (it compiles at import); the biggest real one here: 1.2 MB
 _LOCAL_HEADER = 30        # a zip local header's fixed part
 # what pip takes for each --platform given: manylinux_2_N also takes every older glibc and its legacy aliases
@@ -88,14 +94,10 @@ def check_wheel(wheel: Path, minor: str) -> None:
     try:
         with zipfile.ZipFile(wheel) as z:
             infos, start_dir = z.infolist(), z.start_dir
-            record = _record_paths(z, infos)
+            _check_members(wheel, infos, start_dir)
+            record_digests(z, wheel.name)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, EOFError, ValueError) as e:
         raise _refuse(wheel, f"is not a zip archive that can be read ({type(e).__name__})") from None
-    _check_members(wheel, infos, start_dir)
-    names = {i.filename for i in infos}
-    strays = sorted(p for p in record if p not in names)
-    if strays:
-        raise _refuse(wheel, f"its RECORD lists {strays[0][:120]!r}, which the wheel does not contain")
 
 
 def _check_members(wheel: Path, infos: list[zipfile.ZipInfo], start_dir: int) -> None:
@@ -127,10 +129,51 @@ def _check_members(wheel: Path, infos: list[zipfile.ZipInfo], start_dir: int) ->
         raise _refuse(wheel, f"the data of its member {spans[-1][2][:120]!r} runs into the archive's directory")
 
 
-def _record_paths(z: zipfile.ZipFile, infos: list[zipfile.ZipInfo]) -> set[str]:
-    """The paths the wheel's RECORD lists (the .dist-info's own RECORD; none when it has none: installer refuses that)."""
+_SHA256_B64 = re.compile(r"[A-Za-z0-9_-]{43}")
+_SIGNATURES = ("RECORD.jws", "RECORD.p7s")  # beside RECORD, unlisted by design (PEP 376)
+
+
+def record_digests(z: zipfile.ZipFile, wheel: str) -> dict[str, bytes]:
+    """Each member's sha256 (raw bytes) as the wheel's RECORD gives it, every row checked as installer's
+    validate_record checks it; a RECORD that fails refuses the wheel, in one line naming it."""
+    infos = z.infolist()
     records = [i for i in infos if i.filename.count("/") == 1 and i.filename.endswith(".dist-info/RECORD")]
-    if len(records) != 1 or records[0].file_size > MAX_SCRIPT:
-        return set()
-    text = z.read(records[0]).decode("utf-8", "replace")
-    return {row[0] for row in parse_record_file(text.splitlines()) if row[0]}
+    if len(records) != 1:
+        raise _refuse(Path(wheel), f"has {len(records)} .dist-info/RECORD files; a wheel has one")
+    record = records[0]
+    if record.file_size > MAX_RECORD:
+        raise _refuse(Path(wheel), f"its RECORD is {record.file_size} bytes (at most {MAX_RECORD})")
+    text = z.read(record).decode("utf-8", "replace")
+    rows: dict[str, tuple[str, str]] = {}
+    try:
+        for path, hash_, size in parse_record_file(text.splitlines()):
+            if not path:
+                raise _refuse(Path(wheel), "its RECORD has a row without a path")
+            rows[path] = (hash_, size)
+    except InvalidRecordEntry as e:
+        raise _refuse(Path(wheel), f"its RECORD has a malformed row ({'; '.join(e.issues)[:160]})") from None
+    members = {i.filename: i for i in infos if not i.filename.endswith("/")}
+    strays = sorted(p for p in rows if p not in members)
+    if strays:
+        raise _refuse(Path(wheel), f"its RECORD lists {strays[0][:120]!r}, which the wheel does not contain")
+    dist_info = record.filename.rpartition("/")[0]
+    unlisted = {record.filename, *(f"{dist_info}/{name}" for name in _SIGNATURES)}
+    digests: dict[str, bytes] = {}
+    for name, info in members.items():
+        if name in unlisted:
+            continue
+        hash_, size = rows.get(name, ("", ""))
+        algorithm, _, value = hash_.partition("=")
+        if not hash_:
+            raise _refuse(Path(wheel), f"its RECORD gives no hash for {name[:120]!r}; every file but RECORD has one")
+        if algorithm != "sha256" or not _SHA256_B64.fullmatch(value):
+            raise _refuse(Path(wheel), f"its RECORD gives {name[:120]!r} the hash {hash_[:80]!r}, not a sha256 "
+                          "(sha256=<43 characters of urlsafe base64>)")
+        if size and (not size.isdigit() or int(size) != info.file_size):
+            raise _refuse(Path(wheel), f"its RECORD gives {name[:120]!r} the size {size[:40]!r}; the archive holds "
+                          f"{info.file_size} bytes")
+        try:
+            digests[name] = base64.urlsafe_b64decode(value + "=")
+        except (binascii.Error, ValueError):
+            raise _refuse(Path(wheel), f"its RECORD's hash for {name[:120]!r} is not base64") from None
+    return digests

@@ -1,8 +1,8 @@
 """The deps stage: the user stage plus one layer per wheel (or group of small wheels) and the venv's top layer.
 
-[base, user..., wheel layers (toolchain/venv_plan.py's order), venv top, (bytecode, when the base's
+[base, user..., wheel layers (toolchain/image/venv_plan.py's order), venv top, (bytecode, when the base's
 Python compiles it)]. Three things run at once:
-  - the writer (this thread) writes each layer that is not at hand to the layer store (toolchain/venv_layer.py
+  - the writer (this thread) writes each layer that is not at hand to the layer store (toolchain/image/venv_layer.py
     `LayerWriter`), and finishes it once its bytecode, compiled meanwhile by `bytecode.HostCompiler` in
     worker processes, is ready; it goes on to the next layer in the meantime;
   - the loader (a thread) waits for the user stage (built beside, in another thread), then loads the
@@ -10,7 +10,7 @@ Python compiles it)]. Three things run at once:
     holding only its new layers on top of the previous batch (the engine applies one batch while the
     next is written);
   - the compiler's workers, at a lower priority.
-A layer is "at hand" when its key is in the index (toolchain/venv_plan.py `LayerIndex`, shared by every
+A layer is "at hand" when its key is in the index (toolchain/image/venv_plan.py `LayerIndex`, shared by every
 build directory): its diff ID is known and, unless the engine already holds the chain up to it, its tar
 is in the store; a tar the push
 dropped is written again (the same bytes: the writer is reproducible, and a different diff ID is said).
@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from deploy.layer_store import LayerStore
-from toolchain import bytecode, layers, venv_layer
+from toolchain.image import bytecode, layers, venv_layer
 from toolchain.errors import BuildError
 from toolchain.progress import Reporter, human_bytes
-from toolchain.venv_layer import LayerWriter, Python
-from toolchain.venv_plan import LayerIndex, PlannedLayer, default_index, scripts_of
+from toolchain.image.venv_layer import LayerWriter, Python
+from toolchain.image.venv_plan import LayerIndex, PlannedLayer, default_index, scripts_of
 
 
 @dataclass
@@ -94,20 +94,22 @@ class DepsAssembly:
         return i >= self.prefix
 
     def _write_all(self, compiler: Optional[bytecode.HostCompiler]) -> None:
-        todo = [i for i, s in enumerate(self.slots) if s.diff_id is None]
-        total = sum(self.slots[i].planned.size for i in todo)
+        # the total grows by each layer written again (its tar dropped by a push), known only when reached
+        total = [sum(s.planned.size for s in self.slots if s.diff_id is None)]
         done_before = [0]
         open_: list[tuple[int, LayerWriter]] = []
 
         def progress(n: int) -> None:
             self.rep.progress("deps: writing the dependency layers, loading them as they are done",
-                              done_before[0] + n, max(total, 1))
+                              done_before[0] + n, max(total[0], done_before[0] + n, 1))
         try:
             for i, s in enumerate(self.slots):
                 if self.error is not None:
                     raise self.error
                 if not self._needs_tar(i):
                     continue
+                if s.diff_id is not None:
+                    total[0] += s.planned.size
                 if s.diff_id is not None and compiler is not None:  # dropped by the push: written again
                     compiler.add(venv_layer.planned_modules(list(s.planned.wheels), self.python, self.venv))
                 planned = compiler.planned_of(s.planned.wheels) if compiler is not None else set()
@@ -210,12 +212,27 @@ class DepsAssembly:
             pass
 
     # -- both --------------------------------------------------------------------------------------
+    def _compiler(self) -> Optional[bytecode.HostCompiler]:
+        if not self.compile_on_host:
+            return None
+        to_compile = [w for s in self.slots if s.diff_id is None for w in s.planned.wheels]
+        return bytecode.HostCompiler(planned=venv_layer.planned_modules(to_compile, self.python, self.venv))
+
+    def write_only(self) -> None:
+        """Write each layer whose tar is not at hand into the store, with no engine to load them into
+        (toolchain/image/registry_build.py); each slot's diff ID and scripts are then known."""
+        self.prefix = 0
+        self.prefix_known.set()
+        compiler = self._compiler()
+        try:
+            self._write_all(compiler)
+        finally:
+            if compiler is not None:
+                compiler.close()
+
     def run(self, final_tag: str) -> tuple[dict, layers.Layer]:
         """Write and load; the attrs of FINAL_TAG (user + wheel layers + top) and the top layer."""
-        compiler = None
-        if self.compile_on_host:
-            to_compile = [w for s in self.slots if s.diff_id is None for w in s.planned.wheels]
-            compiler = bytecode.HostCompiler(planned=venv_layer.planned_modules(to_compile, self.python, self.venv))
+        compiler = self._compiler()
         result: dict = {}
         top_box: list = []
 

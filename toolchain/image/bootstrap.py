@@ -47,6 +47,18 @@ def host_mirror() -> str:
     raise ConfigError("image.bootstrap.mirror: empty and no Debian mirror found in the host's apt sources; set it to your mirror's URL")
 
 
+def bootstrap_key(settings: Settings) -> str:
+    """The bootstrapped base's key: its recipe, suite, mirror (the host's, unless image.bootstrap.mirror
+    names one) and packages."""
+    bs = settings.image.bootstrap
+    return key_of("debootstrap", BOOTSTRAP_VERSION, bs.suite, bs.mirror or host_mirror(), sorted(bs.packages))
+
+
+def external_key(image_id: str) -> str:
+    """A configured base image's key: its image ID (its config's digest)."""
+    return key_of("external", image_id)
+
+
 def ensure_base(client: docker.DockerClient, settings: Settings, rep: Reporter) -> BaseImage:
     img = settings.image
     if img.base_image:
@@ -58,11 +70,11 @@ def ensure_base(client: docker.DockerClient, settings: Settings, rep: Reporter) 
                 "(docker load / docker pull), or set image.base_image to '' to bootstrap one"
             ) from None
         rep.step(f"base: using configured image {img.base_image} ({found.short_id})")
-        return BaseImage(img.base_image, key_of("external", found.id), found.id, False)
+        return BaseImage(img.base_image, external_key(found.id), found.id, False)
 
     bs = img.bootstrap
     mirror = bs.mirror or host_mirror()
-    key = key_of("debootstrap", BOOTSTRAP_VERSION, bs.suite, mirror, sorted(bs.packages))
+    key = bootstrap_key(settings)
     ref = f"{img.repository}-base:{key[:16]}"
     if image_exists(client, ref):
         rep.step(f"base: reusing {ref}")

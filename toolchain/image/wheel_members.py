@@ -2,7 +2,7 @@
 
 Inflating the wheelhouse is most of the venv layer's work: on this 2-core machine, all 48 wheels
 (6.7 GiB unpacked) took 32.0 CPU-s through `zipfile` (zlib) and 18.3 through ISA-L's inflate
-(python-isal, already a dependency for the push's gzip: toolchain/blobs.py), measured one after the
+(python-isal, already a dependency for the push's gzip: toolchain/publish/blobs.py), measured one after the
 other on 2026-11-28, load 1.4. The members are read as `zipfile` reads them (the local header, then
 `compress_size` bytes, stored or deflated) and checked as it checks them: the CRC-32 and the size
 the central directory lists, at the end of each member.
@@ -27,7 +27,7 @@ class Member:
 
     def __init__(self, f: BinaryIO, info: zipfile.ZipInfo, wheel: str):
         self.f, self.info, self.wheel, self.size = f, info, wheel, info.file_size
-        self.recorded: Optional[bytes] = None  # the sha256 the wheel's RECORD gives (toolchain/venv_layer.py)
+        self.recorded: Optional[bytes] = None  # the sha256 the wheel's RECORD gives (toolchain/image/venv_layer.py)
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
             raise BuildError("deps", wheel, f"{info.filename} is compressed with method {info.compress_type}; "
                              "a wheel's members are stored or deflated: download the wheel again", [])

@@ -5,7 +5,7 @@ glibc, sdists included. pip, asked for wheels only (`--only-binary :all:`, which
 another platform needs), steps back without a word to older releases when a dependency is published
 only as an sdist: hydra-core 1.3 needs antlr4-python3-runtime 4.9.3, an sdist, and pip chose
 hydra-core 0.11.3, of 2019. Here the newest release that fits stays chosen, and the wheelhouse builds
-the sdist's wheel, kept only when it is pure Python (toolchain/wheelhouse.py).
+the sdist's wheel, kept only when it is pure Python (toolchain/wheels/wheelhouse.py).
 
 uv's cache is the user cache's `uv/` (toolchain/cache.py); a resolution that finds its metadata
 there takes well under a second (the example's 56 packages: 0.3 s). The pins then name the wheels:
@@ -24,8 +24,8 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from toolchain import cache
-from toolchain.requirements import uv_binary
-from toolchain.wheel_checks import GLIBC_MINOR, supported_tag_order
+from toolchain.wheels.requirements import uv_binary
+from toolchain.wheels.wheel_checks import GLIBC_MINOR, supported_tag_order
 
 RESOLVE_TIMEOUT_S = 600  # a cold resolution fetches each package's metadata over the network
 _PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)")

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from deploy.registry.address import is_local, ping
-from toolchain.blobs import Blob
+from toolchain.publish.blobs import Blob
+from runtime.files import read_regular
 from toolchain.config import Settings
 from toolchain.atomic import write_atomic
 from toolchain.errors import RegistryError
@@ -76,8 +77,8 @@ def _read_pid(settings: Settings) -> int | None:
     """The pid registry.pid names: a whole number above 1 (never 0, -1 or a group), else None."""
     _, _, pidfile = _paths(settings)
     try:
-        text = pidfile.read_text(errors="replace").strip()
-    except OSError:
+        text = read_regular(pidfile, 64, follow=False).decode(errors="replace").strip()
+    except OSError:  # none, or a link, a FIFO or a long file: not the pid file registry.start writes
         return None
     return int(text) if text.isascii() and text.isdigit() and 1 < int(text) < 1 << 22 else None
 

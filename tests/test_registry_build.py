@@ -1,0 +1,231 @@
+"""`build` and `push` with no Docker engine (toolchain/image/registry_build.py): a runner of uid 1000 whose
+DOCKER_HOST points at nothing, with an empty HOME and user cache, adds one small wheel to the image the
+session pushed to the real docker-registry. Only the wheels of the changed layer are downloaded, only the changed layers are
+uploaded, the image is the one the engine's build makes from the same inputs, and it runs on the engine.
+What the previous image does not allow is one line, with nothing written."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from pathlib import Path
+
+import pytest
+from packaging.utils import parse_wheel_filename
+
+from conftest import ROOT, SESSION, SPEC, make_settings, run_in
+from deploy.registry.client import RegistryClient
+from runtime.imageref import ImageRef
+from toolchain import cache, pipeline
+from toolchain.progress import Reporter
+from toolchain.records import build_file
+from toolchain.image import provenance
+from toolchain.image.registry_build import NoEngineBuildError
+
+ADDED = "six==1.17.0"  # 11 KiB: a small wheel, which goes to a group layer with a few others
+
+
+@pytest.fixture
+def no_engine(tmp_path, monkeypatch):
+    """A fresh runner: no engine reachable, an empty HOME and user cache; (that cache, the session's)."""
+    session = os.environ[cache.ENV]
+    home, fresh = tmp_path / "home", tmp_path / "fresh-cache"
+    home.mkdir()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv(cache.ENV, str(fresh))
+    return fresh, session
+
+
+def _session_image_as_previous(pushed_cpu: dict) -> None:
+    """Tag the session's pushed cpu image `cpu-latest` again: the image a build with no engine starts from.
+    Other tests push their own projects to the session's repository under that tag."""
+    ref = ImageRef.parse(pushed_cpu["repo_digest"], "the session's pushed image").require_pinned()
+    reg = RegistryClient(ref.registry, ref.repository, stall_s=30)
+    try:
+        body, _ = reg.get_manifest(ref.digest)
+        reg.put_manifest("cpu-latest", body)
+    finally:
+        reg.close()
+
+
+def _pushed_config(repo_digest: str) -> dict:
+    """The config of the image REPO_DIGEST names, from the registry."""
+    ref = ImageRef.parse(repo_digest, "a pushed image").require_pinned()
+    reg = RegistryClient(ref.registry, ref.repository, stall_s=30)
+    try:
+        manifest = json.loads(reg.get_manifest(ref.digest)[0])
+        return json.loads(reg.get_small_blob(manifest["config"]["digest"], "the config"))
+    finally:
+        reg.close()
+
+
+def _session_versions(pushed_cpu: dict, dest: Path) -> Path:
+    """A constraints file (uv's UV_CONSTRAINT) of every version the session's image recorded. Both builds
+    below resolve to the session's versions plus six, whatever the index serves by the time they run:
+    in CI a runner once resolved another grpcio than the session's image held, and wrote its layer too."""
+    made = provenance.parse(_pushed_config(pushed_cpu["repo_digest"])[provenance.FIELD])
+    pins = sorted({"{}=={}".format(*parse_wheel_filename(w.file)[:2]) for w in made.wheels})
+    dest.write_text("\n".join(pins) + "\n")
+    return dest
+
+
+def _project(tmp_path, app_dir, settings, name: str, added: str = ADDED, runtime_dir: Path | None = None):
+    app = tmp_path / f"app-{name}"
+    shutil.copytree(app_dir, app)
+    if added:
+        with open(app / "requirements.txt", "a") as f:
+            f.write(f"{added}\n")
+    s = make_settings(tmp_path / f"work-{name}", app, registry_address=settings.registry.address,
+                      runtime_dir=runtime_dir or app_dir.parent / "runtime")
+    s.registry.data_dir = settings.registry.data_dir
+    return s
+
+
+RUNNER_UID = 1000
+# what a CI runner's job is given besides its own HOME: the index, its certificates and proxies
+_PASSED = ("SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+           "http_proxy", "https_proxy", "no_proxy")
+_BUILD_AND_PUSH = """
+import json, sys
+from toolchain import pipeline
+from toolchain.config import Settings
+from toolchain.progress import Reporter
+s = Settings.model_validate_json(open(sys.argv[1]).read())
+built = pipeline.build(s, sys.argv[2], "cpu", Reporter())["images"]["cpu"]
+pushed = pipeline.push(s, sys.argv[2], "cpu", Reporter())["images"]["cpu"]["push"]
+print(json.dumps({"uid": __import__("os").getuid(), "built": built, "push": pushed}, default=str))
+"""
+
+
+@pytest.fixture
+def runner_dir():
+    """A directory the runner's user owns, outside pytest's (root's, mode 700)."""
+    d = Path(tempfile.mkdtemp(prefix="raytrain-runner-"))
+    d.chmod(0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def _setpriv(*cmd: str) -> list[str]:
+    return ["setpriv", f"--reuid={RUNNER_UID}", f"--regid={RUNNER_UID}", "--clear-groups", *cmd]
+
+
+def _runner_python(work: Path) -> tuple[str, dict]:
+    """The runner's Python: the one the session's image was compiled with (a build records its bytecode
+    compiler and refuses another), as the runner's own copy where uid 1000 cannot read this one (pyenv's
+    under /root). (Its path, the environment it needs.)"""
+    base = Path(sys.base_prefix)
+    exe = Path(sys._base_executable)
+    if subprocess.run(_setpriv("test", "-x", str(exe))).returncode == 0:
+        return str(exe), {}
+    mine = work / "python"
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    if (mine / "bin" / version).exists():
+        return str(mine / "bin" / version), {"LD_LIBRARY_PATH": str(mine / "lib")}
+    (mine / "bin").mkdir(parents=True)
+    shutil.copy2(exe, mine / "bin" / version)
+    shutil.copytree(base / "lib" / version, mine / "lib" / version,
+                    ignore=shutil.ignore_patterns("site-packages", "test", "__pycache__"))
+    for lib in (base / "lib").glob("libpython*.so*"):
+        shutil.copy2(lib, mine / "lib" / lib.name, follow_symlinks=False)
+    return str(mine / "bin" / version), {"LD_LIBRARY_PATH": str(mine / "lib")}
+
+
+def _as_runner(work: Path, settings, spec: Path) -> dict:
+    """build then push, in a process of uid 1000 with no engine (DOCKER_HOST at nothing), an empty HOME
+    and cache, this checkout's code and its venv's packages on the path of the runner's Python."""
+    site = sysconfig.get_paths()["purelib"]
+    readable = subprocess.run(_setpriv("test", "-r", f"{ROOT}/toolchain/pipeline.py", "-a", "-r",
+                                       f"{site}/pydantic/__init__.py"))
+    assert readable.returncode == 0, f"uid {RUNNER_UID} cannot read {ROOT} or {site}: the runner test needs both"
+    python, python_env = _runner_python(work)
+    home, fresh = work / "home", work / "cache"
+    home.mkdir(exist_ok=True)
+    (work / "settings.json").write_text(settings.model_dump_json())
+    shutil.chown(work, RUNNER_UID, RUNNER_UID)
+    for path in work.rglob("*"):
+        os.lchown(path, RUNNER_UID, RUNNER_UID)
+    env = {"HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": f"{ROOT}:{site}", "LANG": "C.UTF-8",
+           cache.ENV: str(fresh), "DOCKER_HOST": f"unix://{work}/no-engine.sock", **python_env,
+           **{k: v for k, v in os.environ.items() if k in _PASSED or k.startswith(("PIP_", "UV_"))}}
+    res = subprocess.run(_setpriv(python, "-c", _BUILD_AND_PUSH, str(work / "settings.json"), str(spec)),
+                         cwd=work, env=env, capture_output=True, text=True, timeout=600)
+    print(res.stderr)
+    assert res.returncode == 0, res.stderr[-4000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_a_dependency_change_builds_and_pushes_with_no_engine_and_no_cache(client, pushed, settings, app_dir,
+                                                                          tmp_path, runner_dir, monkeypatch):
+    _session_image_as_previous(pushed["cpu"])
+    monkeypatch.setenv("UV_CONSTRAINT", str(_session_versions(pushed["cpu"], runner_dir / "session-versions.txt")))
+    # the runner's copy of the project: its code, the runtime and the spec where uid 1000 can read them
+    shutil.copytree(app_dir.parent / "runtime", runner_dir / "runtime")
+    spec = runner_dir / "cluster-spec.json"
+    shutil.copy2(SPEC, spec)
+    s = _project(runner_dir, app_dir, settings, "ci", runtime_dir=runner_dir / "runtime")
+    s.registry.data_dir = str(runner_dir / "registry-data")  # the runner does not own the registry's files
+    ran = _as_runner(runner_dir, s, spec)
+    built, res = ran["built"], ran["push"]
+    assert ran["uid"] == RUNNER_UID
+    assert built["engine"] is False and built["rebuilt"] == ["deps", "app", "spec"]
+    pool = runner_dir / "cache" / cache.WHEELS
+    downloaded = {f.name: f.stat().st_size for f in pool.glob("*.whl")}
+    assert any(n.startswith("six-1.17.0-") for n in downloaded), downloaded
+    # the wheels of the one group layer six joins, and no other (the set is 3.9 GiB: torch alone 0.9)
+    assert sum(downloaded.values()) < 8 << 20 and not any(n.startswith(("torch-", "ray-")) for n in downloaded)
+
+    # the group layer six joins and the app layer (its requirements.txt); the base, user, other wheel,
+    # venv and spec layers were there
+    assert res["layers_pushed"] == 2 and res["bytes_uploaded"] < 8 << 20, res
+    assert res["layers_compressed"] == 2 and res["layers_known_from_registry"] >= 30, res
+
+    # the engine's build of the same inputs (in the session's cache) makes the same image
+    same = _project(tmp_path, app_dir, settings, "engine")
+    with_engine = pipeline.build(same, str(SPEC), "cpu", Reporter())["images"]["cpu"]
+    assert with_engine["engine"] is True
+    ref = json.loads((s.build_dir / "images.json").read_text())["cpu"]["repo_digest"]
+    assert _pushed_config(ref)["rootfs"]["diff_ids"] == client.images.get(with_engine["local_ref"]).attrs["RootFS"]["Layers"]
+    assert (with_engine["image_id"], with_engine["local_ref"]) == (built["image_id"], built["local_ref"])
+
+    # and the pushed image runs: six imports beside torch, and the runtime's self-check passes
+    client.images.remove(with_engine["local_ref"], force=True)
+    out = run_in(client, ref, ["python", "-c", "import six, torch; print('six', six.__version__)"])
+    assert "six 1.17.0" in out
+    check = json.loads(run_in(client, ref, ["python", "-m", "runtime", "selfcheck"]).strip().splitlines()[-1])
+    assert check["user"] == "ray" and check["cluster_spec_path"] == "/etc/raytrain/cluster-spec.json"
+
+    # the same runner, warm, takes six out again: the changed group's other wheels are in its pool, none is
+    # downloaded, and the image is the session's again, digest for digest, with nothing to upload
+    requirements = runner_dir / "app-ci" / "requirements.txt"
+    requirements.write_text(requirements.read_text().replace(f"{ADDED}\n", ""))
+    before = sorted(f.name for f in pool.iterdir())
+    again = _as_runner(runner_dir, s, spec)
+    assert sorted(f.name for f in pool.iterdir()) == before
+    assert again["built"]["engine"] is False and again["push"]["digest"] == pushed["cpu"]["digest"], again["push"]
+    assert again["push"]["bytes_uploaded"] == 0, again["push"]
+
+
+def test_what_the_registry_cannot_give_is_one_line_and_nothing_is_written(client, pushed, settings, app_dir,
+                                                                          tmp_path, no_engine):
+    # no previous image: a variant whose repository the registry has never seen
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**json.loads(SPEC.read_text()), "cpu_image": f"{SESSION}-never-pushed-cpu"}))
+    s = _project(tmp_path, app_dir, settings, "none")
+    with pytest.raises(NoEngineBuildError, match=rf"cannot reach the Docker engine .* the registry has no .*"
+                                                 rf"{SESSION}-never-pushed-cpu:cpu-latest to build on") as e:
+        pipeline.build(s, str(other), "cpu", Reporter())
+    assert "\n" not in str(e.value) and not build_file(s.build_dir).exists()
+
+    # another image user: the user stage the registry's image has is not this project's
+    _session_image_as_previous(pushed["cpu"])
+    s = _project(tmp_path, app_dir, settings, "user")
+    s = s.model_copy(update={"image": s.image.model_copy(update={"user": s.image.user.model_copy(update={"uid": 4242})})})
+    with pytest.raises(NoEngineBuildError, match="the base or the image's user changed since"):
+        pipeline.build(s, str(SPEC), "cpu", Reporter())
+    assert not build_file(s.build_dir).exists()

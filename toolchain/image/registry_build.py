@@ -1,0 +1,285 @@
+"""A build with no Docker engine: the image a previous push left in the registry, with the dependency
+layers this build's requirements change made again and the thin layers above them.
+
+Where no engine answers (a CI runner without one, no root, no cache), `build` reads the variant's image
+under its human tag in the registry it is pushed to: its manifest and config (toolchain/image/previous_image.py)
+and the provenance its config carries (toolchain/image/provenance.py). Then, without running anything:
+
+  - the base and user layers are that image's bottom ones, by reference (never downloaded), when the user
+    stage's key computed here is the one recorded (the same base and image user);
+  - uv resolves the requirement set; a wheel the previous image recorded (same name and version) is not
+    downloaded; the others are, checked against the lock's hashes;
+  - the layer plan (toolchain/image/venv_plan.py) is made from the recorded sizes and the new wheels', and each
+    dependency layer whose key is the recorded one (the same wheels, sha256 for sha256, the same venv,
+    Python and compiler) is taken as it is, its blob already in the registry; the others are written (the
+    wheels of a group layer that changed are downloaded for it), their bytecode compiled on the host,
+    which must be the Python that compiled the previous image's;
+  - the venv's top layer, the app layer and the spec layer are written, and the config is the one the
+    engine's stages make from the same inputs, so both ways give the same image ID.
+
+The layers and the config go to the build's layer store, where `push` reads them; the registry gives the
+rest. Anything the previous image does not allow (another base or user, another Python, no provenance,
+bytecode compiled in a container) is one line saying what and how to build instead; nothing is written
+to the registry by `build`.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from deploy.registry.client import RegistryClient
+from deploy.registry.errors import RegistryError
+from runtime.contract import SPEC_PATH as SPEC_ENV, VENV
+from runtime.digest import Digest
+from runtime.imageref import ImageRef
+from runtime.spec import LoadedSpec
+from toolchain.image import bytecode, layers, provenance, venv_layer, venv_plan
+from toolchain.publish.blobs import file_sha256
+from toolchain.image.bootstrap import BaseImage, bootstrap_key, external_key
+from toolchain.config import Settings
+from toolchain.image.deps_stage import DepsAssembly
+from toolchain.errors import ToolchainError
+from toolchain.image.images import (SPEC_PATH_IN_IMAGE, Builder, app_key, app_layer, config_fields, deps_key, image_labels,
+                              image_names, layer_store, registry_address, source_keys, spec_file_layer, spec_key)
+from toolchain.image.previous_image import HeldBlob, PreviousImageError, pair_layers
+from toolchain.progress import Reporter, human_bytes
+from toolchain.records import BuildRecord
+from toolchain.image.venv_layer import Python
+from toolchain.image.venv_plan import LayerIndex
+from toolchain.wheels import wheelhouse
+
+TORCH_SOURCE_LABEL = "io.raytrain.torch-source"
+
+
+class NoEngineBuildError(ToolchainError):
+    """The build cannot be made without an engine from what the registry holds (the message says why and what to do)."""
+
+
+@dataclass(frozen=True)
+class Previous:
+    ref: ImageRef                      # registry/repository:tag
+    config: dict
+    held: dict[Digest, HeldBlob]       # its layers' blobs, by diff ID
+    made_from: provenance.Provenance
+
+
+def read_previous(reg: RegistryClient, ref: ImageRef, why: str) -> Previous:
+    """The image REF names in the registry, with its provenance; NoEngineBuildError saying what is missing."""
+    where = ref.docker()
+    try:
+        found = reg.get_manifest(ref.tag)
+        if found is None:
+            raise NoEngineBuildError(f"{why}, and the registry has no {where} to build on; build and push once where "
+                                     "a Docker engine runs (`raytrain build push`), then build here again")
+        manifest, media_type = found
+        doc = json.loads(manifest)
+        config_bytes = reg.get_small_blob(Digest(doc["config"]["digest"], "the config's digest"), "the image config")
+        if config_bytes is None:
+            raise PreviousImageError("its config is not in the registry")
+        held = pair_layers(manifest, media_type, config_bytes)
+        config = json.loads(config_bytes)
+        label = config.get(provenance.FIELD)
+        if label is None:
+            raise PreviousImageError(f"its config has no {provenance.FIELD} field (built before this tool wrote one, "
+                                     "or its layer index was gone)")
+        made_from = provenance.parse(label)
+        ids, lower = config["rootfs"]["diff_ids"], made_from.lower_layers
+        if [Digest(d) for d in ids[lower:lower + len(made_from.layers)]] != [l.diff_id for l in made_from.layers]:
+            raise PreviousImageError(f"its {provenance.FIELD} field does not list the dependency layers its config has")
+    except (PreviousImageError, provenance.ProvenanceError, RegistryError, ValueError, KeyError, TypeError,
+            AttributeError) as e:
+        raise NoEngineBuildError(f"{why}, and the image to build on, {where}, cannot be used: {str(e)[:300]}; build "
+                                 "and push once where a Docker engine runs") from None
+    return Previous(ref, config, held, made_from)
+
+
+def _base_key(settings: Settings, why: str) -> str:
+    """The base's key as the engine's build computes it, without the engine."""
+    configured = settings.image.base_image
+    if not configured:
+        return bootstrap_key(settings)
+    ref = ImageRef.parse(configured, "image.base_image")
+    if ref.registry is None or ref.digest is None:
+        raise NoEngineBuildError(f"{why}; image.base_image {configured!r} must be pinned in a registry "
+                                 "(registry/repository@sha256:...) to be used without one")
+    reg = RegistryClient(ref.registry, ref.repository, 60)
+    try:
+        found = reg.get_manifest(ref.digest)
+    except RegistryError as e:
+        raise NoEngineBuildError(f"image.base_image {configured}: {e}") from None
+    finally:
+        reg.close()
+    if found is None:
+        raise NoEngineBuildError(f"image.base_image {configured}: the registry does not have it")
+    try:
+        return external_key(Digest(json.loads(found[0])["config"]["digest"], "its config's digest"))
+    except (ValueError, KeyError, TypeError) as e:
+        raise NoEngineBuildError(f"image.base_image {configured}: its manifest names no config ({str(e)[:120]}); "
+                                 "give a single-platform image's digest") from None
+
+
+def _lower_config(previous: Previous, labels: dict) -> dict:
+    """The user stage's config as the engine's stages pass it up: the previous image's, less what its top
+    layer added (the spec's variable, this tool's labels)."""
+    cfg = dict(previous.config.get("config") or {})
+    cfg["Env"] = [e for e in cfg.get("Env") or [] if e.split("=", 1)[0] != SPEC_ENV]
+    ours = set(labels)
+    cfg["Labels"] = {k: v for k, v in (cfg.get("Labels") or {}).items() if k not in ours}
+    return {"Config": cfg, "Architecture": previous.config.get("architecture", "amd64"),
+            "Os": previous.config.get("os", "linux")}
+
+
+@dataclass
+class _Wheels:
+    files: list[str]                       # the set's wheel files, in name order
+    fetched: list[str]                     # those downloaded by this build
+    sha256: dict[str, str]                 # by file name
+    sizes: dict[str, tuple[int, bool]]     # venv_plan.measure, by file name
+    torch_source: str
+    wanted: list                           # the requirement set (requirements.Requirement), for its hashes
+    read: set = field(default_factory=set)  # those whose sha256 and size are their bytes', not the record's
+
+
+def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str, rep: Reporter) -> BuildRecord:
+    """The variant's image on the registry's previous one (the module's docstring); its build record."""
+    repo, human = image_names(loaded.model, variant, settings)
+    target = ImageRef.parse(f"{registry_address(settings, loaded.model, variant)}/{repo}", "push target")
+    reg = RegistryClient(target.registry, target.repository, settings.registry.stall_timeout_s)
+    try:
+        previous = read_previous(reg, ImageRef.parse(f"{target.name}:{human}", "previous image"), why)
+    finally:
+        reg.close()
+    rep.step(f"build[{variant}]: no engine; building on {previous.ref.docker()} from the registry")
+    user_ref, user_key, python, compiler = _same_below(settings, previous, why)
+    made = previous.made_from
+    wheels = _wheels(settings, variant, python, previous, rep)
+    planned, write = _plan(previous, wheels, python, compiler, rep)
+    store = layer_store(settings.build_dir)
+    layer_ids, scripts = _dependency_layers(planned, write, previous, wheels, python, store, f"{repo}:{variant}",
+                                            user_ref, rep)
+    written = len(write)
+    top = venv_layer.top_layer(python, VENV, [sc for _, s in scripts for sc in s])
+    app, spec_layer = app_layer(settings), spec_file_layer(loaded)
+    for layer in (top, app, spec_layer):
+        layers.keep(layer, store)
+    labels = image_labels(settings, loaded, variant, wheels.torch_source)
+    fields = config_fields(provenance.of_build(user_key, made.lower_layers, python, compiler, VENV, wheels.sha256,
+                                               wheels.sizes, planned, scripts))
+    config = layers.image_config(_lower_config(previous, labels),
+                                 [*previous.config["rootfs"]["diff_ids"][:made.lower_layers], *layer_ids,
+                                  top.diff_id, app.diff_id, spec_layer.diff_id],
+                                 env={SPEC_ENV: SPEC_PATH_IN_IMAGE}, labels=labels, extra=fields)
+    layers.keep_config(config, store)
+    sources = source_keys(settings)
+    key = spec_key(app_key(deps_key(user_key, planned, python, compiler), sources), loaded.sha256, labels, fields)
+    rep.step(f"build[{variant}]: {repo}:{variant}-{key[:16]} ({Digest.of(config).short}); {written} dependency "
+             f"layer(s) written, {len(planned) - written} and the base's in the registry")
+    return BuildRecord(variant=variant, local_ref=f"{repo}:{variant}-{key[:16]}", human_ref=f"{repo}:{human}",
+                       image_id=Digest.of(config), spec_sha256=loaded.sha256, base_ref=previous.ref.docker(),
+                       user_ref="", deps_ref="-", app_ref="-", torch_source=wheels.torch_source,
+                       rebuilt=(["deps"] if written else []) + ["app", "spec"], engine=False, **sources)
+
+
+def _same_below(settings: Settings, previous: Previous, why: str) -> tuple[str, str, Python, list]:
+    """(user stage ref, its key, the image's Python, the host compiler's identity) when the previous image
+    was made on this project's base and user, for this host's Python; else NoEngineBuildError."""
+    made = previous.made_from
+    builder = Builder(None, settings, Reporter(quiet=True))  # its user stage key only: no engine is reached
+    user_ref, user_key = builder.user_stage(BaseImage("", _base_key(settings, why), "", False))
+    if user_key != made.user_key:
+        raise NoEngineBuildError(f"{why}, and the base or the image's user changed since {previous.ref.docker()} "
+                                 "was built (its user stage is another); build and push once where a Docker "
+                                 "engine runs")
+    python = Python(*made.python)
+    compiler = bytecode.identity(python.magic, python.cache_tag)
+    if made.venv != VENV or compiler is None or compiler != made.compiler:
+        raise NoEngineBuildError(
+            f"{why}, and this machine's Python ({sys.version.split()[0]}) does not write the bytecode "
+            f"{previous.ref.docker()}'s layers were compiled with "
+            f"({(made.compiler or ['in a container'])[0]}); run the build with that Python, or where an engine runs")
+    return user_ref, user_key, python, compiler
+
+
+def _wheels(settings: Settings, variant: str, python: Python, previous: Previous, rep: Reporter) -> _Wheels:
+    """The requirement set's wheels: uv resolves it; a wheel the previous image recorded is not downloaded,
+    nor read where the pool has it (its sha256 and size are the record's until a layer to write needs its
+    bytes: _plan), the others are, and are checked (the lock's hashes, the image's Python)."""
+    facts = {w.file: w for w in previous.made_from.wheels}
+    labels = (previous.config.get("config") or {}).get("Labels") or {}
+    torch_req, torch_source = wheelhouse.choose_torch(settings, variant, python.minor, rep,
+                                                      known_source=labels.get(TORCH_SOURCE_LABEL))
+    index = settings.image.torch[variant].index_url if torch_source not in wheelhouse.DEFAULT_SOURCES else None
+    wanted = wheelhouse.image_set(settings, variant, python.minor, torch_req)
+    pool = wheelhouse.pool_dir()
+    files, fetched = wheelhouse.set_files(pool, [r.text for r in wanted], python.minor, variant, index,
+                                          {_pin_of(f): f for f in facts}, rep)
+    read = {f for f in files if f not in facts}  # all here: hashed and measured, their bytes decide their layers
+    venv_layer.wheels_of([pool / f for f in read], python.minor)
+    sha256 = {f: file_sha256(pool / f).hex if f in read else facts[f].sha256 for f in files}
+    wheelhouse.requirements.check_hashes(wanted, sha256)
+    sizes = {f: venv_plan.measure(pool / f) if f in read else (facts[f].size, facts[f].modules) for f in files}
+    return _Wheels(files, fetched, sha256, sizes, torch_source, wanted, read)
+
+
+def _plan(previous: Previous, wheels: _Wheels, python: Python, compiler: list, rep: Reporter) -> tuple[list, list]:
+    """(the dependency layers planned, those to write). A layer whose key the previous image recorded, and
+    whose blob the registry holds, is taken; the others are written, so each of their wheels must be here
+    and read: one that is not (another wheel of a group layer that changed) is downloaded, and each is
+    hashed and measured, and the plan made again with its bytes (a wheel built here from an sdist is not
+    the recorded one's bytes). The pool's other wheels are never read (3.9 GiB for the example)."""
+    pool = wheelhouse.pool_dir()
+    recorded = previous.made_from.by_key()
+    while True:
+        planned, _ = venv_plan.plan([pool / f for f in wheels.files], wheels.sha256, VENV, python.minor, compiler,
+                                    wheels.sizes)
+        write = [p for p in planned if p.key not in recorded or Digest(recorded[p.key].diff_id) not in previous.held]
+        need = sorted({w.name for p in write for w in p.wheels if w.name not in wheels.read})
+        if not need:
+            return planned, write
+        missing = [f for f in need if not (pool / f).is_file()]
+        if missing:
+            wheels.fetched.extend(wheelhouse.fetch_files(pool, missing, python.minor, "registry build", rep))
+        lost = [f for f in missing if not (pool / f).is_file()]
+        if lost:
+            raise NoEngineBuildError(f"{', '.join(lost)}: recorded by {previous.ref.docker()}, and the index gave "
+                                     "no such file; build where an engine runs")
+        venv_layer.wheels_of([pool / f for f in need], python.minor)
+        for f in need:
+            wheels.sha256[f], wheels.sizes[f] = file_sha256(pool / f).hex, venv_plan.measure(pool / f)
+        wheels.read.update(need)
+        wheelhouse.requirements.check_hashes(wheels.wanted, wheels.sha256)
+
+
+def _dependency_layers(planned: list, write: list, previous: Previous, wheels: _Wheels, python: Python, store,
+                       ref: str, user_ref: str, rep: Reporter) -> tuple[list, list]:
+    """(each planned layer's diff ID, its (diff ID, console scripts)): WRITE's written into the store, the
+    others the previous image's."""
+    pool = wheelhouse.pool_dir()
+    recorded = previous.made_from.by_key()
+    venv_layer.check_conflicts([w for p in write for w in p.wheels], python, VENV)
+    rep.step(f"deps: {len(planned) - len(write)} of {len(planned)} dependency layers taken from the registry, "
+             f"{len(write)} to write ({len(wheels.fetched)} wheel(s) downloaded: "
+             f"{human_bytes(sum((pool / f).stat().st_size for f in wheels.fetched))})")
+    assembly = DepsAssembly(None, store, write, python, VENV, True, None, user_ref, ref, rep,
+                            index=LayerIndex(venv_plan.default_index()))
+    assembly.write_only()
+    written = {p.key: s for p, s in zip(write, assembly.slots)}
+    ids, scripts = [], []
+    for p in planned:
+        if p.key in written:
+            ids.append(Digest(written[p.key].diff_id))
+            scripts.append((ids[-1], written[p.key].scripts or []))
+        else:
+            fact = recorded[p.key]
+            ids.append(Digest(fact.diff_id))
+            scripts.append((ids[-1], [(n, t.encode("utf-8", "surrogateescape")) for n, t in fact.scripts]))
+    return ids, scripts
+
+
+def _pin_of(wheel_file: str) -> tuple[str, str]:
+    """(canonical name, version) of a wheel file name: what a resolver's pin says of it."""
+    name, version, _, _ = parse_wheel_filename(wheel_file)
+    return canonicalize_name(name), str(version)
