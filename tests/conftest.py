@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,10 @@ for _stale in Path(tempfile.gettempdir()).glob("raytrain-rtt*-*"):  # a killed s
         shutil.rmtree(_stale, ignore_errors=True)
 SESSION_DIR = Path(tempfile.mkdtemp(prefix=f"raytrain-{SESSION}-"))
 os.environ["RAYTRAIN_CACHE"] = str(SESSION_DIR / "cache")  # toolchain/cache.py; inherited by subprocesses
+# Every resolution of the run (uv's, in builds and in subprocesses) sees PyPI as it was when the run began:
+# a release published during the run would make a later build of the same requirements another image than
+# the session's, and a test that counts what a one-wheel change rebuilds would count that release's layer.
+os.environ.setdefault("UV_EXCLUDE_NEWER", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
 def _session_spec() -> Path:
