@@ -4,7 +4,9 @@ The rule (docs/image-layers.md):
   - a wheel of OWN_LAYER_BYTES or more unpacked has a layer of its own;
   - a smaller one goes to one of GROUPS group layers, chosen by a hash of its distribution's name.
     The rule looks at the wheel alone, never at the rest of the set; adding a small wheel changes its
-    group's layer (a few MB) and nothing else;
+    group's layer and nothing else. Sixteen groups, so a group holds a couple of wheels: a fresh runner
+    that adds one downloads only its group's few others to write the layer (the example's 32 small
+    wheels fall in 14 groups, half a MiB of wheels at the median);
   - order, bottom first: the own layers of wheels with less than MODULE_BYTES of Python source (the
     CUDA libraries), then the others (torch, triton, ray, numpy...), each biggest first (ties by
     name); then the groups by number. Big wheels change least, so a change high in the stack leaves most of it alone:
@@ -13,7 +15,8 @@ The rule (docs/image-layers.md):
     engine start loading while the modules of the others are still being compiled.
   - at most MAX_OWN own layers: in a set with more big wheels than that, the smallest of them go to
     their groups too (the only case where the set decides, and said by the build). With the GROUPS,
-    the venv's top layer and the image's seven others, an image stays far below the overlay limit (128).
+    the venv's top layer and the image's seven others, an image stays below the overlay limit (128):
+    at most 120 layers.
 
 A layer's key is made of what its bytes depend on, and nothing else: each wheel's file name and
 sha256, the venv's path and Python minor version (site-packages), and the host compiler's identity
@@ -37,7 +40,7 @@ from toolchain.image.venv_layer import dist_name, is_script_name
 
 FORMAT = 1                 # bump when a layer's bytes change for the same key (toolchain/image/venv_layer.py)
 OWN_LAYER_BYTES = 4 << 20  # unpacked: this big and up, a layer of its own
-GROUPS = 4                 # the group layers of the smaller wheels
+GROUPS = 16                # the group layers of the smaller wheels
 MAX_OWN = 96
 MODULE_BYTES = 1 << 20     # of .py source: a wheel with this much or more goes above the libraries
 
