@@ -23,7 +23,7 @@ from runtime.spec import Mount, describe_errors
 
 # DNS-1035 label (Kubernetes Service names), short enough for "<name>-s<seed>-workers" and Slurm
 JOB_NAME_RE = C.JOB_NAME_RE
-IMAGE_WORKDIR = C.PROJECT_DIR  # the app layer's project directory (dockerfiles/user.Dockerfile.j2 WORKDIR)
+IMAGE_WORKDIR = C.PROJECT_DIR  # the app layer's project directory (the user layer's WorkingDir: toolchain/image/user_layer.py)
 TIME_RE = r"^([0-9]{1,4}-[0-9]{1,2}(:[0-9]{2}){0,2}|[0-9]{1,6}(:[0-9]{2}){0,2})$"
 _UNSAFE_PATH = re.compile(r"[\x00-\x1f\x7f%]")
 

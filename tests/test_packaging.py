@@ -48,7 +48,7 @@ def wheel(tmp_path_factory) -> Path:
 
 def test_the_wheel_carries_the_tasks_templates_specs_runtime_requirements_and_example(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("toolchain/tasks.py", "toolchain/assets/dockerfiles/user.Dockerfile.j2",
+    for needed in ("toolchain/tasks.py", "toolchain/assets/dockerfiles/skypilot.Dockerfile.j2",
                    "toolchain/assets/cluster_specs/local.json", "toolchain/assets/cluster_specs/schema.json",
                    "toolchain/assets/example/train.py", "toolchain/assets/example/requirements.txt",
                    "runtime/requirements.txt", "runtime/cluster/launch.py", "deploy/targets/k8s/__init__.py"):

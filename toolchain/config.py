@@ -37,8 +37,12 @@ class TorchSettings(_Strict):
     index_requirement: Optional[str] = Field(None, description="Requirement to ask index_url for.")
 
 
+USER_NAME = r"^[a-z_][a-z0-9_-]{0,31}$"  # Debian's NAME_REGEX, bounded as useradd's
+
+
 class UserSettings(_Strict):
-    name: str = "ray"
+    name: str = Field("ray", pattern=USER_NAME,
+                      description="The image's user: lower-case letters, digits, '_' and '-', as useradd takes.")
     uid: int = Field(1000, ge=1, le=2**31 - 1, description="Numeric uid of the image's USER (a kubelet verifies runAsNonRoot by it).")
     gid: int = Field(1000, ge=1, le=2**31 - 1, description="Numeric gid of the image's USER and the pods' fsGroup.")
 

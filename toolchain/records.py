@@ -97,7 +97,7 @@ class BuildRecord(_Record):
     image_id: str
     spec_sha256: str = Field(..., pattern=SHA256)
     base_ref: str
-    user_ref: str = ""          # the user stage (a Dockerfile stage): where the push reads the base and user layers
+    user_ref: str = ""          # the user stage: where the push reads the base and user layers
     deps_ref: str
     app_ref: str
     torch_source: str

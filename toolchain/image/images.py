@@ -25,7 +25,7 @@ from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, LoadedSpec
 from runtime.contract import APP_ROOT, IMAGE_PYTHONPATH, PROJECT_DIR, SKYPILOT_PROFILE, SPEC_PATH as SPEC_ENV, VENV
 from toolchain import __version__, skypilot_profile
-from toolchain.image import bytecode, layers, provenance, venv_layer, venv_plan
+from toolchain.image import bytecode, layers, provenance, user_layer, venv_layer, venv_plan
 from toolchain.image.bootstrap import BaseImage, ensure_base
 from toolchain.image.deps_stage import DepsAssembly
 from toolchain.config import Settings
@@ -34,7 +34,6 @@ from toolchain.errors import BuildError, ConfigError
 from toolchain.hashing import key_of, tree_hash
 from toolchain.records import BuildRecord, write_builds
 from toolchain.progress import Reporter, human_bytes
-from toolchain.image.templates import render, template_hash
 from toolchain.image.venv_layer import Python
 from toolchain.image.venv_plan import LayerIndex, default_index, scripts_of
 from toolchain.wheels.wheelhouse import Wheelhouse, ensure_wheelhouse, image_set, requirements_key
@@ -211,30 +210,33 @@ class Builder:
     def user_stage(self, base: BaseImage) -> tuple[str, str]:
         """The user stage's tag and key (what `user` builds)."""
         user = self.settings.image.user
-        key = key_of("user", base.key, template_hash("user.Dockerfile.j2"), user.model_dump(), self.settings.image.python,
-                     APP_ROOT, VENV, profile_script(), IMAGE_PATH, IMAGE_PYTHONPATH)
+        key = key_of("user", base.key, user_layer.FORMAT, layers.LAYER_FORMAT, user.model_dump(),
+                     self.settings.image.python, APP_ROOT, VENV, profile_script(), IMAGE_PATH, IMAGE_PYTHONPATH)
         return f"{self.stage_repo}:user-{key[:16]}", key
 
     def user(self, base: BaseImage, rebuilt: list, quiet: bool = False) -> tuple[str, str]:
-        """The non-root user, its home, the app directory, PATH and the default command: a tiny Dockerfile
-        stage (dockerfiles/user.Dockerfile.j2), the only one that runs the base's own tools. QUIET: built
-        beside the venv (`build`), whose progress has the terminal."""
+        """The non-root user, its home, the app directory, the profile script, PATH and the default
+        command: one layer written from the base's /etc (toolchain/image/user_layer.py), nothing run.
+        QUIET: built beside the venv (`build`), whose progress has the terminal."""
         user = self.settings.image.user
         ref, key = self.user_stage(base)
         if image_exists(self.client, ref):
             if not quiet:
                 self.rep.step(f"user: reusing {ref}")
             return ref, key
-        ctx = self._context()
         try:
-            (ctx / PROFILE_SCRIPT).write_text(profile_script())
-            (ctx / PROFILE_SCRIPT).chmod(0o644)
-            text = render("user.Dockerfile.j2", base_ref=base.ref, uid=user.uid, gid=user.gid, user=user.name,
-                          app_root=APP_ROOT, venv=VENV, profile_script=PROFILE_SCRIPT, path=IMAGE_PATH,
-                          pythonpath=IMAGE_PYTHONPATH)
-            self._build("user", ref, ctx, text, quiet)
-        finally:
-            shutil.rmtree(ctx, ignore_errors=True)
+            layer = user_layer.user_layer(user_layer.etc_of_image(self.client, base.ref), user.name, user.uid, user.gid,
+                                          APP_ROOT, PROFILE_SCRIPT, profile_script())
+        except user_layer.UserLayerError as e:
+            raise BuildError("user", ref, f"{base.ref}: {e}", []) from None
+        lower = self.client.images.get(base.ref).attrs
+        config = layers.image_config(
+            lower, [*lower["RootFS"]["Layers"], layer.diff_id],
+            env={"PATH": IMAGE_PATH, "VIRTUAL_ENV": VENV, "PYTHONPATH": IMAGE_PYTHONPATH, "PYTHONDONTWRITEBYTECODE": "1"},
+            # numeric, so a kubelet can verify runAsNonRoot; enroot and Pyxis run as the submitting uid instead
+            fields={"User": f"{user.uid}:{user.gid}", "WorkingDir": PROJECT_DIR,
+                    "Cmd": ["python", "-m", "runtime", "selfcheck"]})
+        layers.load(self.client, [layer], config, ref, self.layer_store)
         rebuilt.append("user")
         return ref, key
 

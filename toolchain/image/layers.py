@@ -111,10 +111,12 @@ def make_layer(files: Iterable[tuple[str, bytes, bool]], owned: Optional[dict[st
 
 
 def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labels: dict | None = None,
-                 extra: dict | None = None) -> bytes:
-    """The config of an image of `lower` (the engine's inspect attrs) plus layers, env and labels; EXTRA:
-    top-level fields of this tool's own (consumers ignore them; a label would be copied to every container)."""
+                 extra: dict | None = None, fields: dict | None = None) -> bytes:
+    """The config of an image of `lower` (the engine's inspect attrs) plus layers, env and labels; FIELDS:
+    the run config's own (User, WorkingDir, Cmd) set over the lower's; EXTRA: top-level fields of this
+    tool's own (consumers ignore them; a label would be copied to every container)."""
     cfg = {k: lower["Config"][k] for k in CONFIG_KEYS if (lower.get("Config") or {}).get(k) is not None}
+    cfg.update({k: v for k, v in (fields or {}).items() if k in CONFIG_KEYS})
     if env:
         kept = [e for e in cfg.get("Env", []) if e.split("=", 1)[0] not in env]
         cfg["Env"] = kept + [f"{k}={v}" for k, v in env.items()]
