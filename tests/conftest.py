@@ -60,6 +60,22 @@ os.environ["RAYTRAIN_CACHE"] = str(SESSION_DIR / "cache")  # toolchain/cache.py;
 os.environ.setdefault("UV_EXCLUDE_NEWER", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
+_ZYGOTE_DIRS = "raytrain-zygote-*"  # runtime/cluster/zygote.py `start`: a node's trampoline, and its socket while it serves
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_zygote_dirs_left():
+    """A launcher a test kills with SIGKILL cannot remove its zygote's directory (its zygote ends, and
+    takes only its socket): what the session's launchers on this host left is removed at its end. A
+    directory with a socket is a zygote still serving, another run's: it stays."""
+    tmp = Path(tempfile.gettempdir())
+    before = set(tmp.glob(_ZYGOTE_DIRS))
+    yield
+    for d in set(tmp.glob(_ZYGOTE_DIRS)) - before:
+        if not (d / "zygote.sock").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _session_spec() -> Path:
     """cluster_specs/local.json with the session's image names."""
     data = json.loads((ROOT / "cluster_specs" / "local.json").read_text())
