@@ -94,19 +94,33 @@ def make_layer(files: Iterable[tuple[str, bytes, bool]], owned: Optional[dict[st
     entries = {str(PurePosixPath("/", p)).lstrip("/"): (data, exe) for p, data, exe in files}
     dirs = {str(parent) for p in entries for parent in PurePosixPath(p).parents if str(parent) != "."}
     owners = [(str(PurePosixPath("/", d)).lstrip("/"), ids) for d, ids in (owned or {}).items()]
+
+    def owner(name: str) -> tuple[int, int]:
+        return next((ids for d, ids in owners if name == d or name.startswith(d + "/")), (0, 0))
+    out: dict[str, Entry] = {d: (None, 0o755, *owner(d), MTIME) for d in dirs}
+    out.update({name: (data, 0o755 if exe else 0o644, *owner(name), MTIME) for name, (data, exe) in entries.items()})
+    return tar_layer(out)
+
+
+Entry = tuple[Optional[bytes], int, int, int, int]  # (bytes, or None for a directory; mode, uid, gid, mtime)
+
+
+def tar_layer(entries: dict[str, Entry]) -> Layer:
+    """A reproducible layer of ENTRIES (path in the image without the leading /): sorted, every parent
+    directory listed (root's, 0755, unless ENTRIES has it), no user or group names, PAX format."""
+    parents = {str(p) for e in entries for p in PurePosixPath(e).parents if str(p) != "."}
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for name in sorted(dirs | set(entries)):
-            info = tarfile.TarInfo(name)
-            uid, gid = next((ids for d, ids in owners if name == d or name.startswith(d + "/")), (0, 0))
-            info.mtime, info.uid, info.gid, info.uname, info.gname = MTIME, uid, gid, "", ""
-            if name in entries:
-                data, exe = entries[name]
-                info.size, info.mode = len(data), 0o755 if exe else 0o644
-                tf.addfile(info, io.BytesIO(data))
-            else:
-                info.type, info.mode = tarfile.DIRTYPE, 0o755
+        for path in sorted(parents | set(entries)):
+            data, mode, uid, gid, mtime = entries.get(path, (None, 0o755, 0, 0, MTIME))
+            info = tarfile.TarInfo(path)
+            info.mode, info.uid, info.gid, info.mtime, info.uname, info.gname = mode, uid, gid, mtime, "", ""
+            if data is None:
+                info.type = tarfile.DIRTYPE
                 tf.addfile(info)
+            else:
+                info.size = len(data)
+                tf.addfile(info, io.BytesIO(data))
     return Layer(buf.getvalue())
 
 

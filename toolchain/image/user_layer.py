@@ -21,7 +21,6 @@ import io
 import re
 import tarfile
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Optional
 
 from toolchain.config import USER_NAME
@@ -152,7 +151,7 @@ def user_layer(etc: BaseEtc, name: str, uid: int, gid: int, app_root: str, profi
             lines[file] = f"{name}:{_free_range(taken, _number(defs, f'SUB_{kind}_MIN'), count)}:{count}"
     home_mode = (_number(defs, "HOME_MODE") if "HOME_MODE" in defs else 0o777 & ~_number(defs, "UMASK")) & 0o7777
 
-    entries: dict[str, tuple[Optional[bytes], int, int, int, int]] = {}  # path -> (bytes or None, mode, uid, gid, mtime)
+    entries: dict[str, layers.Entry] = {}
     for file, line in lines.items():
         old = etc.files[file]
         entries[f"etc/{file}"] = (_append(old.data, line), old.mode, old.uid, old.gid, layers.MTIME)
@@ -163,25 +162,7 @@ def user_layer(etc: BaseEtc, name: str, uid: int, gid: int, app_root: str, profi
             entries[f"{home}/{rel}"] = (data, mode, uid, gid, mtime)
     entries[f"{app_root.strip('/')}/project"] = (None, 0o755, 0, 0, layers.MTIME)
     entries[f"etc/profile.d/{profile_name}"] = (profile_text.encode(), 0o644, 0, 0, layers.MTIME)
-    return _tar(entries)
-
-
-def _tar(entries: dict[str, tuple[Optional[bytes], int, int, int, int]]) -> layers.Layer:
-    """A reproducible tar of ENTRIES, every parent directory listed (root's, 0755), sorted, no names."""
-    parents = {str(p) for e in entries for p in PurePosixPath(e).parents if str(p) != "."}
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tf:
-        for path in sorted(parents | set(entries)):
-            data, mode, uid, gid, mtime = entries.get(path, (None, 0o755, 0, 0, layers.MTIME))
-            info = tarfile.TarInfo(path)
-            info.mode, info.uid, info.gid, info.mtime, info.uname, info.gname = mode, uid, gid, mtime, "", ""
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                tf.addfile(info)
-            else:
-                info.size = len(data)
-                tf.addfile(info, io.BytesIO(data))
-    return layers.Layer(buf.getvalue())
+    return layers.tar_layer(entries)
 
 
 def etc_of_image(client, image_ref: str) -> BaseEtc:
