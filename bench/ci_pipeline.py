@@ -1,18 +1,23 @@
-"""A CI image pipeline's dependency change: `raytrain build push` after one small wheel is added, on a runner
-with no Docker engine (DOCKER_HOST pointing at nothing), against the registry holding the previous image.
+"""A CI image pipeline: `raytrain build push` of the cpu image on a runner with no Docker engine
+(DOCKER_HOST pointing at nothing), then one small wheel added, against the registry holding the image.
 
-  (b) a fresh runner: an empty HOME and user cache;
+  (a) a fresh runner, cold registry: an empty HOME and user cache, no image of the project in the
+      registry, only the base (`raytrain base.publish`), pinned as image.base_image: every wheel downloaded;
+  (b) a fresh runner: an empty HOME and user cache, one small wheel added to the image the registry holds;
   (c) a warm runner: the same, a second small wheel added, its cache kept from (b);
-  baseline, same run: the same change built and pushed by this tool with the engine and the same empty
-      cache (every wheel downloaded, every layer written, loaded and compressed), as a fresh runner
-      with an engine did before;
-The peer (a plain Dockerfile's `pip install -r`, built by the engine's builder and sent by `docker push`)
-is not run here; its figure in docs/benchmarks.md is from another run, with its conditions.
+  baseline, same run: (b)'s change built and pushed by this tool with the engine and an empty cache
+      (every wheel downloaded, every layer written, loaded and compressed), as a fresh runner with an
+      engine did before;
+  (d) with --peer: the peer, a plain Dockerfile (`FROM` the base, `pip install` of the same pinned
+      requirements) built by the engine's builder and sent by `docker push`, once, then again with
+      `six` added (the engine here has no buildx; its classic builder reruns the whole `pip install`
+      step). About 25 more minutes.
 
-It first pushes this checkout's last cpu build (build/build.json: run the README's main command first) to
-the bench's own registry (127.0.0.1:5059, removed at the end). Each case runs the CLI in a copy of this
-checkout, and reports its time, the bytes of wheels downloaded and the bytes uploaded.
-Run: .venv/bin/python bench/ci_pipeline.py   (about 5 minutes; the baseline downloads the whole wheel set)
+It pushes this checkout's last cpu build (build/build.json: run the README's main command first) to
+the bench's own registry (127.0.0.1:5059, removed at the end) after (a), for (b) and (c). Each case runs
+the CLI in a copy of this checkout and reports its time, the bytes of wheels downloaded and the bytes
+uploaded. Run: .venv/bin/python bench/ci_pipeline.py [--peer]   (about 10 minutes: (a) and the
+baseline download the whole wheel set)
 """
 from __future__ import annotations
 
@@ -51,8 +56,9 @@ def checkout_copy(dest: Path) -> Path:
 
 
 def run_case(project: Path, env: dict, added: str) -> dict:
-    with open(project / "examples" / "train" / "requirements.txt", "a") as f:
-        f.write(f"{added}\n")
+    if added:
+        with open(project / "examples" / "train" / "requirements.txt", "a") as f:
+            f.write(f"{added}\n")
     pool = Path(env[cache.ENV]) / cache.WHEELS
     before = sum(f.stat().st_size for f in pool.glob("*.whl"))
     t0 = time.monotonic()
@@ -68,8 +74,43 @@ def run_case(project: Path, env: dict, added: str) -> dict:
             "uploaded": push["bytes_uploaded"], "layers": push["layers_pushed"]}
 
 
+PEER_DOCKERFILE = """FROM {base}
+RUN python3 -m venv /opt/venv
+COPY requirements.txt /tmp/requirements.txt
+RUN /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+COPY examples/train /app/project
+"""
+
+
+def peer_case(project: Path, base: str, pins: list[str], added: str, tag: str) -> dict:
+    """(d): the Dockerfile above, built by the engine's builder and pushed by `docker push`."""
+    (project / "requirements.txt").write_text("\n".join(pins + ([added] if added else [])) + "\n")
+    (project / "Dockerfile").write_text(PEER_DOCKERFILE.format(base=base))
+    t0 = time.monotonic()
+    subprocess.run(["docker", "build", "-q", "-t", tag, "."], cwd=project, check=True, capture_output=True,
+                   env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    built = time.monotonic() - t0
+    pushed = subprocess.run(["docker", "push", tag], capture_output=True, text=True, check=True).stdout
+    sizes = json.loads(subprocess.run(["docker", "inspect", "--format", "{{json .RootFS.Layers}}", tag],
+                                      capture_output=True, text=True, check=True).stdout)
+    return {"seconds": time.monotonic() - t0, "build_seconds": built, "downloaded": -1, "uploaded": -1,
+            "layers": sum(1 for line in pushed.splitlines() if line.endswith(": Pushed")), "all_layers": len(sizes)}
+
+
+def image_pins(project: Path) -> list[str]:
+    """name==version of every wheel the image of PROJECT's last build recorded (its provenance)."""
+    from packaging.utils import parse_wheel_filename
+    from toolchain.image import provenance
+    rec = json.loads((project / "build" / "build.json").read_text())["cpu"]
+    config = json.loads((project / "build" / "layers" / f"{rec['image_id'].split(':')[1]}.json").read_text())
+    made = provenance.parse(config[provenance.FIELD])
+    return sorted({"{}=={}".format(*parse_wheel_filename(w.file)[:2]) for w in made.wheels})
+
+
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--peer", action="store_true", help="also run (d), the plain Dockerfile (about 25 minutes)")
+    peer = parser.parse_args().peer
     if not (ROOT / "build" / "build.json").is_file():
         sys.exit("no build in build/build.json: run the README's main command first")
     work = Path(tempfile.mkdtemp(prefix="bench-ci-"))
@@ -80,6 +121,17 @@ def main() -> None:
     try:
         base_env = {**os.environ, "INVOKE_REGISTRY_ADDRESS": REGISTRY,
                     "INVOKE_REGISTRY_DATA_DIR": str(work / "registry-data")}
+        # (a): the base pushed once (as a machine with an engine would), then a runner with nothing
+        base = subprocess.run([*CLI, "base.publish", "--to", f"{REGISTRY}/raytrain-base"], cwd=ROOT, env=base_env,
+                              check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+        (work / "home-a").mkdir()
+        first = checkout_copy(work / "first")
+        rows.append(("(a) fresh runner, no engine, cold registry", run_case(first, {
+            **base_env, "DOCKER_HOST": f"unix://{work}/no-engine.sock", "HOME": str(work / "home-a"),
+            cache.ENV: str(work / "cache-a"), "INVOKE_IMAGE_BASE_IMAGE": base}, "")))
+        pins = image_pins(first)
+        shutil.rmtree(work / "cache-a", ignore_errors=True)
+        shutil.rmtree(first / "build", ignore_errors=True)
         seed = checkout_copy(work / "seed")  # this checkout's build, pushed from a copy: its records stay its own
         (seed / "build").mkdir()
         shutil.copy2(ROOT / "build" / "build.json", seed / "build" / "build.json")
@@ -96,6 +148,15 @@ def main() -> None:
         engine_env = {**base_env, cache.ENV: str(work / "cache-engine"), "INVOKE_IMAGE_HUMAN_TAG": "bench-ci"}
         rows.append(("baseline: fresh runner with the engine, `six` added",
                      run_case(checkout_copy(work / "engine"), engine_env, "six==1.17.0")))
+        if peer:
+            engine_base = json.loads((ROOT / "build" / "build.json").read_text())["cpu"]["base_ref"]
+            (work / "peer").mkdir()
+            shutil.copytree(ROOT / "examples" / "train", work / "peer" / "examples" / "train")
+            tag = f"{REGISTRY}/bench-peer:latest"
+            rows.append(("(d) peer: Dockerfile + `docker push`, first", peer_case(work / "peer", engine_base, pins, "",
+                                                                                  tag)))
+            rows.append(("(d) peer: Dockerfile + `docker push`, `six` added",
+                         peer_case(work / "peer", engine_base, pins, "six==1.17.0", tag)))
     finally:
         stop_local(settings)
         forget_pulls(REGISTRY)
@@ -103,14 +164,25 @@ def main() -> None:
             if made.is_file():
                 for rec in json.loads(made.read_text()).values():
                     subprocess.run(["docker", "rmi", rec["human_ref"], rec["local_ref"]], capture_output=True)
+        subprocess.run(["docker", "rmi", f"{REGISTRY}/bench-peer:latest"], capture_output=True)
+        subprocess.run(["docker", "image", "prune", "-f"], capture_output=True)  # the peer's dangling first image
         shutil.rmtree(work, ignore_errors=True)
     print(f"CI pipeline, one small wheel added (load {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)")
     print("| case | seconds | wheels downloaded | uploaded (layers) |")
     print("| --- | --- | --- | --- |")
     for name, r in rows:
+        if r["uploaded"] < 0:  # the peer: docker push names no byte count; its build time and layers pushed
+            print(f"| {name} | {r['seconds']:.1f} (build {r['build_seconds']:.1f}) | (in the build) | "
+                  f"{r['layers']} of {r['all_layers']} layers |")
+            continue
         print(f"| {name} | {r['seconds']:.1f} | {human_bytes(r['downloaded'])} | {human_bytes(r['uploaded'])} "
               f"({r['layers']}) |")
-    print(f"ratio (b) / baseline: {rows[0][1]['seconds'] / rows[2][1]['seconds']:.3f}")
+    by = dict(rows)
+    baseline = by["baseline: fresh runner with the engine, `six` added"]["seconds"]
+    for name in ("(a) fresh runner, no engine, cold registry", "(b) fresh runner, no engine, `six` added",
+                 "(c) warm runner, no engine, `tabulate` added", "(d) peer: Dockerfile + `docker push`, `six` added"):
+        if name in by:
+            print(f"ratio {name.split(')')[0]}) / baseline: {by[name]['seconds'] / baseline:.3f}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ def inv(*args, env=None, cwd=ROOT):
 def test_list_shows_every_task_with_help():
     out = inv("--list").stdout
     for name in ("build", "push", "deploy", "destroy", "up", "run", "status", "down", "spec.check", "spec.schema",
-                 "base.bootstrap", "registry.start", "registry.stop", "registry.ping"):
+                 "base.bootstrap", "base.publish", "registry.start", "registry.stop", "registry.ping"):
         line = next((l for l in out.splitlines() if l.strip().startswith(name + " ")), "")
         assert len(line.split()) > 2, f"{name} has no one-line help: {line!r}"
     names = [line.split()[0] for line in out.splitlines() if line.startswith("  ") and not line.startswith("   ")]

@@ -2,7 +2,9 @@
 DOCKER_HOST points at nothing, with an empty HOME and user cache, adds one small wheel to the image the
 session pushed to the real docker-registry. Only the wheels of the changed layer are downloaded, only the changed layers are
 uploaded, the image is the one the engine's build makes from the same inputs, and it runs on the engine.
-What the previous image does not allow is one line, with nothing written."""
+A first build, with no image in the registry, builds on the base pinned there (`base.publish`): the base's
+layers are mounted, its /etc and Python read from them, and the image is the engine's again.
+What the previous image or the base does not allow is one line, with nothing written."""
 from __future__ import annotations
 
 import json
@@ -18,12 +20,13 @@ import pytest
 from packaging.utils import parse_wheel_filename
 
 from conftest import ROOT, SESSION, SPEC, make_settings, run_in
-from deploy.registry.client import RegistryClient
+from deploy.registry.client import RegistryClient, manifest
 from runtime.imageref import ImageRef
 from toolchain import cache, pipeline
 from toolchain.progress import Reporter
 from toolchain.records import build_file
 from toolchain.image import provenance
+from toolchain.image.registry_base import BaseImageError
 from toolchain.image.registry_build import NoEngineBuildError
 
 ADDED = "six==1.17.0"  # 11 KiB: a small wheel, which goes to a group layer with a few others
@@ -229,3 +232,113 @@ def test_what_the_registry_cannot_give_is_one_line_and_nothing_is_written(client
     with pytest.raises(NoEngineBuildError, match="the base or the image's user changed since"):
         pipeline.build(s, str(SPEC), "cpu", Reporter())
     assert not build_file(s.build_dir).exists()
+
+
+def _with_base(s, base: str):
+    return s.model_copy(update={"image": s.image.model_copy(update={"base_image": base})})
+
+
+def _spec_for(dest: Path, repository: str) -> Path:
+    """The session's spec, naming another cpu image repository (one the registry has never held)."""
+    dest.write_text(json.dumps({**json.loads(SPEC.read_text()), "cpu_image": repository}))
+    return dest
+
+
+@pytest.fixture(scope="module")
+def pushed_base(client, settings, registry, built):
+    """The session's base (debootstrap) pushed by `base.publish`: its pinned reference."""
+    out = pipeline.push_base(settings, f"{settings.registry.address}/{SESSION}-base", Reporter())
+    assert out["base"] == built["cpu"]["base_ref"]
+    return out["base_image"]
+
+
+def test_a_first_build_with_no_engine_builds_on_the_base_the_registry_holds(client, pushed, pushed_base, settings,
+                                                                             app_dir, tmp_path, runner_dir, monkeypatch):
+    monkeypatch.setenv("UV_CONSTRAINT", str(_session_versions(pushed["cpu"], runner_dir / "session-versions.txt")))
+    shutil.copytree(app_dir.parent / "runtime", runner_dir / "runtime")
+    spec = _spec_for(runner_dir / "cluster-spec.json", f"{SESSION}-first-cpu")
+    s = _with_base(_project(runner_dir, app_dir, settings, "first", added="", runtime_dir=runner_dir / "runtime"),
+                   pushed_base)
+    s.registry.data_dir = str(runner_dir / "registry-data")
+    # a runner that keeps its wheel pool between jobs (docs/ci.md), and nothing else: no engine, no image of
+    # the project in the registry, no layer or blob cache
+    pool = runner_dir / "cache" / cache.WHEELS
+    pool.mkdir(parents=True)
+    for whl in (Path(os.environ[cache.ENV]) / cache.WHEELS).glob("*.whl"):
+        os.link(whl, pool / whl.name)
+    before = sorted(f.name for f in pool.glob("*.whl"))
+    ran = _as_runner(runner_dir, s, spec)
+    built, res = ran["built"], ran["push"]
+    assert ran["uid"] == RUNNER_UID and built["engine"] is False
+    assert built["rebuilt"] == ["user", "deps", "app", "spec"] and built["base_ref"] == pushed_base
+    assert sorted(f.name for f in pool.glob("*.whl")) == before  # nothing downloaded
+    # the base's one layer mounted from its repository, every other layer uploaded
+    assert res["layers_mounted"] == 1 and res["layers_existing"] == 0, res
+    ref = json.loads((s.build_dir / "images.json").read_text())["cpu"]["repo_digest"]
+    first = _pushed_config(ref)
+
+    # the layers are the session's engine-built image's, bottom to top, but the spec's (another cpu_image)
+    session = _pushed_config(pushed["cpu"]["repo_digest"])
+    assert first["rootfs"]["diff_ids"][:-1] == session["rootfs"]["diff_ids"][:-1]
+    assert provenance.parse(first[provenance.FIELD]).python == provenance.parse(session[provenance.FIELD]).python
+
+    # the engine's build of the same inputs (the base by the same reference) makes the same image
+    same = _with_base(_project(tmp_path, app_dir, settings, "first-engine", added=""), pushed_base)
+    with_engine = pipeline.build(same, str(spec), "cpu", Reporter())["images"]["cpu"]
+    assert with_engine["engine"] is True
+    assert (with_engine["image_id"], with_engine["local_ref"]) == (built["image_id"], built["local_ref"])
+
+    # and it runs as the image's user
+    check = json.loads(run_in(client, ref, ["python", "-m", "runtime", "selfcheck"]).strip().splitlines()[-1])
+    assert check["user"] == "ray" and check["uid"] == 1000
+    client.images.remove(ref, force=True)
+
+
+def _push_tiny_base(registry: str, repository: str, files: dict) -> str:
+    """An image of one layer of FILES (path: bytes) pushed as it is; its pinned reference."""
+    import gzip
+    import io
+    import tarfile
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w") as tf:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tf.addfile(info, io.BytesIO(data))
+    blob = gzip.compress(raw.getvalue(), mtime=0)
+    from runtime.digest import Digest
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {"Env": ["PATH=/usr/bin:/bin"]},
+                         "rootfs": {"type": "layers", "diff_ids": [Digest.of(raw.getvalue())]}}).encode()
+    reg = RegistryClient(registry, repository, stall_s=30)
+    try:
+        for data in (blob, config):
+            reg.upload(Digest.of(data), lambda data=data: data, len(data), "a blob")
+        return f"{registry}/{repository}@{reg.put_manifest('v1', manifest(config, [(Digest.of(blob), len(blob))]))}"
+    finally:
+        reg.close()
+
+
+def test_a_base_the_registry_cannot_give_is_one_line_and_nothing_is_written(client, registry, settings, app_dir,
+                                                                           tmp_path, no_engine):
+    spec = _spec_for(tmp_path / "spec.json", f"{SESSION}-never-pushed-cpu")
+    address = settings.registry.address
+    account = {"etc/passwd": b"root:x:0:0:root:/root:/bin/sh\n", "etc/group": b"root:x:0:\n",
+               "etc/shadow": b"root:*::0:99999:7:::\n", "etc/gshadow": b"root:*::\n"}
+    no_python = _push_tiny_base(address, f"{SESSION}-tiny-base", account)
+    no_etc = _push_tiny_base(address, f"{SESSION}-tiny-base", {"usr/bin/python3": b"#!"})
+    missing = no_python.rsplit("@", 1)[0] + "@sha256:" + "0" * 64
+    cases = [
+        (f"{address}/{SESSION}-tiny-base:v1", NoEngineBuildError, "must be pinned in a registry"),
+        (missing, NoEngineBuildError, "the registry does not have it"),
+        (no_python, BaseImageError, r"it has no python3 on its PATH \(/usr/bin:/bin\); use a base with Python 3"),
+        (no_etc, BaseImageError, "the base has no /etc/passwd"),
+        # the same registry by another name is another registry to a mount
+        (no_python.replace("127.0.0.1:", "localhost:"), NoEngineBuildError,
+         r"is in localhost:\d+, and the image is pushed to 127.0.0.1:\d+: .* copy the base there"),
+    ]
+    for i, (base, error, match) in enumerate(cases):
+        s = _with_base(_project(tmp_path, app_dir, settings, f"base-{i}", added=""), base)
+        with pytest.raises(error, match=match) as e:
+            pipeline.build(s, str(spec), "cpu", Reporter())
+        assert "\n" not in str(e.value), str(e.value)
+        assert not build_file(s.build_dir).exists() and not (s.build_dir / "layers").exists(), base

@@ -70,6 +70,29 @@ def bootstrap_base(settings: Settings, rep: Reporter) -> dict:
     return {"base": base.ref, "image_id": base.image_id, "built": base.built}
 
 
+def push_base(settings: Settings, to: str | None, rep: Reporter) -> dict:
+    """The base (bootstrapped here, or image.base_image from the local engine) pushed to TO
+    (registry/repository; default: registry.address/<image.repository>-base): what a runner with no engine
+    builds on, pinned in image.base_image."""
+    client = engine()
+    base = ensure_base(client, settings, rep)
+    where = given(to, "--to") or f"{settings.registry.address}/{settings.image.repository}-base"
+    target = ImageRef.parse(where, "--to")
+    if target.registry is None or target.tag or target.digest:
+        raise ConfigError(f"--to: {where[:120]!r} is not registry/repository (e.g. registry.example.com/team/base); "
+                          "the tag is the base's key")
+    if is_local(target.registry):
+        start_local(settings.model_copy(update={"registry": settings.registry.model_copy(
+            update={"address": target.registry})}), rep)
+    tag = base.key[:16]
+    res = push_image(client, "base", base.image_id, target, [tag], settings.registry.retries,
+                     settings.registry.retry_backoff_s, rep, settings.registry.stall_timeout_s)
+    rep.step(f"pushed the base: {res.repo_digest} ({res.layers_pushed} layer(s) uploaded, "
+             f"{human_bytes(res.bytes_uploaded)}); a build with no engine builds on it with "
+             f"image.base_image = \"{res.repo_digest}\"")
+    return {"base": base.ref, "image_id": base.image_id, "base_image": str(res.repo_digest)}
+
+
 def build(settings: Settings, spec: str | None, variant: str | None, rep: Reporter, profile: str | None = None) -> dict:
     if given(profile, "--profile") is not None:
         if profile not in C.PROFILES:
@@ -122,13 +145,16 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         target = ImageRef.parse(f"{address}/{repo}", "push target")  # a registry address may carry a path
         # the layers not in the layer store come from `docker save` of the smallest stage that has them
         below = [ref for ref in (entry.base_ref, entry.user_ref, entry.deps_ref) if ref and ref != "-"]
+        # built with no engine on a base in the registry: its layers are mounted from the base's repository
+        base = ImageRef.parse(entry.base_ref, "build.json's base_ref") if not entry.engine else None
+        held_from = [base] if base is not None and base.repository != target.repository else []
         res = push_image(client if entry.engine else None, v, image_id, target, [content_tag, human_tag],
                          settings.registry.retries, settings.registry.retry_backoff_s, rep,
                          settings.registry.stall_timeout_s, layer_store=store,
                          blob_cache=settings.build_dir / BLOB_CACHE, candidates=below,
                          mount_from=sorted(r for a, r in pushed_to if a == address and r != repo),
                          share_with=blob_storage(settings) if is_local(address) and address == settings.registry.address
-                         else None)
+                         else None, held_from=held_from)
         pushed_to.add((address, repo))
         record = PushRecord(
             local_ref=entry.local_ref, image_id=image_id, repo_digest=res.repo_digest, digest=res.digest,

@@ -380,6 +380,18 @@ def base_bootstrap(c, quiet=False, json=False):
         print(out["base"])
 
 
+@task(name="publish", help={
+    "to": "registry/repository to push the base to (default: registry.address/<image.repository>-base).",
+    **COMMON,
+})
+def base_publish(c, to=None, quiet=False, json=False):
+    """Push the base image (made here by debootstrap, or image.base_image from the local engine) to a
+    registry, and print the pinned reference a runner with no engine builds on (set it as image.base_image)."""
+    out = _run(c, pipeline.push_base, to, quiet=quiet, as_json=json)
+    if not json:
+        print(out["base_image"])
+
+
 @task(help={"quiet": COMMON["quiet"]})
 def start(c, quiet=False):
     """Start the local docker-registry on registry.address (no-op if it answers)."""
@@ -416,7 +428,7 @@ def registry_ping(c):
 
 
 spec_ns = Collection("spec", check, schema)
-base_ns = Collection("base", base_bootstrap)
+base_ns = Collection("base", base_bootstrap, base_publish)
 registry_ns = Collection("registry", start, stop, registry_ping)
 ns = Collection(init, build, push, deploy, destroy, held_up, held_run, held_status, held_down, clean, spec_ns, base_ns,
                 registry_ns)

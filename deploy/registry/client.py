@@ -27,7 +27,7 @@ import re
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Optional
+from typing import BinaryIO, Callable, Iterable, Mapping, Optional, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import requests
@@ -112,6 +112,28 @@ class FileBody:
                 yield data
                 self.sent(len(data))
         self.digest = Digest.of_hash(h) if n == self.size else None
+
+
+class _Hashed:
+    """A blob's byte stream, hashed as it is read."""
+
+    def __init__(self, raw):
+        self.raw, self.h = raw, hashlib.sha256()
+
+    def read(self, n: int = -1) -> bytes:
+        data = self.raw.read(n if n is not None and n >= 0 else None, decode_content=False)
+        self.h.update(data)
+        return data
+
+    def drain(self) -> None:
+        while self.read(1 << 20):
+            pass
+
+    def digest(self) -> Digest:
+        return Digest.of_hash(self.h)
+
+
+T = TypeVar("T")
 
 
 class RegistryClient:
@@ -346,6 +368,40 @@ class RegistryClient:
             raise RegistryError(f"{what}: {self.host} sent bytes that are not that blob"
                                 + (f" (more than {MAX_ANSWER})" if r.truncated else ""))
         return r.body
+
+    def read_blob(self, digest: str, what: str, consume: Callable[[BinaryIO], T]) -> Optional[T]:
+        """GET a blob of any size (a base image's layer) as a stream CONSUME reads; what it returns, once
+        every byte of the blob has been read and found to be DIGEST's (what CONSUME left is read too);
+        None on 404. Each read waits at most the stall timeout; a redirect (to the registry's storage)
+        is followed without the login, as for any other answer."""
+        digest = Digest(digest, "blob digest")
+        what = f"reading {what} ({digest.short}) from {self.repo}"
+        url = f"/v2/{self.repo}/blobs/{digest}"
+        if self._request("HEAD", url, what).status_code == 404:  # answers a login challenge first
+            return None
+        headers = {"Authorization": self._authorization} if self._authorization else {}
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                r = self.session.get(self._url(url, what), headers=headers, verify=self.verify, cert=self.cert,
+                                     proxies=self.proxies, timeout=(CONNECT_S, self.stall_s), stream=True)
+            with r:
+                if r.status_code == 404:
+                    return None
+                if r.status_code != 200:
+                    body = r.raw.read(MAX_ANSWER, decode_content=True)
+                    raise self.fail(Answer(r.status_code, shown(r.reason or "", 60), r.headers, body, r.url), what)
+                stream = _Hashed(r.raw)
+                out = consume(stream)
+                stream.drain()
+        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectTimeout):
+            raise self._stalled(what) from None
+        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
+            raise TransientRegistryError(f"{what}: {self.host} sent a broken answer ({type(e).__name__})") from None
+        if stream.digest() != digest:
+            raise RegistryError(f"{what}: {self.host} sent bytes that are not that blob (they hash to "
+                                f"{stream.digest().short})")
+        return out
 
     def has_blob(self, digest: str) -> bool:
         return self.blob_size(digest) is not None

@@ -100,7 +100,8 @@ class DepsAssembly:
         open_: list[tuple[int, LayerWriter]] = []
 
         def progress(n: int) -> None:
-            self.rep.progress("deps: writing the dependency layers, loading them as they are done",
+            self.rep.progress("deps: writing the dependency layers" + (", loading them as they are done"
+                                                                      if self.client is not None else ""),
                               done_before[0] + n, max(total[0], done_before[0] + n, 1))
         try:
             for i, s in enumerate(self.slots):
@@ -167,6 +168,11 @@ class DepsAssembly:
         partial = f"{final_tag}-partial"
         previous: Optional[str] = None
         try:
+            if self.slots and i == len(self.slots):  # the engine holds every dependency layer (an image of
+                t = top()                              # them pulled from a registry): the top layer alone
+                layers.load(self.client, [t], layers.image_config(user_attrs, chain + [t.diff_id]), final_tag,
+                            self.store)
+                self.stats["loads"] += 1
             while i < len(self.slots):
                 with self.ready:
                     while self.slots[i].layer is None and self.error is None and not self.stopping:

@@ -131,6 +131,24 @@ def config_fields(made_from: Optional[provenance.Provenance]) -> dict:
     return {provenance.FIELD: made_from.text()} if made_from is not None else {}
 
 
+def user_stage_layer(settings: Settings, etc: user_layer.BaseEtc) -> layers.Layer:
+    """The user stage's one layer on a base of ETC (toolchain/image/user_layer.py); UserLayerError naming what
+    the base or the settings do not allow."""
+    user = settings.image.user
+    return user_layer.user_layer(etc, user.name, user.uid, user.gid, APP_ROOT, PROFILE_SCRIPT, profile_script())
+
+
+def user_stage_config(settings: Settings, lower: dict, layer: layers.Layer) -> bytes:
+    """The user stage's config: LOWER's (the base's, as the engine's inspect gives it) with LAYER on top."""
+    user = settings.image.user
+    return layers.image_config(
+        lower, [*lower["RootFS"]["Layers"], layer.diff_id],
+        env={"PATH": IMAGE_PATH, "VIRTUAL_ENV": VENV, "PYTHONPATH": IMAGE_PYTHONPATH, "PYTHONDONTWRITEBYTECODE": "1"},
+        # numeric, so a kubelet can verify runAsNonRoot; enroot and Pyxis run as the submitting uid instead
+        fields={"User": f"{user.uid}:{user.gid}", "WorkingDir": PROJECT_DIR,
+                "Cmd": ["python", "-m", "runtime", "selfcheck"]})
+
+
 def spec_key(app_key: str, spec_sha256: str, labels: dict, fields: dict) -> str:
     return key_of("spec", app_key, spec_sha256, labels, fields, SPEC_PATH_IN_IMAGE, layers.LAYER_FORMAT)
 
@@ -218,24 +236,16 @@ class Builder:
         """The non-root user, its home, the app directory, the profile script, PATH and the default
         command: one layer written from the base's /etc (toolchain/image/user_layer.py), nothing run.
         QUIET: built beside the venv (`build`), whose progress has the terminal."""
-        user = self.settings.image.user
         ref, key = self.user_stage(base)
         if image_exists(self.client, ref):
             if not quiet:
                 self.rep.step(f"user: reusing {ref}")
             return ref, key
         try:
-            layer = user_layer.user_layer(user_layer.etc_of_image(self.client, base.ref), user.name, user.uid, user.gid,
-                                          APP_ROOT, PROFILE_SCRIPT, profile_script())
+            layer = user_stage_layer(self.settings, user_layer.etc_of_image(self.client, base.ref))
         except user_layer.UserLayerError as e:
             raise BuildError("user", ref, f"{base.ref}: {e}", []) from None
-        lower = self.client.images.get(base.ref).attrs
-        config = layers.image_config(
-            lower, [*lower["RootFS"]["Layers"], layer.diff_id],
-            env={"PATH": IMAGE_PATH, "VIRTUAL_ENV": VENV, "PYTHONPATH": IMAGE_PYTHONPATH, "PYTHONDONTWRITEBYTECODE": "1"},
-            # numeric, so a kubelet can verify runAsNonRoot; enroot and Pyxis run as the submitting uid instead
-            fields={"User": f"{user.uid}:{user.gid}", "WorkingDir": PROJECT_DIR,
-                    "Cmd": ["python", "-m", "runtime", "selfcheck"]})
+        config = user_stage_config(self.settings, self.client.images.get(base.ref).attrs, layer)
         layers.load(self.client, [layer], config, ref, self.layer_store)
         rebuilt.append("user")
         return ref, key

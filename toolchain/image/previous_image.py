@@ -76,6 +76,20 @@ def pair_layers(manifest: bytes, media_type: str, config: bytes) -> dict[Digest,
     return out
 
 
+def image_layers(reg: RegistryClient, reference: str) -> dict[Digest, HeldBlob] | None:
+    """The layers of the image REG's repository holds under REFERENCE (a tag or digest), paired with their
+    blobs; None when it holds none; PreviousImageError or RegistryError when it cannot be read."""
+    found = reg.get_manifest(reference)
+    if found is None:
+        return None
+    manifest, media_type = found
+    config_digest = _config_digest(manifest)
+    config = reg.get_small_blob(config_digest, "the image's config")
+    if config is None:
+        raise PreviousImageError(f"its config {config_digest.short} is not in the registry")
+    return pair_layers(manifest, media_type, config)
+
+
 def held_layers(reg: RegistryClient, tags: Sequence[str], rep: Reporter) -> dict[Digest, HeldBlob]:
     """The layers of the images REG's repository holds under TAGS now, paired with their blobs; a tag that
     is not there adds nothing, one whose image fails a check is said (a warning) and adds nothing."""
@@ -83,17 +97,11 @@ def held_layers(reg: RegistryClient, tags: Sequence[str], rep: Reporter) -> dict
     for tag in dict.fromkeys(tags):
         where = f"{reg.host}/{reg.repo}:{tag}"
         try:
-            found = reg.get_manifest(tag)
-            if found is None:
-                continue
-            manifest, media_type = found
-            config_digest = _config_digest(manifest)
-            config = reg.get_small_blob(config_digest, "the previous image's config")
-            if config is None:
-                raise PreviousImageError(f"its config {config_digest.short} is not in the registry")
-            pairs = pair_layers(manifest, media_type, config)
+            pairs = image_layers(reg, tag)
         except (PreviousImageError, RegistryError) as e:
             rep.warn(f"the image {where} holds now (a previous push) is not used to skip compressing its layers: {e}")
+            continue
+        if pairs is None:
             continue
         rep.detail(f"{where}: {len(pairs)} layer(s) the registry holds, known without compressing them")
         out.update(pairs)

@@ -1,5 +1,5 @@
-"""A build with no Docker engine: the image a previous push left in the registry, with the dependency
-layers this build's requirements change made again and the thin layers above them.
+"""A build with no Docker engine: the image a previous push left in the registry, or the base image.base_image
+pins there, with the dependency layers this build's requirements change made again and the thin layers above.
 
 Where no engine answers (a CI runner without one, no root, no cache), `build` reads the variant's image
 under its human tag in the registry it is pushed to: its manifest and config (toolchain/image/previous_image.py)
@@ -7,26 +7,30 @@ and the provenance its config carries (toolchain/image/provenance.py). Then, wit
 
   - the base and user layers are that image's bottom ones, by reference (never downloaded), when the user
     stage's key computed here is the one recorded (the same base and image user);
+  - otherwise (no previous image, or another base or user) they are the base's, which image.base_image pins in
+    the same registry, and a user layer written here from the base's /etc; the base's Python is read from its
+    files (toolchain/image/registry_base.py) and the push mounts its layers from its repository;
   - uv resolves the requirement set; a wheel the previous image recorded (same name and version) is not
     downloaded; the others are, checked against the lock's hashes;
   - the layer plan (toolchain/image/venv_plan.py) is made from the recorded sizes and the new wheels', and each
     dependency layer whose key is the recorded one (the same wheels, sha256 for sha256, the same venv,
     Python and compiler) is taken as it is, its blob already in the registry; the others are written (the
     wheels of a group layer that changed are downloaded for it), their bytecode compiled on the host,
-    which must be the Python that compiled the previous image's;
+    which must write the bytecode the image's Python loads;
   - the venv's top layer, the app layer and the spec layer are written, and the config is the one the
     engine's stages make from the same inputs, so both ways give the same image ID.
 
 The layers and the config go to the build's layer store, where `push` reads them; the registry gives the
-rest. Anything the previous image does not allow (another base or user, another Python, no provenance,
-bytecode compiled in a container) is one line saying what and how to build instead; nothing is written
-to the registry by `build`.
+rest. Anything that does not allow it (no previous image and no base in the registry, a base in another
+registry, another Python, no provenance) is one line saying what and how to build instead; nothing is
+written to the registry by `build`.
 """
 from __future__ import annotations
 
 import json
 import sys
 from dataclasses import dataclass, field
+from typing import Optional
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
@@ -36,15 +40,17 @@ from runtime.contract import SPEC_PATH as SPEC_ENV, VENV
 from runtime.digest import Digest
 from runtime.imageref import ImageRef
 from runtime.spec import LoadedSpec
-from toolchain.image import bytecode, layers, provenance, venv_layer, venv_plan
+from toolchain.image import bytecode, layers, provenance, registry_base, venv_layer, venv_plan
 from toolchain.publish.blobs import file_sha256
 from toolchain.image.bootstrap import BaseImage, bootstrap_key, external_key
 from toolchain.config import Settings
 from toolchain.image.deps_stage import DepsAssembly
 from toolchain.errors import ToolchainError
 from toolchain.image.images import (SPEC_PATH_IN_IMAGE, Builder, app_key, app_layer, config_fields, deps_key, image_labels,
-                              image_names, layer_store, registry_address, source_keys, spec_file_layer, spec_key)
+                              image_names, layer_store, registry_address, source_keys, spec_file_layer, spec_key,
+                              user_stage_config, user_stage_layer)
 from toolchain.image.previous_image import HeldBlob, PreviousImageError, pair_layers
+from toolchain.image.user_layer import UserLayerError
 from toolchain.progress import Reporter, human_bytes
 from toolchain.records import BuildRecord
 from toolchain.image.venv_layer import Python
@@ -66,14 +72,14 @@ class Previous:
     made_from: provenance.Provenance
 
 
-def read_previous(reg: RegistryClient, ref: ImageRef, why: str) -> Previous:
-    """The image REF names in the registry, with its provenance; NoEngineBuildError saying what is missing."""
+def read_previous(reg: RegistryClient, ref: ImageRef, why: str) -> Optional[Previous]:
+    """The image REF names in the registry, with its provenance; None when the registry has none;
+    NoEngineBuildError saying what is wrong with one that is there."""
     where = ref.docker()
     try:
         found = reg.get_manifest(ref.tag)
         if found is None:
-            raise NoEngineBuildError(f"{why}, and the registry has no {where} to build on; build and push once where "
-                                     "a Docker engine runs (`raytrain build push`), then build here again")
+            return None
         manifest, media_type = found
         doc = json.loads(manifest)
         config_bytes = reg.get_small_blob(Digest(doc["config"]["digest"], "the config's digest"), "the image config")
@@ -121,15 +127,25 @@ def _base_key(settings: Settings, why: str) -> str:
                                  "give a single-platform image's digest") from None
 
 
-def _lower_config(previous: Previous, labels: dict) -> dict:
+def _lower_config(previous: Previous, label_keys: set) -> dict:
     """The user stage's config as the engine's stages pass it up: the previous image's, less what its top
     layer added (the spec's variable, this tool's labels)."""
     cfg = dict(previous.config.get("config") or {})
     cfg["Env"] = [e for e in cfg.get("Env") or [] if e.split("=", 1)[0] != SPEC_ENV]
-    ours = set(labels)
-    cfg["Labels"] = {k: v for k, v in (cfg.get("Labels") or {}).items() if k not in ours}
+    cfg["Labels"] = {k: v for k, v in (cfg.get("Labels") or {}).items() if k not in label_keys}
     return {"Config": cfg, "Architecture": previous.config.get("architecture", "amd64"),
             "Os": previous.config.get("os", "linux")}
+
+
+@dataclass(frozen=True)
+class Below:
+    """What the dependency layers go on: the base's and the user's layers and the user stage's config."""
+    diff_ids: list[str]
+    config: dict                 # the user stage's, as the engine's inspect gives it (layers.image_config's lower)
+    user_key: str
+    python: Python
+    compiler: list
+    base: Optional[ImageRef]     # the base in the registry whose layers the push mounts; None: the previous image's
 
 
 @dataclass
@@ -144,7 +160,8 @@ class _Wheels:
 
 
 def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str, rep: Reporter) -> BuildRecord:
-    """The variant's image on the registry's previous one (the module's docstring); its build record."""
+    """The variant's image on the registry's previous one, else on the base image.base_image pins in that
+    registry (the module's docstring); its build record."""
     repo, human = image_names(loaded.model, variant, settings)
     target = ImageRef.parse(f"{registry_address(settings, loaded.model, variant)}/{repo}", "push target")
     reg = RegistryClient(target.registry, target.repository, settings.registry.stall_timeout_s)
@@ -152,12 +169,28 @@ def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str
         previous = read_previous(reg, ImageRef.parse(f"{target.name}:{human}", "previous image"), why)
     finally:
         reg.close()
-    rep.step(f"build[{variant}]: no engine; building on {previous.ref.docker()} from the registry")
-    user_ref, user_key, python, compiler = _same_below(settings, previous, why)
-    made = previous.made_from
+    builder = Builder(None, settings, Reporter(quiet=True))  # its user stage key only: no engine is reached
+    user_ref, user_key = builder.user_stage(BaseImage("", _base_key(settings, why), "", False))
+    label_keys = set(image_labels(settings, loaded, variant, ""))
+    store = layer_store(settings.build_dir)
+    if previous is not None and previous.made_from.user_key == user_key:
+        rep.step(f"build[{variant}]: no engine; building on {previous.ref.docker()} from the registry")
+        below = _on_previous(previous, user_key, label_keys)
+    elif settings.image.base_image:
+        rep.step(f"build[{variant}]: no engine; building on the base {settings.image.base_image}"
+                 + (f" (the base or the image's user changed since {previous.ref.docker()})" if previous else ""))
+        below = _on_base(settings, target, user_key, store, why, rep)
+    elif previous is None:
+        raise NoEngineBuildError(f"{why}, and the registry has no {target.name}:{human} to build on; build and push "
+                                 "once where a Docker engine runs (`raytrain build push`), or pin a base in that "
+                                 "registry as image.base_image (`raytrain base.publish` puts this project's there)")
+    else:
+        raise NoEngineBuildError(f"{why}, and the base or the image's user changed since {previous.ref.docker()} "
+                                 "was built (its user stage is another); build and push once where a Docker "
+                                 "engine runs, or pin a base in that registry as image.base_image")
+    python, compiler = below.python, below.compiler
     wheels = _wheels(settings, variant, python, previous, rep)
     planned, write = _plan(previous, wheels, python, compiler, rep)
-    store = layer_store(settings.build_dir)
     layer_ids, scripts = _dependency_layers(planned, write, previous, wheels, python, store, f"{repo}:{variant}",
                                             user_ref, rep)
     written = len(write)
@@ -166,11 +199,10 @@ def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str
     for layer in (top, app, spec_layer):
         layers.keep(layer, store)
     labels = image_labels(settings, loaded, variant, wheels.torch_source)
-    fields = config_fields(provenance.of_build(user_key, made.lower_layers, python, compiler, VENV, wheels.sha256,
+    fields = config_fields(provenance.of_build(user_key, len(below.diff_ids), python, compiler, VENV, wheels.sha256,
                                                wheels.sizes, planned, scripts))
-    config = layers.image_config(_lower_config(previous, labels),
-                                 [*previous.config["rootfs"]["diff_ids"][:made.lower_layers], *layer_ids,
-                                  top.diff_id, app.diff_id, spec_layer.diff_id],
+    config = layers.image_config(below.config, [*below.diff_ids, *layer_ids, top.diff_id, app.diff_id,
+                                                spec_layer.diff_id],
                                  env={SPEC_ENV: SPEC_PATH_IN_IMAGE}, labels=labels, extra=fields)
     layers.keep_config(config, store)
     sources = source_keys(settings)
@@ -178,37 +210,62 @@ def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str
     rep.step(f"build[{variant}]: {repo}:{variant}-{key[:16]} ({Digest.of(config).short}); {written} dependency "
              f"layer(s) written, {len(planned) - written} and the base's in the registry")
     return BuildRecord(variant=variant, local_ref=f"{repo}:{variant}-{key[:16]}", human_ref=f"{repo}:{human}",
-                       image_id=Digest.of(config), spec_sha256=loaded.sha256, base_ref=previous.ref.docker(),
-                       user_ref="", deps_ref="-", app_ref="-", torch_source=wheels.torch_source,
-                       rebuilt=(["deps"] if written else []) + ["app", "spec"], engine=False, **sources)
+                       image_id=Digest.of(config), spec_sha256=loaded.sha256,
+                       base_ref=(below.base or previous.ref).docker(), user_ref="", deps_ref="-", app_ref="-",
+                       torch_source=wheels.torch_source, rebuilt=(["user"] if below.base else []) +
+                       (["deps"] if written else []) + ["app", "spec"], engine=False, **sources)
 
 
-def _same_below(settings: Settings, previous: Previous, why: str) -> tuple[str, str, Python, list]:
-    """(user stage ref, its key, the image's Python, the host compiler's identity) when the previous image
-    was made on this project's base and user, for this host's Python; else NoEngineBuildError."""
+def _on_previous(previous: Previous, user_key: str, label_keys: set) -> Below:
+    """The previous image's base and user layers, when it was built for this host's Python; else
+    NoEngineBuildError."""
     made = previous.made_from
-    builder = Builder(None, settings, Reporter(quiet=True))  # its user stage key only: no engine is reached
-    user_ref, user_key = builder.user_stage(BaseImage("", _base_key(settings, why), "", False))
-    if user_key != made.user_key:
-        raise NoEngineBuildError(f"{why}, and the base or the image's user changed since {previous.ref.docker()} "
-                                 "was built (its user stage is another); build and push once where a Docker "
-                                 "engine runs")
     python = Python(*made.python)
     compiler = bytecode.identity(python.magic, python.cache_tag)
     if made.venv != VENV or compiler is None or compiler != made.compiler:
         raise NoEngineBuildError(
-            f"{why}, and this machine's Python ({sys.version.split()[0]}) does not write the bytecode "
+            f"no engine here, and this machine's Python ({sys.version.split()[0]}) does not write the bytecode "
             f"{previous.ref.docker()}'s layers were compiled with "
             f"({(made.compiler or ['in a container'])[0]}); run the build with that Python, or where an engine runs")
-    return user_ref, user_key, python, compiler
+    return Below(previous.config["rootfs"]["diff_ids"][:made.lower_layers], _lower_config(previous, label_keys),
+                 user_key, python, compiler, None)
 
 
-def _wheels(settings: Settings, variant: str, python: Python, previous: Previous, rep: Reporter) -> _Wheels:
+def _on_base(settings: Settings, target: ImageRef, user_key: str, store, why: str, rep: Reporter) -> Below:
+    """The base image.base_image pins in the registry TARGET is in, and the user layer written here from its
+    /etc; NoEngineBuildError (or registry_base.BaseImageError) saying what does not allow it."""
+    ref = ImageRef.parse(settings.image.base_image, "image.base_image")
+    if ref.registry != target.registry:
+        raise NoEngineBuildError(
+            f"image.base_image {ref.docker()} is in {ref.registry}, and the image is pushed to {target.registry}: "
+            "with no engine the push mounts the base's layers, within one registry; copy the base there (skopeo "
+            f"copy docker://{ref.docker()} docker://{target.registry}/{ref.repository}) and name that copy")
+    base = registry_base.read_base(ref, settings.image.python, settings.registry.stall_timeout_s, rep)
+    compiler = bytecode.identity(base.python.magic, base.python.cache_tag)
+    if compiler is None:
+        raise NoEngineBuildError(
+            f"{why}, and image.base_image {ref.docker()}'s Python {base.python.version} loads bytecode this "
+            f"machine's Python ({sys.version.split()[0]}) does not write; run the build with Python "
+            f"{base.python.minor}, or where an engine runs")
+    try:
+        layer = user_stage_layer(settings, base.etc)
+    except UserLayerError as e:
+        raise NoEngineBuildError(f"image.base_image {ref.docker()}: {e}") from None
+    layers.keep(layer, store)
+    config = json.loads(user_stage_config(settings, base.attrs(), layer))
+    rep.step(f"user: {settings.image.user.name} ({settings.image.user.uid}:{settings.image.user.gid}) written on "
+             f"{ref.docker()} (Python {base.python.version} at {base.python.executable})")
+    return Below([*map(str, base.diff_ids), layer.diff_id],
+                 {"Config": config["config"], "Architecture": config["architecture"], "Os": config["os"]},
+                 user_key, base.python, compiler, ref)
+
+
+def _wheels(settings: Settings, variant: str, python: Python, previous: Optional[Previous], rep: Reporter) -> _Wheels:
     """The requirement set's wheels: uv resolves it; a wheel the previous image recorded is not downloaded,
     nor read where the pool has it (its sha256 and size are the record's until a layer to write needs its
     bytes: _plan), the others are, and are checked (the lock's hashes, the image's Python)."""
-    facts = {w.file: w for w in previous.made_from.wheels}
-    labels = (previous.config.get("config") or {}).get("Labels") or {}
+    facts = {w.file: w for w in previous.made_from.wheels} if previous is not None else {}
+    labels = ((previous.config.get("config") or {}).get("Labels") or {}) if previous is not None else {}
     torch_req, torch_source = wheelhouse.choose_torch(settings, variant, python.minor, rep,
                                                       known_source=labels.get(TORCH_SOURCE_LABEL))
     index = settings.image.torch[variant].index_url if torch_source not in wheelhouse.DEFAULT_SOURCES else None
@@ -224,18 +281,19 @@ def _wheels(settings: Settings, variant: str, python: Python, previous: Previous
     return _Wheels(files, fetched, sha256, sizes, torch_source, wanted, read)
 
 
-def _plan(previous: Previous, wheels: _Wheels, python: Python, compiler: list, rep: Reporter) -> tuple[list, list]:
+def _plan(previous: Optional[Previous], wheels: _Wheels, python: Python, compiler: list, rep: Reporter) -> tuple[list, list]:
     """(the dependency layers planned, those to write). A layer whose key the previous image recorded, and
     whose blob the registry holds, is taken; the others are written, so each of their wheels must be here
     and read: one that is not (another wheel of a group layer that changed) is downloaded, and each is
     hashed and measured, and the plan made again with its bytes (a wheel built here from an sdist is not
     the recorded one's bytes). The pool's other wheels are never read (3.9 GiB for the example)."""
     pool = wheelhouse.pool_dir()
-    recorded = previous.made_from.by_key()
+    recorded = previous.made_from.by_key() if previous is not None else {}
+    held = previous.held if previous is not None else {}
     while True:
         planned, _ = venv_plan.plan([pool / f for f in wheels.files], wheels.sha256, VENV, python.minor, compiler,
                                     wheels.sizes)
-        write = [p for p in planned if p.key not in recorded or Digest(recorded[p.key].diff_id) not in previous.held]
+        write = [p for p in planned if p.key not in recorded or Digest(recorded[p.key].diff_id) not in held]
         need = sorted({w.name for p in write for w in p.wheels if w.name not in wheels.read})
         if not need:
             return planned, write
@@ -244,8 +302,8 @@ def _plan(previous: Previous, wheels: _Wheels, python: Python, compiler: list, r
             wheels.fetched.extend(wheelhouse.fetch_files(pool, missing, python.minor, "registry build", rep))
         lost = [f for f in missing if not (pool / f).is_file()]
         if lost:
-            raise NoEngineBuildError(f"{', '.join(lost)}: recorded by {previous.ref.docker()}, and the index gave "
-                                     "no such file; build where an engine runs")
+            raise NoEngineBuildError(f"{', '.join(lost)}: in the resolution, and the index gave no such file; "
+                                     "build where an engine runs")
         venv_layer.wheels_of([pool / f for f in need], python.minor)
         for f in need:
             wheels.sha256[f], wheels.sizes[f] = file_sha256(pool / f).hex, venv_plan.measure(pool / f)
@@ -253,12 +311,12 @@ def _plan(previous: Previous, wheels: _Wheels, python: Python, compiler: list, r
         wheelhouse.requirements.check_hashes(wheels.wanted, wheels.sha256)
 
 
-def _dependency_layers(planned: list, write: list, previous: Previous, wheels: _Wheels, python: Python, store,
+def _dependency_layers(planned: list, write: list, previous: Optional[Previous], wheels: _Wheels, python: Python, store,
                        ref: str, user_ref: str, rep: Reporter) -> tuple[list, list]:
     """(each planned layer's diff ID, its (diff ID, console scripts)): WRITE's written into the store, the
     others the previous image's."""
     pool = wheelhouse.pool_dir()
-    recorded = previous.made_from.by_key()
+    recorded = previous.made_from.by_key() if previous is not None else {}
     venv_layer.check_conflicts([w for p in write for w in p.wheels], python, VENV)
     rep.step(f"deps: {len(planned) - len(write)} of {len(planned)} dependency layers taken from the registry, "
              f"{len(write)} to write ({len(wheels.fetched)} wheel(s) downloaded: "

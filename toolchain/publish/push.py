@@ -37,7 +37,7 @@ from toolchain import cache as user_cache
 from toolchain.publish.blobs import Blob, BlobCache, BlobHomes, LayerMismatch
 from toolchain.errors import RegistryError, ToolchainError, TransientRegistryError
 from toolchain.publish.layer_sources import LayerSource
-from toolchain.image.previous_image import HeldBlob, held_layers
+from toolchain.image.previous_image import HeldBlob, PreviousImageError, held_layers, image_layers
 from toolchain.publish.local_registry import share_blob
 from toolchain.progress import Reporter, human_bytes
 from runtime.imageref import ImageRef
@@ -132,20 +132,30 @@ def _send_blob(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter) -> O
 
 def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[Digest], tags: list[str],
                sent: _Sent, rep: Reporter, mount_from: Sequence[str],
-               share: Callable[[Blob], None] = lambda blob: None) -> tuple[str, list[str]]:
+               share: Callable[[Blob], None] = lambda blob: None,
+               elsewhere: Optional[dict[Digest, tuple[HeldBlob, str]]] = None) -> tuple[str, list[str]]:
     """Every blob the registry lacks, the config, then the manifest under each tag; (the manifest's
     digest, the layers' blob digests).
 
     A layer whose blob digest is known (compressed before, by any build directory) and that the
     registry has is neither compressed nor sent; the others are compressed (once: the blob cache)
     and uploaded, or mounted from another repository of the registry that has them. Up to
-    UPLOADS_AT_ONCE layers go at once (a registry takes several uploads faster than one)."""
+    UPLOADS_AT_ONCE layers go at once (a registry takes several uploads faster than one). A layer of
+    ELSEWHERE (diff ID: its blob, the repository of this registry holding it: a build's base) is mounted
+    from there, or this one has it; a refused mount is a RegistryError before anything is uploaded."""
     layers: dict[str, tuple[str, int]] = {}
     need = []
     cached = {d: source.cache.known(d) for d in dict.fromkeys(diff_ids)}
     # a fresh runner (a layer whose blob no cache knows): what a previous push left under these tags
     held = held_layers(reg, tags, rep) if None in cached.values() else {}
+    for d, (blob, other) in (elsewhere or {}).items():
+        if d in cached:
+            layers[d] = (blob.digest, blob.size)
+            if not _holds(reg, blob, sent, rep):
+                _mount_held(reg, blob, other, sent, rep)
     for d, known in cached.items():
+        if d in layers:
+            continue
         if known is None and d in held and _holds(reg, held[d], sent, rep):
             layers[d] = (held[d].digest, held[d].size)
             continue
@@ -401,6 +411,16 @@ def _holds(reg: RegistryClient, blob: HeldBlob, sent: _Sent, rep: Reporter) -> b
     return True
 
 
+def _mount_held(reg: RegistryClient, blob: HeldBlob, other: str, sent: _Sent, rep: Reporter) -> None:
+    """Mount a blob the repository OTHER holds (a base's layer); RegistryError when the registry will not."""
+    if not (_same_size(blob, reg.blob_size(blob.digest, other), other) and reg.mount(blob.digest, other)):
+        raise RegistryError(f"blob {blob.digest.short} of {reg.host}/{other} (a layer of the base): the registry did not "
+                            f"mount it into {reg.repo}; give this login pull access to {other}, or copy the base into "
+                            f"{reg.repo} and name that copy in image.base_image")
+    sent.mounted.add(blob.digest)
+    rep.detail(f"{blob.digest.short}: mounted from {other} (a layer of the base; not downloaded)")
+
+
 def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> bool:
     """The registry's repository has the blob, or it was mounted there from another repository; each
     checked against the size the registry gives (`_NotThatBlob` when it differs)."""
@@ -428,6 +448,29 @@ def _layers_of(client: Optional[docker.DockerClient], image_id: Digest, store: O
     return json.loads(data)["rootfs"]["diff_ids"]
 
 
+def _held_elsewhere(address: str, images: Sequence[ImageRef], stall_s: float,
+                    rep: Reporter) -> dict[Digest, tuple[HeldBlob, str]]:
+    """Each layer of IMAGES (in ADDRESS's registry) with its blob and the repository that holds it."""
+    out: dict[Digest, tuple[HeldBlob, str]] = {}
+    for img in images:
+        if img.registry != address:
+            raise RegistryError(f"{img.docker()}: its layers cannot be mounted into {address}, another registry; "
+                                "copy the image there")
+        other = RegistryClient(address, img.repository, stall_s)
+        try:
+            pairs = image_layers(other, str(img.digest or img.tag))
+        except PreviousImageError as e:
+            raise RegistryError(f"{img.docker()}: {e}") from None
+        finally:
+            other.close()
+        if pairs is None:
+            raise RegistryError(f"{img.docker()}: the registry does not have it (any more); push it again, or build "
+                                "on another base")
+        rep.detail(f"{img.docker()}: {len(pairs)} layer(s) to mount, not read")
+        out.update({d: (b, img.repository) for d, b in pairs.items()})
+    return out
+
+
 def _tell_the_engine(client: docker.DockerClient, target: str, digest: str, rep: Reporter) -> None:
     """Make `target@digest` resolve in this engine, as its own push would have: a pull by digest that
     finds the image's config already here fetches the manifest and config and nothing else, and records
@@ -452,14 +495,16 @@ def push_image(client: Optional[docker.DockerClient], variant: str, image_id: st
                retries: int, backoff: float, rep: Reporter, stall_s: float = 300, *,
                layer_store: Union[LayerStore, Path, None] = None, blob_cache: Optional[Path] = None,
                candidates: Sequence[str] = (), mount_from: Sequence[str] = (),
-               share_with: Optional[Path] = None) -> PushResult:
+               share_with: Optional[Path] = None, held_from: Sequence[ImageRef] = ()) -> PushResult:
     """Push image_id to target (registry/repository) under each tag; the digest of its manifest.
 
     Layers come from the blob cache, the layer store, or `docker save` of the candidates (local
     images holding some of its layers, smallest first) and of the image itself. A blob the
     registry has in one of the `mount_from` repositories is mounted, not sent. With `share_with` (the blob
     directory of a registry whose files are on this machine: toolchain/publish/local_registry.py), each cached blob
-    becomes one file with the registry's copy as soon as the registry has it."""
+    becomes one file with the registry's copy as soon as the registry has it. The layers of each image of
+    `held_from` (another repository of the same registry: the base of a build with no engine) are mounted
+    from it, never read."""
     t0 = time.monotonic()
     where = target if isinstance(target, ImageRef) else ImageRef.parse(target, "push target")
     if where.registry is None or where.tag or where.digest:
@@ -473,6 +518,8 @@ def push_image(client: Optional[docker.DockerClient], variant: str, image_id: st
     known = [b.digest for d in diff_ids if (b := cache.known(d)) is not None]
     mount_from = list(dict.fromkeys([*mount_from, *sorted(r for dg in known for a, r in homes.of(dg)
                                                           if a == address and r != repo)]))
+    elsewhere = _held_elsewhere(address, held_from, stall_s, rep)
+    mount_from = list(dict.fromkeys([*mount_from, *(img.repository for img in held_from if img.repository != repo)]))
     source = LayerSource(client, cache, image_id, layer_store, candidates, rep)
 
     def share(blob: Blob) -> None:
@@ -486,7 +533,7 @@ def push_image(client: Optional[docker.DockerClient], variant: str, image_id: st
         reg = RegistryClient(address, repo, stall_s, mount_from)
         try:
             reg.check()  # a refused login or a registry that is not there, before any compressing
-            digest, blob_digests = _push_once(reg, source, diff_ids, tags, sent, rep, mount_from, share)
+            digest, blob_digests = _push_once(reg, source, diff_ids, tags, sent, rep, mount_from, share, elsewhere)
             break
         except TransientRegistryError as e:
             if attempt > retries:
