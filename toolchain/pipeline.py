@@ -128,7 +128,15 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         instead = f", or push what was built: {hint.cmd('push --variant ' + ','.join(have))}" if have else ""
         raise ConfigError(f"no build recorded for {', '.join(missing)} in {settings.build_dir / 'build.json'}; "
                           f"build it: {hint.cmd('build --variant ' + ','.join(missing))}{instead}")
-    client = engine() if any(built[v].engine for v in variants) else None
+    with_engine = [v for v in variants if built[v].engine]
+    try:
+        client = engine() if with_engine else None
+    except ToolchainError as e:  # a runner with no engine, and a build.json an engine's build also wrote
+        others = [v for v in variants if v not in with_engine]
+        instead = f"push the others: {hint.cmd('push --variant ' + ','.join(others))}, or " if others else ""
+        raise ToolchainError(f"{e}; the {', '.join(with_engine)} build in build.json was made with the engine, "
+                             f"whose image the push reads: {instead}build it here again: "
+                             f"{hint.cmd('build --variant ' + ','.join(with_engine))}") from None
     store = layer_store(settings.build_dir)
     results = {}
     pushed_to = {(r.registry, r.ref.repository) for r in read_pushes(settings.build_dir).values()}  # blobs to mount from
