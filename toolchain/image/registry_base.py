@@ -25,6 +25,7 @@ import json
 import re
 import tarfile
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Optional
@@ -122,10 +123,11 @@ def _read_tree(reg: RegistryClient, diff_ids: list[Digest], held: dict[Digest, H
     t0 = time.monotonic()
     for i, d in enumerate(diff_ids):
         blob = held[d]
-
-        def layer(stream) -> tuple[dict[str, _Entry], list[str], list[str]]:
-            return _read_layer(stream)
-        got = reg.read_blob(blob.digest, f"layer {i + 1} of the base", layer)
+        try:
+            got = reg.read_blob(blob.digest, f"layer {i + 1} of the base", _read_layer)
+        except (tarfile.TarError, zlib.error, EOFError) as e:
+            raise BaseImageError(f"{where}: its layer {blob.digest.short} is not a gzip tar "
+                                 f"({type(e).__name__}: {str(e)[:120]})") from None
         if got is None:
             raise BaseImageError(f"{where}: its layer {blob.digest.short} is not in the registry")
         entries, gone, opaque = got
