@@ -97,7 +97,7 @@ def read_base(ref: ImageRef, python_name: str, stall_s: float, rep: Reporter) ->
         if [d for d in diff_ids if d not in held]:
             raise BaseImageError(f"{where}: a layer of it is not gzip-compressed; give a base whose layers are "
                                  "(docker push and skopeo copy write them so)")
-        tree = _read_tree(reg, diff_ids, held, where, rep)
+        tree = _read_tree(reg, diff_ids, held, ref.docker(), rep)
     except (PreviousImageError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BaseImageError(f"{where}: {str(e)[:300]}; give a single-platform image's digest") from None
     except RegistryError as e:
@@ -113,13 +113,13 @@ def read_base(ref: ImageRef, python_name: str, stall_s: float, rep: Reporter) ->
     return RegistryBase(ref, config, diff_ids, held, etc, python, config_digest)
 
 
-def _read_tree(reg: RegistryClient, diff_ids: list[Digest], held: dict[Digest, HeldBlob], where: str,
+def _read_tree(reg: RegistryClient, diff_ids: list[Digest], held: dict[Digest, HeldBlob], shown: str,
                rep: Reporter) -> dict[str, _Entry]:
     """Every path of the base's filesystem, as its layers stack: (its tar entry, the bytes of the few kept)."""
     tree: dict[str, _Entry] = {}
     total = sum(held[d].size for d in diff_ids)
-    rep.step(f"base: reading /etc and the Python of {where.split(' ', 1)[1]} from its {len(diff_ids)} layer(s) "
-             f"({human_bytes(total)})")
+    where = f"image.base_image {shown}"
+    rep.step(f"base: reading /etc and the Python of {shown} from its {len(diff_ids)} layer(s) ({human_bytes(total)})")
     t0 = time.monotonic()
     for i, d in enumerate(diff_ids):
         blob = held[d]
