@@ -168,8 +168,8 @@ class DepsAssembly:
         partial = f"{final_tag}-partial"
         previous: Optional[str] = None
         try:
-            if self.slots and i == len(self.slots):  # the engine holds every dependency layer (an image of
-                t = top()                              # them pulled from a registry): the top layer alone
+            if i == len(self.slots):  # no wheels, or the engine holds every dependency layer (an image of
+                t = top()               # them pulled from a registry): the top layer alone
                 layers.load(self.client, [t], layers.image_config(user_attrs, chain + [t.diff_id]), final_tag,
                             self.store)
                 self.stats["loads"] += 1
@@ -202,10 +202,6 @@ class DepsAssembly:
                 if previous is not None and previous != image_id:
                     self._remove(previous)
                 previous = None if last else image_id
-            if not self.slots:  # no wheels: the top layer alone
-                t = top()
-                layers.load(self.client, [t], layers.image_config(user_attrs, base_chain + [t.diff_id]), final_tag,
-                            self.store)
         finally:
             if previous is not None:
                 self._remove(previous)

@@ -124,6 +124,14 @@ def tar_layer(entries: dict[str, Entry]) -> Layer:
     return Layer(buf.getvalue())
 
 
+def lower_of(config: dict) -> dict:
+    """An image's config as the registry holds it, as the engine's inspect attrs give the parts `image_config`
+    reads of a lower image (Config, Architecture, Os, RootFS)."""
+    return {"Config": config.get("config") or {}, "Architecture": config.get("architecture", "amd64"),
+            "Os": config.get("os", "linux"),
+            "RootFS": {"Layers": list((config.get("rootfs") or {}).get("diff_ids") or [])}}
+
+
 def image_config(lower: dict, diff_ids: list[str], env: dict | None = None, labels: dict | None = None,
                  extra: dict | None = None, fields: dict | None = None) -> bytes:
     """The config of an image of `lower` (the engine's inspect attrs) plus layers, env and labels; FIELDS:

@@ -63,17 +63,9 @@ class _Entry:
 @dataclass(frozen=True)
 class RegistryBase:
     ref: ImageRef                   # registry/repository@sha256:..., the image.base_image given
-    config: dict                    # its config, as the registry holds it
-    diff_ids: list[Digest]          # its layers, bottom first
-    held: dict[Digest, HeldBlob]    # each layer's blob in ref's repository
+    config: dict                    # its config, as the registry holds it (its layers: rootfs.diff_ids)
     etc: BaseEtc
     python: Python
-    image_id: Digest                # its config's digest
-
-    def attrs(self) -> dict:
-        """Its config as the engine's inspect gives the parts a stage above reads (layers.image_config)."""
-        return {"Config": self.config.get("config") or {}, "Architecture": self.config.get("architecture", "amd64"),
-                "Os": self.config.get("os", "linux"), "RootFS": {"Layers": [str(d) for d in self.diff_ids]}}
 
 
 def read_base(ref: ImageRef, python_name: str, stall_s: float, rep: Reporter) -> RegistryBase:
@@ -110,7 +102,7 @@ def read_base(ref: ImageRef, python_name: str, stall_s: float, rep: Reporter) ->
         raise BaseImageError(f"{where}: {e}") from None
     env = dict(e.split("=", 1) for e in (config.get("config") or {}).get("Env") or [] if "=" in e)
     python = find_python(tree, python_name, env.get("PATH", DEFAULT_PATH), where)
-    return RegistryBase(ref, config, diff_ids, held, etc, python, config_digest)
+    return RegistryBase(ref, config, etc, python)
 
 
 def _read_tree(reg: RegistryClient, diff_ids: list[Digest], held: dict[Digest, HeldBlob], shown: str,
@@ -162,10 +154,8 @@ def _read_layer(stream) -> tuple[dict[str, _Entry], list[str], list[str]]:
             data = None
             if m.isfile() and _kept(path) and m.size <= _MAX_KEPT:
                 data = tf.extractfile(m).read()
-            info = tarfile.TarInfo(path)
-            info.type, info.mode, info.uid, info.gid, info.mtime, info.size = m.type, m.mode, m.uid, m.gid, m.mtime, m.size
-            info.linkname = m.linkname
-            entries[path] = _Entry(info, data)
+            m.name, m.pax_headers = path, {}  # (a pax path header would name it again when /etc is written out)
+            entries[path] = _Entry(m, data)
     return entries, gone, opaque
 
 
@@ -186,17 +176,10 @@ def _etc_tar(tree: dict[str, _Entry]) -> bytes:
         for path in sorted(p for p in tree if p in _KEPT_ETC or p.startswith("etc/skel/")):
             e = tree[path]
             if e.info.isfile() and e.data is not None:
-                info = _copy(e.info, len(e.data))
-                tf.addfile(info, io.BytesIO(e.data))
+                tf.addfile(e.info, io.BytesIO(e.data))
             elif e.info.isdir():
-                tf.addfile(_copy(e.info, 0))
+                tf.addfile(e.info)
     return buf.getvalue()
-
-
-def _copy(info: tarfile.TarInfo, size: int) -> tarfile.TarInfo:
-    out = tarfile.TarInfo(info.name)
-    out.type, out.mode, out.uid, out.gid, out.mtime, out.size = info.type, info.mode, info.uid, info.gid, info.mtime, size
-    return out
 
 
 def resolve(tree: dict[str, _Entry], path: str) -> Optional[str]:

@@ -130,11 +130,11 @@ def _base_key(settings: Settings, why: str) -> str:
 def _lower_config(previous: Previous, label_keys: set) -> dict:
     """The user stage's config as the engine's stages pass it up: the previous image's, less what its top
     layer added (the spec's variable, this tool's labels)."""
-    cfg = dict(previous.config.get("config") or {})
+    lower = layers.lower_of(previous.config)
+    cfg = dict(lower["Config"])
     cfg["Env"] = [e for e in cfg.get("Env") or [] if e.split("=", 1)[0] != SPEC_ENV]
     cfg["Labels"] = {k: v for k, v in (cfg.get("Labels") or {}).items() if k not in label_keys}
-    return {"Config": cfg, "Architecture": previous.config.get("architecture", "amd64"),
-            "Os": previous.config.get("os", "linux")}
+    return {**lower, "Config": cfg}
 
 
 @dataclass(frozen=True)
@@ -252,12 +252,10 @@ def _on_base(settings: Settings, target: ImageRef, user_key: str, store, why: st
     except UserLayerError as e:
         raise NoEngineBuildError(f"image.base_image {ref.docker()}: {e}") from None
     layers.keep(layer, store)
-    config = json.loads(user_stage_config(settings, base.attrs(), layer))
+    config = layers.lower_of(json.loads(user_stage_config(settings, layers.lower_of(base.config), layer)))
     rep.step(f"user: {settings.image.user.name} ({settings.image.user.uid}:{settings.image.user.gid}) written on "
              f"{ref.docker()} (Python {base.python.version} at {base.python.executable})")
-    return Below([*map(str, base.diff_ids), layer.diff_id],
-                 {"Config": config["config"], "Architecture": config["architecture"], "Os": config["os"]},
-                 user_key, base.python, compiler, ref)
+    return Below(config["RootFS"]["Layers"], config, user_key, base.python, compiler, ref)
 
 
 def _wheels(settings: Settings, variant: str, python: Python, previous: Optional[Previous], rep: Reporter) -> _Wheels:
