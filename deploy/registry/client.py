@@ -69,6 +69,7 @@ class Answer:
     url: str = ""
     truncated: bool = False
     _doc: object = field(default=None, repr=False)
+    consumed: object = field(default=None, repr=False)  # _exchange's CONSUME: (its result, the body's digest)
 
     def json(self) -> object:
         """The body as JSON; ValueError when it is not (or was cut at MAX_ANSWER, or nests too deep)."""
@@ -206,7 +207,12 @@ class RegistryClient:
             raise self._slow(what)
         return answer
 
-    def _exchange(self, method: str, url: str, what: str, body, headers: dict, **kw) -> Answer:
+    def _exchange(self, method: str, url: str, what: str, body, headers: dict,
+                  consume: Optional[Callable[[BinaryIO], object]] = None, **kw) -> Answer:
+        """One request and its answer; with CONSUME, a 200 answer's body is not read into it but given to
+        CONSUME as a stream, hashed as it is read: Answer.consumed is (what CONSUME returned, the body's
+        digest, every byte read)."""
+        consumed = None
         try:
             with warnings.catch_warnings():  # an unverified loopback registry, as the engine allows
                 warnings.simplefilter("ignore")
@@ -215,7 +221,13 @@ class RegistryClient:
                                          timeout=(CONNECT_S, self.stall_s), stream=True,
                                          allow_redirects=method in ("GET", "HEAD"), **kw)
                 try:
-                    data = r.raw.read(MAX_ANSWER + 1, decode_content=True) if method != "HEAD" else b""
+                    if consume is not None and r.status_code == 200:
+                        stream = _Hashed(r.raw)
+                        out = consume(stream)
+                        stream.drain()
+                        data, consumed = b"", (out, stream.digest())
+                    else:
+                        data = r.raw.read(MAX_ANSWER + 1, decode_content=True) if method != "HEAD" else b""
                 finally:
                     r.close()
         except requests.exceptions.SSLError as e:
@@ -242,7 +254,7 @@ class RegistryClient:
         except OSError as e:  # a body file gone, or a socket error below requests
             raise TransientRegistryError(f"{what}: {type(e).__name__}: {shown(e, 120)}") from None
         return Answer(r.status_code, shown(r.reason or "", 60), r.headers, data[:MAX_ANSWER], r.url,
-                      truncated=len(data) > MAX_ANSWER)
+                      truncated=len(data) > MAX_ANSWER, consumed=consumed)
 
     def _slow(self, what: str, host: Optional[str] = None) -> Stalled:
         return Stalled(f"{what}: {host or 'the registry ' + self.host} did not finish its answer within "
@@ -380,27 +392,15 @@ class RegistryClient:
         if self._request("HEAD", url, what).status_code == 404:  # answers a login challenge first
             return None
         headers = {"Authorization": self._authorization} if self._authorization else {}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                r = self.session.get(self._url(url, what), headers=headers, verify=self.verify, cert=self.cert,
-                                     proxies=self.proxies, timeout=(CONNECT_S, self.stall_s), stream=True)
-            with r:
-                if r.status_code == 404:
-                    return None
-                if r.status_code != 200:
-                    body = r.raw.read(MAX_ANSWER, decode_content=True)
-                    raise self.fail(Answer(r.status_code, shown(r.reason or "", 60), r.headers, body, r.url), what)
-                stream = _Hashed(r.raw)
-                out = consume(stream)
-                stream.drain()
-        except (requests.exceptions.ReadTimeout, requests.exceptions.ConnectTimeout):
-            raise self._stalled(what) from None
-        except (requests.RequestException, urllib3.exceptions.HTTPError) as e:
-            raise TransientRegistryError(f"{what}: {self.host} sent a broken answer ({type(e).__name__})") from None
-        if stream.digest() != digest:
-            raise RegistryError(f"{what}: {self.host} sent bytes that are not that blob (they hash to "
-                                f"{stream.digest().short})")
+        # not through _send: its watch on the whole answer would cut a big layer off; each read has the stall timeout
+        r = self._exchange("GET", self._url(url, what), what, None, headers, consume=consume)
+        if r.status_code == 404:
+            return None
+        if r.status_code != 200:
+            raise self.fail(r, what)
+        out, got = r.consumed
+        if got != digest:
+            raise RegistryError(f"{what}: {self.host} sent bytes that are not that blob (they hash to {got.short})")
         return out
 
     def has_blob(self, digest: str) -> bool:
