@@ -112,34 +112,41 @@ def _tiny_project(tmp_path, name: str, lines: list[str]):
     return s.model_copy(update={"image": image})
 
 
-def _counting_pip(monkeypatch) -> list:
+def _counting_downloads(monkeypatch) -> list:
+    """Each download's files or requirements: from the lock's URLs (toolchain/wheels/download.py) or by pip."""
     calls = []
-    real = wheelhouse._pip_download
+    real_pip, real_fetch = wheelhouse._pip_download, wheelhouse.download.fetch
 
-    def counted(dest, reqs, py, extra):
+    def pip(dest, reqs, py, extra):
         calls.append(list(reqs))
-        return real(dest, reqs, py, extra)
-    monkeypatch.setattr(wheelhouse, "_pip_download", counted)
+        return real_pip(dest, reqs, py, extra)
+
+    def fetch(pool, wheels, rep, what):
+        if wheels:
+            calls.append([w.name for w in wheels])
+        return real_fetch(pool, wheels, rep, what)
+    monkeypatch.setattr(wheelhouse, "_pip_download", pip)
+    monkeypatch.setattr(wheelhouse.download, "fetch", fetch)
     return calls
 
 
 def test_two_projects_share_the_pool_and_a_set_is_resolved_once(tmp_path, own_cache, monkeypatch, capsys):
-    calls = _counting_pip(monkeypatch)
+    calls = _counting_downloads(monkeypatch)
     first = wheelhouse.ensure_wheelhouse(_tiny_project(tmp_path, "p1", ["tabulate==0.9.0"]), "cpu", "3.11", Reporter())
     assert sorted(w.split("-")[0] for w in first.wheels) == ["idna", "six", "tabulate"] and len(calls) == 1
     assert all(f.parent == own_cache / cache.WHEELS and f.is_file() for f in first.files)
     lock = (first.path / wheelhouse.LOCK).read_text()
     assert all(f"--hash=sha256:{d}" in lock for d in first.sha256)
 
-    # the same requirements in another project: the same set, no pip at all (no network)
+    # the same requirements in another project: the same set, no download at all (no network)
     again = wheelhouse.ensure_wheelhouse(_tiny_project(tmp_path, "p2", ["tabulate==0.9.0"]), "cpu", "3.11", Reporter())
     assert again.path == first.path and len(calls) == 1
 
-    # one more wheel: a new set, pip asked once, and only that wheel downloaded
+    # one more wheel: a new set, one download, of that wheel alone
     capsys.readouterr()
     more = wheelhouse.ensure_wheelhouse(_tiny_project(tmp_path, "p3", ["tabulate==0.9.0", "toml==0.10.2"]), "cpu",
                                         "3.11", Reporter())
-    assert more.path != first.path and len(calls) == 2
+    assert more.path != first.path and len(calls) == 2 and calls[1] == ["toml-0.10.2-py2.py3-none-any.whl"]
     assert "1 downloaded" in capsys.readouterr().err
     assert sorted(os.listdir(own_cache / cache.WHEELS)) == sorted({*first.wheels, *more.wheels, ".lock", ".used"})
 
@@ -154,7 +161,7 @@ def test_a_reused_set_is_checked_against_its_lock_and_its_wheels_bytes(tmp_path,
     """A wheel whose bytes changed in the pool (same size, same mtime) is found by its sha256 and fetched again;
     a lock that no longer lists the manifest's wheels makes the set again. A wheel whose stat is unchanged
     since it was found good is not hashed again."""
-    calls = _counting_pip(monkeypatch)
+    calls = _counting_downloads(monkeypatch)
     project = _tiny_project(tmp_path, "p1", ["tabulate==0.9.0"])
     first = wheelhouse.ensure_wheelhouse(project, "cpu", "3.11", Reporter())
     assert len(calls) == 1

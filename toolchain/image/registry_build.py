@@ -156,6 +156,7 @@ class _Wheels:
     sizes: dict[str, tuple[int, bool]]     # venv_plan.measure, by file name
     torch_source: str
     wanted: list                           # the requirement set (requirements.Requirement), for its hashes
+    lock: dict                             # the resolution's wheel (download.WheelFile) of each pin, by file name
     read: set = field(default_factory=set)  # those whose sha256 and size are their bytes', not the record's
 
 
@@ -269,14 +270,14 @@ def _wheels(settings: Settings, variant: str, python: Python, previous: Optional
     index = settings.image.torch[variant].index_url if torch_source not in wheelhouse.DEFAULT_SOURCES else None
     wanted = wheelhouse.image_set(settings, variant, python.minor, torch_req)
     pool = wheelhouse.pool_dir()
-    files, fetched = wheelhouse.set_files(pool, [r.text for r in wanted], python.minor, variant, index,
-                                          {_pin_of(f): f for f in facts}, rep)
+    files, fetched, lock = wheelhouse.set_files(pool, [r.text for r in wanted], python.minor, variant, index,
+                                                {_pin_of(f): f for f in facts}, rep)
     read = {f for f in files if f not in facts}  # all here: hashed and measured, their bytes decide their layers
     venv_layer.wheels_of([pool / f for f in read], python.minor)
     sha256 = {f: file_sha256(pool / f).hex if f in read else facts[f].sha256 for f in files}
     wheelhouse.requirements.check_hashes(wanted, sha256)
     sizes = {f: venv_plan.measure(pool / f) if f in read else (facts[f].size, facts[f].modules) for f in files}
-    return _Wheels(files, fetched, sha256, sizes, torch_source, wanted, read)
+    return _Wheels(files, fetched, sha256, sizes, torch_source, wanted, lock, read)
 
 
 def _plan(previous: Optional[Previous], wheels: _Wheels, python: Python, compiler: list, rep: Reporter) -> tuple[list, list]:
@@ -297,7 +298,8 @@ def _plan(previous: Optional[Previous], wheels: _Wheels, python: Python, compile
             return planned, write
         missing = [f for f in need if not (pool / f).is_file()]
         if missing:
-            wheels.fetched.extend(wheelhouse.fetch_files(pool, missing, python.minor, "registry build", rep))
+            wheels.fetched.extend(wheelhouse.fetch_files(pool, missing, python.minor, "registry build", rep,
+                                                         wheels.lock))
         lost = [f for f in missing if not (pool / f).is_file()]
         if lost:
             raise NoEngineBuildError(f"{', '.join(lost)}: in the resolution, and the index gave no such file; "

@@ -8,27 +8,36 @@ hydra-core 0.11.3, of 2019. Here the newest release that fits stays chosen, and 
 the sdist's wheel, kept only when it is pure Python (toolchain/wheels/wheelhouse.py).
 
 uv's cache is the user cache's `uv/` (toolchain/cache.py); a resolution that finds its metadata
-there takes well under a second (the example's 56 packages: 0.3 s). The pins then name the wheels:
-those the pool holds are taken from it, and only the others are downloaded.
+there takes well under a second (the example's 56 packages: 0.3 s). uv writes it as a PEP 751 lock
+(pylock.toml), which lists each pin's wheels for the image's platform with their URLs, sizes and
+sha256: those the pool holds are taken from it, and only the others are downloaded, from those URLs
+(toolchain/wheels/download.py).
 """
 from __future__ import annotations
 
 import os
 import re
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
+from urllib.parse import unquote, urlsplit
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10
+    import tomli as tomllib
 
 from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
 from toolchain import cache
+from toolchain.wheels.download import WheelFile
 from toolchain.wheels.requirements import uv_binary
 from toolchain.wheels.wheel_checks import GLIBC_MINOR, supported_tag_order
 
 RESOLVE_TIMEOUT_S = 600  # a cold resolution fetches each package's metadata over the network
-_PIN = re.compile(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([^\s;#]+)")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 
 
 class ResolveError(Exception):
@@ -39,6 +48,9 @@ class ResolveError(Exception):
 class Pin:
     name: str      # canonical (PEP 503)
     version: Version
+    # the wheels the lock lists for the image's platform, from an index (http or https), most specific
+    # tag first; not part of the pin's identity
+    wheels: tuple[WheelFile, ...] = field(default=(), compare=False, hash=False)
 
     @property
     def text(self) -> str:
@@ -59,7 +71,7 @@ def resolve(requirements: list[str], minor: str, find_links: Path) -> list[Pin]:
     if uv is None:
         raise ResolveError("uv is not installed (`pip install uv`)")
     cmd = [uv, "pip", "compile", "-", "--python-version", minor, "--python-platform", platform(), "--no-header",
-           "--no-annotate", "--quiet", "--cache-dir", str(cache.writable(cache.UV))]
+           "--format", "pylock.toml", "--quiet", "--cache-dir", str(cache.writable(cache.UV))]
     if find_links.is_dir():
         cmd += ["--find-links", str(find_links)]
     for var, flag in (("PIP_INDEX_URL", "--index-url"), ("PIP_EXTRA_INDEX_URL", "--extra-index-url")):
@@ -75,29 +87,58 @@ def resolve(requirements: list[str], minor: str, find_links: Path) -> list[Pin]:
     if res.returncode != 0:
         lines = [l.strip() for l in res.stderr.splitlines() if l.strip()]
         raise ResolveError(f"uv could not resolve the set: {' '.join(lines[-6:])[:600] or 'no output'}")
-    return parse_pins(res.stdout)
+    try:
+        doc = tomllib.loads(res.stdout)
+    except tomllib.TOMLDecodeError as e:
+        raise ResolveError(f"uv's resolution is not a pylock.toml ({e})") from None
+    return parse_lock(doc, minor)
 
 
-def parse_pins(text: str) -> list[Pin]:
-    """uv's `name==version` lines, each package once; anything else is a ResolveError naming the line."""
+def parse_lock(doc: dict, minor: str) -> list[Pin]:
+    """The pins of uv's pylock.toml DOC, each package once, each with its index wheels the image takes;
+    anything else is a ResolveError naming the entry."""
     pins: dict[str, Pin] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        m = _PIN.fullmatch(line)
-        if not m:
-            raise ResolveError(f"uv's resolution has a line that is not name==version: {line[:200]!r}")
+    packages = doc.get("packages")
+    if not isinstance(packages, list):
+        raise ResolveError("uv's resolution has no [[packages]]")
+    order = supported_tag_order(minor)
+    for entry in packages:
+        shown = repr(entry)[:200]
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not isinstance(entry.get("version"), str):
+            raise ResolveError(f"uv's resolution has a package without a name and a version: {shown}")
         try:
-            pin = Pin(canonicalize_name(m.group(1)), Version(m.group(2)))
+            name, version = canonicalize_name(entry["name"]), Version(entry["version"])
         except InvalidVersion:
-            raise ResolveError(f"uv's resolution has a version that is not one: {line[:200]!r}") from None
-        if pins.get(pin.name, pin) != pin:
-            raise ResolveError(f"uv's resolution names {pin.name} twice ({pins[pin.name].version} and {pin.version})")
-        pins[pin.name] = pin
+            raise ResolveError(f"uv's resolution has a version that is not one: {shown}") from None
+        if name in pins and pins[name].version != version:
+            raise ResolveError(f"uv's resolution names {name} twice ({pins[name].version} and {version})")
+        pins[name] = Pin(name, version, _index_wheels(entry.get("wheels"), name, version, order))
     if not pins:
         raise ResolveError("uv's resolution is empty")
     return list(pins.values())
+
+
+def _index_wheels(listed, name: str, version: Version, order: dict) -> tuple[WheelFile, ...]:
+    """The wheels of a lock entry that can be fetched and checked: from an http(s) URL, with a sha256, named
+    as this pin's, with a tag the image takes; most specific tag first. Others (a file:// wheel of the
+    pool, a wheel for another platform) are left out."""
+    ranked = []
+    for w in listed if isinstance(listed, list) else []:
+        url = w.get("url") if isinstance(w, dict) else None
+        sha256 = (w.get("hashes") or {}).get("sha256") if isinstance(w, dict) else None
+        if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not isinstance(sha256, str):
+            continue
+        file = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+        try:
+            w_name, w_version, _, tags = parse_wheel_filename(file)
+        except (InvalidWheelFilename, InvalidVersion):
+            continue
+        rank = min((order[t] for t in tags if t in order), default=None)
+        size = w.get("size")
+        if (w_name, w_version) != (name, version) or rank is None or not _SHA256.fullmatch(sha256):
+            continue
+        ranked.append((rank, file, WheelFile(file, url, sha256.lower(), size if isinstance(size, int) else None)))
+    return tuple(wf for _, _, wf in sorted(ranked, key=lambda r: r[:2]))
 
 
 def in_pool(pins: list[Pin], pool: Path, minor: str) -> dict[Pin, str]:

@@ -1,4 +1,4 @@
-"""Host-side wheelhouse: the project's requirement set downloaded with pip, for the image's Python.
+"""Host-side wheelhouse: the project's requirement set resolved by uv and downloaded, for the image's Python.
 
 The image build never touches the network: the dependency layers are written from these wheels
 (toolchain/image/deps_stage.py). Both halves live in the user's cache (toolchain/cache.py), shared by every
@@ -7,7 +7,8 @@ project as pip's cache is:
   - the sets, `wheel-sets/<set key>/`: what one requirement set (for one Python, one torch) resolved to,
     a manifest (each wheel's name, size and sha256) and `requirements.lock` (every wheel pinned by name,
     version and hash).
-A new set downloads only the wheels the pool lacks: pip finds the others there. A set is reused, by
+A new set downloads only the wheels the pool lacks, from the URLs uv's lock gives, each checked against
+its sha256 (toolchain/wheels/download.py; pip for what the lock gives no wheel of). A set is reused, by
 this project or another with the same requirements, as long as its wheels are in the pool, with no
 resolution and no network; an unpinned requirement therefore stays as it first resolved until the
 requirements change (pin them to choose). The pool is
@@ -34,7 +35,7 @@ from runtime import numbers
 from runtime.errors import InputError
 from runtime.files import read_regular
 from toolchain import cache
-from toolchain.wheels import requirements, resolver
+from toolchain.wheels import download, requirements, resolver
 from toolchain.atomic import write_atomic
 from toolchain.publish.blobs import file_sha256
 from toolchain.config import Settings, TorchSettings
@@ -361,7 +362,7 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
                 raise WheelhouseError(f"pip could not fetch {torch_req} from {index}: {_last_line(res.stderr)}")
         before = set(os.listdir(pool))
         try:
-            wheels = _download(pool, full, python_version, variant, rep)
+            wheels, checked = _download(pool, full, python_version, variant, rep)
         except WheelhouseError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -371,7 +372,7 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
         _touch(pool, wheels)
         new = [w for w in wheels if w not in before]
         sizes = {w: (pool / w).stat().st_size for w in wheels}
-        digests = [file_sha256(pool / w).hex for w in wheels]
+        digests = [checked.get(w) or file_sha256(pool / w).hex for w in wheels]  # those just fetched were hashed
         try:
             requirements.check_hashes(wanted, dict(zip(wheels, digests)))
         except ConfigError:
@@ -390,9 +391,11 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
     return Wheelhouse(path, key, full, wheels, data["size"], torch_source, tuple(digests), pool)
 
 
-def _download(pool: Path, full: list[str], python_version: str, variant: str, rep: Reporter) -> list[str]:
-    """The set's wheel files in the pool, downloading the ones it lacks: uv resolves the set (toolchain/wheels/resolver.py)
-    and pip downloads the missing pins alone; without uv, pip resolves and downloads (wheels only)."""
+def _download(pool: Path, full: list[str], python_version: str, variant: str,
+              rep: Reporter) -> tuple[list[str], dict[str, str]]:
+    """(the set's wheel files in the pool, the sha256 of those fetched and checked now), downloading the ones it
+    lacks: uv resolves the set (toolchain/wheels/resolver.py) and they are fetched from the lock's URLs
+    (`_fetch_pins`); without uv, pip resolves and downloads (wheels only)."""
     t0 = time.monotonic()
     try:
         pins = resolver.resolve(full, python_version, pool)
@@ -401,22 +404,45 @@ def _download(pool: Path, full: list[str], python_version: str, variant: str, re
                  "is published only as an sdist, pip chooses an older release that does without it)")
         rep.step(f"wheelhouse[{variant}]: pip download of {len(full)} requirements for Python {python_version} "
                  f"(into {pool}: only the wheels it lacks)")
-        return _pip_fetch(pool, full, python_version, variant, [], rep)
+        return _pip_fetch(pool, full, python_version, variant, [], rep), {}
     have = resolver.in_pool(pins, pool, python_version)
     missing = [p.text for p in pins if p not in have]
     rep.step(f"wheelhouse[{variant}]: {len(pins)} packages resolved by uv in {time.monotonic() - t0:.1f}s; "
              f"{len(pins) - len(missing)} in the pool, {len(missing)} to download" + (f" ({', '.join(missing[:6])}"
                                                                                       f"{', ...' if len(missing) > 6 else ''})"
                                                                                       if missing else ""))
-    fetched = _pip_fetch(pool, missing, python_version, variant, ["--no-deps"], rep) if missing else []
-    return sorted(set(have.values()) | set(fetched))
+    fetched, checked = _fetch_pins(pool, [p for p in pins if p not in have], python_version, variant, rep)
+    return sorted(set(have.values()) | set(fetched)), checked
+
+
+def _fetch_pins(pool: Path, pins: list[resolver.Pin], python_version: str, variant: str,
+                rep: Reporter) -> tuple[list[str], dict[str, str]]:
+    """PINS' wheels into the pool: (the files, the sha256 of those fetched from the lock's URLs). Each pin's
+    most specific wheel is fetched from its URL and checked against the lock (toolchain/wheels/download.py);
+    pip downloads the others (a pin with no such wheel: an sdist only, whose wheel is built here; a file
+    the index refused this client)."""
+    if not pins:
+        return [], {}
+    direct = {p: p.wheels[0] for p in pins if p.wheels}
+    fetched, refused = download.fetch(pool, list(direct.values()), rep, f"wheelhouse[{variant}]")
+    if refused:
+        name, why = next(iter(sorted(refused.items())))
+        rep.detail(f"wheelhouse[{variant}]: {len(refused)} wheel(s) not fetched from the lock's URL ({name}: {why}); "
+                   "pip downloads them")
+    checked = {w.name: w.sha256 for w in direct.values() if w.name in fetched}
+    rest = [p.text for p in pins if p not in direct or direct[p].name not in checked]
+    if rest:
+        fetched = fetched + _pip_fetch(pool, rest, python_version, variant, ["--no-deps"], rep)
+    return sorted(set(fetched)), checked
 
 
 def set_files(pool: Path, full: list[str], python_version: str, variant: str, index: Optional[str],
-              known: dict[tuple[str, str], str], rep: Reporter) -> tuple[list[str], list[str]]:
-    """(the wheel files of the requirement set FULL, those downloaded now). uv resolves the set; a pin KNOWN
-    ((canonical name, version) -> file name: a previous image's record) is that file, downloaded or not; the
-    others are the pool's, or downloaded (torch from INDEX when one is given), pip picking each file."""
+              known: dict[tuple[str, str], str],
+              rep: Reporter) -> tuple[list[str], list[str], dict[str, download.WheelFile]]:
+    """(the wheel files of the requirement set FULL, those downloaded now, the lock's wheel of each pin by file
+    name: `fetch_files` fetches from it). uv resolves the set; a pin KNOWN ((canonical name, version) -> file
+    name: a previous image's record) is that file, downloaded or not; the others are the pool's, or
+    downloaded (`_fetch_pins`; torch from INDEX when one is given)."""
     t0 = time.monotonic()
     try:
         pins = resolver.resolve(full, python_version, pool)
@@ -432,26 +458,33 @@ def set_files(pool: Path, full: list[str], python_version: str, variant: str, in
     fetched: list[str] = []
     if missing:
         with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
+            before = set(os.listdir(pool))
             torch = [p.text for p in missing if p.name == "torch"]
             if index and torch:
                 res = _pip_download(pool, torch, python_version, ["--no-deps", "--index-url", index])
                 if res.returncode != 0:
                     raise WheelhouseError(f"pip could not fetch {torch[0]} from {index}: {_last_line(res.stderr)}")
-            before = set(os.listdir(pool))
-            _pip_fetch(pool, [p.text for p in missing], python_version, variant, ["--no-deps"], rep)
+            got = resolver.in_pool(missing, pool, python_version)  # torch, from INDEX
+            _fetch_pins(pool, [p for p in missing if p not in got], python_version, variant, rep)
             fetched = sorted(set(os.listdir(pool)) - before)
         have = resolver.in_pool(rest, pool, python_version)
     lost = [p.text for p in rest if p not in have]
     if lost:
-        raise WheelhouseError(f"wheelhouse[{variant}]: pip gave no wheel of {', '.join(lost)} for Python {python_version}")
+        raise WheelhouseError(f"wheelhouse[{variant}]: the index gave no wheel of {', '.join(lost)} for Python "
+                              f"{python_version}")
     _touch(pool, list(have.values()))
-    return sorted(set(files.values()) | set(have.values())), [f for f in fetched if f in have.values()]
+    lock = {p.wheels[0].name: p.wheels[0] for p in pins if p.wheels}
+    return sorted(set(files.values()) | set(have.values())), [f for f in fetched if f in have.values()], lock
 
 
-def fetch_files(pool: Path, files: list[str], python_version: str, variant: str, rep: Reporter) -> list[str]:
-    """Download the wheels FILES names (by name and version; pip picks the file), into the pool."""
+def fetch_files(pool: Path, files: list[str], python_version: str, variant: str, rep: Reporter,
+                lock: dict[str, download.WheelFile]) -> list[str]:
+    """Download the wheels FILES names into the pool: from the URL LOCK gives for the file, checked against its
+    sha256; the others by name and version, pip picking the file."""
     with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
-        return _pip_fetch(pool, [_pin(f) for f in files], python_version, variant, ["--no-deps"], rep)
+        fetched, _ = download.fetch(pool, [lock[f] for f in files if f in lock], rep, f"wheelhouse[{variant}]")
+        rest = [_pin(f) for f in files if f not in fetched]
+        return sorted(fetched + (_pip_fetch(pool, rest, python_version, variant, ["--no-deps"], rep) if rest else []))
 
 
 def _pip_fetch(pool: Path, reqs: list[str], python_version: str, variant: str, extra: list[str],
