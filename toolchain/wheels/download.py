@@ -9,7 +9,8 @@ place only when its size and sha256 are the lock's: a wheel the pool holds is al
 
 What cannot be fetched here (the index refused it, it kept failing after the retries, the lock names no
 URL or no sha256 for it) is returned to the caller, which hands it to pip; a file whose bytes are not the
-lock's is an error naming it, and nothing of it is kept.
+lock's is an error naming it, and nothing of it is kept. An index that needs credentials answers 401 to
+the lock's URLs, which carry none: pip fetches those with its own settings (PIP_INDEX_URL, netrc).
 """
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ class _Refused(Exception):
 
 def _session() -> requests.Session:
     s = requests.Session()
+    # the certificates uv (SSL_CERT_FILE) or pip (PIP_CERT) is told to trust, unless requests' own variables
+    # name some (REQUESTS_CA_BUNDLE, CURL_CA_BUNDLE: requests reads those itself); proxies: *_PROXY, as both
+    ca = os.environ.get("SSL_CERT_FILE") or os.environ.get("PIP_CERT")
+    if ca and not (os.environ.get("REQUESTS_CA_BUNDLE") or os.environ.get("CURL_CA_BUNDLE")):
+        s.verify = ca
     retry = Retry(total=4, connect=4, read=2, status=4, backoff_factor=0.5, status_forcelist=(429, 500, 502, 503, 504),
                   allowed_methods=("GET",), raise_on_status=False)
     adapter = HTTPAdapter(max_retries=retry, pool_connections=WORKERS, pool_maxsize=WORKERS)
