@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
+import stat
 import threading
 import zipfile
 from functools import partial
@@ -97,10 +99,16 @@ def test_wheels_are_fetched_in_parallel_and_each_checked_against_the_lock(index,
     pool = tmp_path / "pool"
     pool.mkdir()
     wheels = [_wheel(served, f"pkg{i}", "1.0") for i in range(8)]
+    (pool / ".pkg9-1.0-py3-none-any.whl.x1y2.part").write_bytes(b"a download killed before its rename")
     fetched, refused = download.fetch(pool, [_listed(w, f"{url}/{w.name}") for w in wheels], Reporter(quiet=True), "t")
     assert fetched == sorted(w.name for w in wheels) and refused == {}
     assert all((pool / w.name).read_bytes() == w.read_bytes() for w in wheels)
-    assert sorted(p.name for p in pool.iterdir()) == fetched  # no temporary file left
+    assert sorted(p.name for p in pool.iterdir()) == fetched  # no temporary file left, the stale one removed
+    # the mode any file the user writes gets (the umask's), not a temporary file's 0600: another user's
+    # build (a CI runner's job user) reads a shared pool
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert {stat.S_IMODE((pool / f).stat().st_mode) for f in fetched} == {0o666 & ~umask}
     assert all(agent.startswith("python-requests/") for _, agent in log)
 
 

@@ -35,6 +35,7 @@ WORKERS = 6            # streams at once: the example's 56 wheels, torch and the
 ATTEMPTS = 3           # of a file whose stream broke off (a connection's own errors are retried below it)
 CHUNK = 1 << 20
 TIMEOUT_S = (15, 60)   # to connect; between two reads
+PART = ".part"         # a download under way: `.<wheel>.<random>.part` in the pool
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,21 @@ class WheelFile:
 
 class _Refused(Exception):
     """The index would not give this file (a status that asks for another client: pip, with its settings)."""
+
+
+class _Stopped(Exception):
+    """Another file failed, or the build was interrupted: this one is abandoned."""
+
+
+def _umask() -> int:
+    """This process's umask, read without setting it (os.umask sets it, for every thread at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
 
 
 def _session() -> requests.Session:
@@ -76,11 +92,14 @@ class _Counter:
             self.rep.progress(self.what, self.done, self.total)
 
 
-def _fetch_one(session: requests.Session, pool: Path, wheel: WheelFile, counter: _Counter) -> None:
-    """WHEEL into the pool, or _Refused / WheelhouseError; nothing of it is left in the pool on an error."""
+def _fetch_one(session: requests.Session, pool: Path, wheel: WheelFile, counter: _Counter, mode: int,
+               stop: threading.Event) -> None:
+    """WHEEL into the pool (file mode MODE), or _Refused / WheelhouseError / _Stopped; nothing of it is left in
+    the pool on an error."""
     last: Optional[Exception] = None
     for attempt in range(ATTEMPTS):
-        fd, tmp = tempfile.mkstemp(prefix=f".{wheel.name}.", suffix=".part", dir=pool)
+        fd, tmp = tempfile.mkstemp(prefix=f".{wheel.name}.", suffix=PART, dir=pool)
+        os.fchmod(fd, mode)  # as any file the user writes (mkstemp's is 0600): a pool another user reads too
         got = 0
         try:
             with os.fdopen(fd, "wb") as out, session.get(wheel.url, stream=True, timeout=TIMEOUT_S) as res:
@@ -88,6 +107,8 @@ def _fetch_one(session: requests.Session, pool: Path, wheel: WheelFile, counter:
                     raise _Refused(f"HTTP {res.status_code}")
                 digest = hashlib.sha256()
                 for chunk in res.iter_content(CHUNK):
+                    if stop.is_set():
+                        raise _Stopped()
                     out.write(chunk)
                     digest.update(chunk)
                     got += len(chunk)
@@ -113,35 +134,36 @@ def _fetch_one(session: requests.Session, pool: Path, wheel: WheelFile, counter:
 
 def fetch(pool: Path, wheels: list[WheelFile], rep: Reporter, what: str) -> tuple[list[str], dict[str, str]]:
     """Fetch WHEELS into POOL, WORKERS at a time: (the names fetched, {name: why} of those not fetched, for the
-    caller's pip). A file whose bytes are not the lock's is a WheelhouseError, once the others have ended."""
+    caller's pip). A file whose bytes are not the lock's is a WheelhouseError; the others stop."""
     if not wheels:
         return [], {}
+    for stale in pool.glob(f".*{PART}"):  # a download killed before its rename (the callers hold the pool's lock)
+        stale.unlink(missing_ok=True)
     total = sum(w.size or 0 for w in wheels)
     counter = _Counter(rep, f"{what}: downloading {len(wheels)} wheel(s)", total)
     rep.progress(counter.what, 0, total)
     t0 = time.monotonic()
-    session = _session()
+    session, stop, mode = _session(), threading.Event(), 0o666 & ~_umask()
     done: list[str] = []
     left: dict[str, str] = {}
-    errors: list[WheelhouseError] = []
+    executor = ThreadPoolExecutor(min(WORKERS, len(wheels)), thread_name_prefix="wheel-download")
     try:
-        with ThreadPoolExecutor(min(WORKERS, len(wheels)), thread_name_prefix="wheel-download") as pool_:
-            # the biggest first: the last to finish is not a big one started late
-            jobs = {w.name: pool_.submit(_fetch_one, session, pool, w, counter)
-                    for w in sorted(wheels, key=lambda w: -(w.size or 0))}
-            for name, job in jobs.items():
-                try:
-                    job.result()
-                    done.append(name)
-                except _Refused as e:
-                    left[name] = str(e)
-                except WheelhouseError as e:
-                    errors.append(e)
+        # the biggest first: the last to finish is not a big one started late
+        jobs = {w.name: executor.submit(_fetch_one, session, pool, w, counter, mode, stop)
+                for w in sorted(wheels, key=lambda w: -(w.size or 0))}
+        for name, job in jobs.items():
+            try:
+                job.result()
+                done.append(name)
+            except _Refused as e:
+                left[name] = str(e)
+    except BaseException:  # a file not the lock's, or Ctrl-C: the other downloads stop at their next chunk
+        stop.set()
+        raise
     finally:
+        executor.shutdown(wait=True, cancel_futures=True)
         session.close()
         rep.progress_done()
-    if errors:
-        raise errors[0]
     seconds = time.monotonic() - t0
     got = sum(w.size or (pool / w.name).stat().st_size for w in wheels if w.name in done)
     rep.detail(f"{what}: {len(done)} wheel(s), {human_bytes(got)} downloaded in {seconds:.1f}s "
