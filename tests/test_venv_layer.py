@@ -14,7 +14,6 @@ import shutil
 import sys
 import tarfile
 import zipfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -73,11 +72,10 @@ def members(path: Path) -> list[tarfile.TarInfo]:
         return tf.getmembers()
 
 
-def write(wheels: list[Path], store: Path, compile: bool = False, python: Python = PY, workers: int | None = 2):
-    """Each wheel's layer (as the build writes them, bytecode compiled by the host's workers with COMPILE;
-    WORKERS None: as the build chooses), then the venv's top layer: ([FileLayer per wheel], top Layer)."""
-    compiler = (bytecode.HostCompiler(workers=workers, planned=planned_modules(wheels, python, "/opt/venv"))
-                if compile else None)
+def write(wheels: list[Path], store: Path, compile: bool = False, python: Python = PY):
+    """Each wheel's layer (as the build writes them, bytecode compiled by the host's workers with COMPILE),
+    then the venv's top layer: ([FileLayer per wheel], top Layer)."""
+    compiler = bytecode.HostCompiler(workers=2, planned=planned_modules(wheels, python, "/opt/venv")) if compile else None
     out, scripts = [], []
     try:
         for w in wheels:
@@ -315,24 +313,6 @@ def test_the_planned_modules_are_those_written_and_an_unplanned_one_compiles_ali
     finally:
         compiler.close()
     assert lacking.diff_id == layers_[0].diff_id
-
-
-def test_a_few_modules_compile_in_a_thread_to_the_bytes_the_workers_write(wheelhouse, tmp_path, capfd):
-    """A small wheel added: its modules compile in a thread of the build (no worker processes to start), to the
-    same layers; a module's SyntaxWarning (an invalid escape) is not printed, as compileall -q prints none."""
-    noisy = make_wheel(wheelhouse, "noisy", "1.0", {"noisy.py": b"PATTERN = '\\d+'\n"})
-    wheels = sorted(wheelhouse.glob("*.whl"))
-    probe = bytecode.HostCompiler(planned=planned_modules(wheels, PY, "/opt/venv"))
-    try:
-        assert isinstance(probe.pool, ThreadPoolExecutor)
-    finally:
-        probe.close()
-    threaded, top = write(wheels, tmp_path / "thread", compile=True, workers=None)
-    processes, _ = write(wheels, tmp_path / "processes", compile=True, workers=2)
-    assert [l.diff_id for l in threaded] == [l.diff_id for l in processes]
-    assert "invalid escape" not in capfd.readouterr().err
-    by_name = extract(threaded, top, tmp_path / "root")
-    assert f"{SITE}/__pycache__/noisy.{sys.implementation.cache_tag}.pyc" in by_name, noisy
 
 
 def test_the_grouping_rule_looks_at_each_wheel_alone(wheelhouse, tmp_path):

@@ -25,7 +25,7 @@ import multiprocessing
 import os
 import sys
 import zipfile
-from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import PurePosixPath, Path
 from typing import Optional, Sequence
@@ -80,25 +80,24 @@ def pyc_name(source: str, cache_tag: str) -> str:
 
 
 def _worker_start() -> None:
+    import warnings
     os.nice(NICE)
+    warnings.simplefilter("ignore")  # a package's invalid escape sequences: compileall -q says nothing either
 
 
 def compile_sources(batch: list[tuple[str, bytes]]) -> dict[str, Optional[bytes]]:
     """{tar name: .pyc bytes} for each (tar name, source); None for a source that does not compile. The
-    bytes depend on the source and the compiling Python alone, not on the order or the process: two
+    bytes depend on the source and the compiling Python alone, not on the order or the worker: two
     compiles of one module give the same file (checked: tests/test_venv_layer.py)."""
-    import warnings
     from importlib._bootstrap_external import _code_to_hash_pyc
     out: dict[str, Optional[bytes]] = {}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a package's invalid escape sequences: compileall -q says nothing either
-        for name, source in batch:
-            try:
-                code = compile(source, "/" + name, "exec", dont_inherit=True)
-            except (SyntaxError, ValueError):  # Python 2 fixtures, null bytes: compiled at import, if ever imported
-                out[name] = None
-                continue
-            out[name] = bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))
+    for name, source in batch:
+        try:
+            code = compile(source, "/" + name, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):  # Python 2 fixtures, null bytes: compiled at import, if ever imported
+            out[name] = None
+            continue
+        out[name] = bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))
     return out
 
 
@@ -118,8 +117,7 @@ def identity(magic: str, cache_tag: str) -> Optional[list]:
 
 
 class HostCompiler:
-    """Compiles the venv's modules on the host's cores, in worker processes (in a thread, for at most
-    PLAN_MEMBERS of them), while the layers are written.
+    """Compiles the venv's modules on the host's cores, in worker processes, while the layers are written.
 
     The modules each wheel will put under the venv's lib/ (`planned`: read from the zips' directories,
     toolchain/image/venv_layer.py `planned_modules`) are submitted at the start, in the order the layers are
@@ -128,13 +126,11 @@ class HostCompiler:
     after its files. Only where `host_can_compile` says the image loads the result."""
 
     def __init__(self, workers: Optional[int] = None, planned: Sequence[tuple[Path, list[tuple[str, str]]]] = ()):
-        if workers is None and sum(len(members) for _, members in planned) <= PLAN_MEMBERS:
-            # a few modules (a small wheel added): compiled in a thread here, where starting the worker
-            # processes (each imports the tool again) would take longer than the compiling
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="bytecode")
-        else:
-            self.pool = ProcessPoolExecutor(workers or os.cpu_count() or 1,
-                                            mp_context=multiprocessing.get_context("spawn"), initializer=_worker_start)
+        # fresh processes, however few the modules: marshal writes a name as a back-reference or not by its
+        # reference count in the compiling process, so a module compiled in this one (after the tool's
+        # imports) gives other .pyc bytes, and another layer, than the same module compiled in a worker
+        self.pool = ProcessPoolExecutor(workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"),
+                                        initializer=_worker_start)
         self.futures: dict[str, list[Future]] = {}
         self.planned: dict[str, set[str]] = {}
         self.broken: Optional[BaseException] = None
