@@ -119,6 +119,10 @@ def main() -> None:
     start_local(settings, Reporter(quiet=True))
     load = os.getloadavg()[0]
     rows = []
+
+    def record(row: tuple) -> None:  # each case as it ends, too: a run stopped in (d) keeps the others
+        rows.append(row)
+        print(f"{row[0]}: {json.dumps(row[1])}", flush=True)
     try:
         base_env = {**os.environ, "INVOKE_REGISTRY_ADDRESS": REGISTRY,
                     "INVOKE_REGISTRY_DATA_DIR": str(work / "registry-data")}
@@ -127,7 +131,7 @@ def main() -> None:
                               check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
         (work / "home-a").mkdir()
         first = checkout_copy(work / "first")
-        rows.append(("(a) fresh runner, no engine, cold registry", run_case(first, {
+        record(("(a) fresh runner, no engine, cold registry", run_case(first, {
             **base_env, "DOCKER_HOST": f"unix://{work}/no-engine.sock", "HOME": str(work / "home-a"),
             cache.ENV: str(work / "cache-a"), "INVOKE_IMAGE_BASE_IMAGE": base}, "")))
         pins = image_pins(first)
@@ -143,20 +147,20 @@ def main() -> None:
         (work / "home").mkdir()
         no_engine = {**base_env, "DOCKER_HOST": f"unix://{work}/no-engine.sock", "HOME": str(work / "home"),
                      cache.ENV: str(work / "cache-ci")}
-        rows.append(("(b) fresh runner, no engine, `six` added", run_case(fresh, no_engine, "six==1.17.0")))
-        rows.append(("(c) warm runner, no engine, `tabulate` added", run_case(fresh, no_engine, "tabulate==0.9.0")))
+        record(("(b) fresh runner, no engine, `six` added", run_case(fresh, no_engine, "six==1.17.0")))
+        record(("(c) warm runner, no engine, `tabulate` added", run_case(fresh, no_engine, "tabulate==0.9.0")))
         # its own human tag: the engine's raytrain-cpu:cpu-latest stays this checkout's
         engine_env = {**base_env, cache.ENV: str(work / "cache-engine"), "INVOKE_IMAGE_HUMAN_TAG": "bench-ci"}
-        rows.append(("baseline: fresh runner with the engine, `six` added",
+        record(("baseline: fresh runner with the engine, `six` added",
                      run_case(checkout_copy(work / "engine"), engine_env, "six==1.17.0")))
         if peer:
             engine_base = json.loads((ROOT / "build" / "build.json").read_text())["cpu"]["base_ref"]
             (work / "peer").mkdir()
             shutil.copytree(ROOT / "examples" / "train", work / "peer" / "examples" / "train")
             tag = f"{REGISTRY}/bench-peer:latest"
-            rows.append(("(d) peer: Dockerfile + `docker push`, first", peer_case(work / "peer", engine_base, pins, "",
+            record(("(d) peer: Dockerfile + `docker push`, first", peer_case(work / "peer", engine_base, pins, "",
                                                                                   tag)))
-            rows.append(("(d) peer: Dockerfile + `docker push`, `six` added",
+            record(("(d) peer: Dockerfile + `docker push`, `six` added",
                          peer_case(work / "peer", engine_base, pins, "six==1.17.0", tag)))
     finally:
         stop_local(settings)
