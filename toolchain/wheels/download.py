@@ -3,7 +3,7 @@
 uv's resolution (toolchain/wheels/resolver.py) gives each pin's wheel files as PEP 751 lists them: the URL,
 the size and the sha256 the index published. The pool's missing wheels are fetched here straight from
 those URLs, several at once: pip's download, one file at a time in one process, took 75 s for the
-example's 3.9 GiB where the index serves it at 400 MB/s a stream (docs/benchmarks.md). Each file is
+example's 3.9 GiB, these streams 14 s (docs/benchmarks.md). Each file is
 written under a temporary name beside its place in the pool, hashed as it arrives, and renamed into
 place only when its size and sha256 are the lock's: a wheel the pool holds is always the lock's bytes.
 
