@@ -77,19 +77,24 @@ def run_case(project: Path, env: dict, added: str) -> dict:
 
 PEER_DOCKERFILE = """FROM {base}
 RUN python3 -m venv /opt/venv
-COPY requirements.txt /tmp/requirements.txt
-RUN /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
+COPY requirements.txt ca.crt /tmp/
+RUN PIP_CERT=/tmp/ca.crt /opt/venv/bin/pip install --no-cache-dir -r /tmp/requirements.txt
 COPY examples/train /app/project
 """
+# the certificates this host's pip trusts (an index behind a TLS-inspecting proxy), given to the build's pip
+HOST_CA = os.environ.get("PIP_CERT") or os.environ.get("SSL_CERT_FILE") or "/etc/ssl/certs/ca-certificates.crt"
 
 
 def peer_case(project: Path, base: str, pins: list[str], added: str, tag: str) -> dict:
     """(d): the Dockerfile above, built by the engine's builder and pushed by `docker push`."""
     (project / "requirements.txt").write_text("\n".join(pins + ([added] if added else [])) + "\n")
     (project / "Dockerfile").write_text(PEER_DOCKERFILE.format(base=base))
+    shutil.copyfile(HOST_CA, project / "ca.crt")
     t0 = time.monotonic()
-    subprocess.run(["docker", "build", "-q", "-t", tag, "."], cwd=project, check=True, capture_output=True,
-                   env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    res = subprocess.run(["docker", "build", "-q", "-t", tag, "."], cwd=project, capture_output=True, text=True,
+                         env={**os.environ, "DOCKER_BUILDKIT": "0"})
+    if res.returncode != 0:
+        sys.exit(f"the peer's docker build failed:\n{(res.stdout + res.stderr)[-3000:]}")
     built = time.monotonic() - t0
     pushed = subprocess.run(["docker", "push", tag], capture_output=True, text=True, check=True).stdout
     sizes = json.loads(subprocess.run(["docker", "inspect", "--format", "{{json .RootFS.Layers}}", tag],
