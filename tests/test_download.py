@@ -203,6 +203,7 @@ def test_the_lock_s_wheels_are_those_the_image_takes_most_specific_first():
         wheel("https://x/foo_bar-1.0-cp312-cp312-manylinux_2_28_x86_64.whl"),   # another Python
         wheel("https://x/foo_bar-1.1-cp311-cp311-manylinux_2_28_x86_64.whl"),   # another release
         wheel("file:///pool/foo_bar-1.0-py3-none-any.whl"),                      # the pool's
+        wheel("https://x/..%2F..%2Fetc%2Ffoo_bar-1.0-py3-none-any.whl"),         # a name that is a path
         {"url": "https://x/foo_bar-1.0-py3-none-any.whl", "hashes": {"md5": "0" * 32}},  # no sha256
     ]}, {"name": "only-sdist", "version": "2.0", "sdist": {"url": "https://x/only_sdist-2.0.tar.gz"}}]}
     foo, sdist = resolver.parse_lock(doc, PY)

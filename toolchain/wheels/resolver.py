@@ -38,6 +38,7 @@ from toolchain.wheels.wheel_checks import GLIBC_MINOR, supported_tag_order
 
 RESOLVE_TIMEOUT_S = 600  # a cold resolution fetches each package's metadata over the network
 _SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+WHEEL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\.whl")  # a pool's file name: a wheel's, no path in it
 
 
 class ResolveError(Exception):
@@ -129,6 +130,8 @@ def _index_wheels(listed, name: str, version: Version, order: dict) -> tuple[Whe
         if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not isinstance(sha256, str):
             continue
         file = unquote(urlsplit(url).path.rsplit("/", 1)[-1])
+        if not WHEEL_FILE.fullmatch(file):  # the pool's file is named by it: no "%2F..%2F" past the pool
+            continue
         try:
             w_name, w_version, _, tags = parse_wheel_filename(file)
         except (InvalidWheelFilename, InvalidVersion):

@@ -90,9 +90,6 @@ def _own_json(path: Path, model: type[BaseModel]) -> Optional[BaseModel]:
         return None
 
 
-_WHEEL_FILE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*\.whl")
-
-
 @dataclass
 class Wheelhouse:
     path: Path          # the set's directory (manifest and lock)
@@ -225,7 +222,7 @@ def _reuse(path: Path, pool: Path, variant: str, torch_source: str, rep: Reporte
         return None
     if len(data.sha256) != len(data.wheels) or not all(re.fullmatch(r"[0-9a-f]{64}", d) for d in data.sha256):
         return None  # damaged: filled again
-    if not all(_WHEEL_FILE.fullmatch(w) and os.path.isfile(pool / w) and not os.path.islink(pool / w)
+    if not all(resolver.WHEEL_FILE.fullmatch(w) and os.path.isfile(pool / w) and not os.path.islink(pool / w)
                for w in data.wheels):
         return None  # a wheel pruned from the pool (or the cache cleared): filled again, only that one downloaded
     if _lock_lines(path / LOCK) != _lock_text(data.wheels, data.sha256).splitlines():
