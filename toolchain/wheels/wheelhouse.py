@@ -418,16 +418,23 @@ def _fetch_pins(pool: Path, pins: list[resolver.Pin], python_version: str, varia
     most specific wheel is fetched from its URL and checked against the lock (toolchain/wheels/download.py);
     pip downloads the others (a pin with no such wheel: an sdist only, whose wheel is built here; a file
     the index refused this client)."""
-    if not pins:
+    return _fetch(pool, [(p.text, p.wheels[0] if p.wheels else None) for p in pins], python_version, variant, rep)
+
+
+def _fetch(pool: Path, wanted: list[tuple[str, Optional[download.WheelFile]]], python_version: str, variant: str,
+           rep: Reporter) -> tuple[list[str], dict[str, str]]:
+    """WANTED ((`name==version`, the lock's wheel of it or None)) into the pool: from the lock's URL where there
+    is one, pip for the rest. (The files, the sha256 of those fetched from the lock's URLs.)"""
+    if not wanted:
         return [], {}
-    direct = {p: p.wheels[0] for p in pins if p.wheels}
-    fetched, refused = download.fetch(pool, list(direct.values()), rep, f"wheelhouse[{variant}]")
+    direct = [w for _, w in wanted if w is not None]
+    fetched, refused = download.fetch(pool, direct, rep, f"wheelhouse[{variant}]")
     if refused:
         name, why = next(iter(sorted(refused.items())))
         rep.detail(f"wheelhouse[{variant}]: {len(refused)} wheel(s) not fetched from the lock's URL ({name}: {why}); "
                    "pip downloads them")
-    checked = {w.name: w.sha256 for w in direct.values() if w.name in fetched}
-    rest = [p.text for p in pins if p not in direct or direct[p].name not in checked]
+    checked = {w.name: w.sha256 for w in direct if w.name in fetched}
+    rest = [req for req, w in wanted if w is None or w.name not in checked]
     if rest:
         fetched = fetched + _pip_fetch(pool, rest, python_version, variant, ["--no-deps"], rep)
     return sorted(set(fetched)), checked
@@ -479,9 +486,7 @@ def fetch_files(pool: Path, files: list[str], python_version: str, variant: str,
     """Download the wheels FILES names into the pool: from the URL LOCK gives for the file, checked against its
     sha256; the others by name and version, pip picking the file."""
     with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
-        fetched, _ = download.fetch(pool, [lock[f] for f in files if f in lock], rep, f"wheelhouse[{variant}]")
-        rest = [_pin(f) for f in files if f not in fetched]
-        return sorted(fetched + (_pip_fetch(pool, rest, python_version, variant, ["--no-deps"], rep) if rest else []))
+        return _fetch(pool, [(_pin(f), lock.get(f)) for f in files], python_version, variant, rep)[0]
 
 
 def _pip_fetch(pool: Path, reqs: list[str], python_version: str, variant: str, extra: list[str],
