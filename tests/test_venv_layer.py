@@ -11,6 +11,7 @@ import io
 import marshal
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 import zipfile
@@ -82,7 +83,8 @@ def write(wheels: list[Path], store: Path, compile: bool = False, python: Python
             writer = LayerWriter([w], python, "/opt/venv", store, compiler.planned_of([w]) if compiler else set())
             try:
                 writer.files()
-                out.append(writer.finish(compiler.of([w]) if compiler else None, sys.implementation.cache_tag))
+                out.append(writer.finish(compiler.of([w]) if compiler else None, sys.implementation.cache_tag,
+                                         compiler.compile if compiler else None))
             except BaseException:
                 writer.abort()
                 raise
@@ -278,6 +280,41 @@ def test_the_host_compiles_only_for_the_image_s_bytecode():
     assert not host_can_compile(magic, "cpython-312") and bytecode.identity(magic, "cpython-312") is None
 
 
+PRISTINE = """
+import importlib.util, marshal, sys
+from importlib._bootstrap_external import _code_to_hash_pyc
+out = {}
+for name, source in marshal.loads(sys.stdin.buffer.read()):
+    out[name] = bytes(_code_to_hash_pyc(compile(source, "/" + name, "exec", dont_inherit=True),
+                                        importlib.util.source_hash(source), checked=False))
+sys.stdout.buffer.write(marshal.dumps(out))
+"""
+
+
+def test_the_host_s_bytecode_is_what_a_pristine_interpreter_writes(tmp_path):
+    """marshal flags a name by its reference count in the compiling process, so a module compiled where its
+    own package, or another sharing its names, is loaded comes out as other bytes (pyyaml's, in a process
+    that imported yaml: 3 of its 17 modules). The host's workers are interpreters of their own that load
+    nothing of the tool or its environment: pyyaml's modules, which this tool imports itself, compile to
+    what `python -I -S` of the same Python writes, whatever the building process has loaded."""
+    import yaml  # noqa: F401 - loaded here, as in every build: it must not matter
+    package = Path(yaml.__file__).parent
+    sources = {f"opt/venv/lib/python3.11/site-packages/yaml/{f.name}": f.read_bytes() for f in sorted(package.glob("*.py"))}
+    wheel = make_wheel(tmp_path, "pyyaml", "6.0", {n.split("site-packages/")[1]: b for n, b in sources.items()})
+    members = [(n.split("site-packages/")[1], n) for n in sources]
+    compiler = bytecode.HostCompiler(workers=1, planned=[(wheel, members)])
+    try:
+        host = compiler.of([wheel])
+        unforeseen = compiler.compile(sorted(sources.items())[:3])
+    finally:
+        compiler.close()
+    pristine = marshal.loads(subprocess.run([sys.executable, "-I", "-S", "-c", PRISTINE], check=True, capture_output=True,
+                                            input=marshal.dumps(sorted(sources.items()))).stdout)
+    assert len(host) == len(sources) > 10
+    assert [n for n in sources if host[n] != pristine[n]] == []
+    assert all(unforeseen[n] == pristine[n] for n in unforeseen)
+
+
 def test_a_damaged_wheel_member_is_named_and_leaves_no_layer(wheelhouse, tmp_path):
     """Members are inflated by toolchain/image/wheel_members.py, not zipfile: its CRC-32 check is theirs too."""
     wheel = make_wheel(wheelhouse, "omega", "1.0", {"omega/__init__.py": b"VALUE = 'intact'\n"})
@@ -309,7 +346,7 @@ def test_the_planned_modules_are_those_written_and_an_unplanned_one_compiles_ali
     compiler = bytecode.HostCompiler(workers=1, planned=[(delta, plan[0][1][1:])])  # the first module left out
     try:
         writer = LayerWriter([delta], PY, "/opt/venv", tmp_path / "s1", compiler.planned_of([delta]))
-        lacking = writer.files().finish(compiler.of([delta]), sys.implementation.cache_tag)
+        lacking = writer.files().finish(compiler.of([delta]), sys.implementation.cache_tag, compiler.compile)
     finally:
         compiler.close()
     assert lacking.diff_id == layers_[0].diff_id

@@ -6,12 +6,14 @@ zygotes needed 130 s instead of seconds to import torch, with the load at 11, an
 
 When the host's interpreter writes the image's bytecode (the same magic number, which CPython changes
 whenever the .pyc format changes, and the same cache tag), the modules are compiled on the host, by
-`HostCompiler`, while the dependency layers are written: worker processes at a lower priority read the
-modules from the wheels from the start and compile them as `compileall` would (the path in the image
-as the code's file name, unchecked-hash .pyc: the venv never changes under them, and no source mtime
-is read), and each wheel's .pyc go into that wheel's layer (toolchain/image/venv_layer.py `LayerWriter`). A
-module's .pyc depends only on its source and the compiling Python's version, not on the order or
-the process, so a wheel's layer is the same on every machine with the same host Python.
+`HostCompiler`, while the dependency layers are written: worker interpreters at a lower priority
+(toolchain/image/pyc_worker.py) read the modules from the wheels from the start and compile them as
+`compileall` would (the path in the image as the code's file name, unchecked-hash .pyc: the venv never
+changes under them, and no source mtime is read), and each wheel's .pyc go into that wheel's layer
+(toolchain/image/venv_layer.py `LayerWriter`). A module's .pyc depends only on its source and the compiling
+Python's version, not on the order, the process or what else is installed (the workers are isolated
+interpreters: pyc_worker.py says why), so a wheel's layer is the same on every machine with the same
+host Python.
 
 Otherwise (another Python in the base) `python -m compileall` runs in a container of the image being
 built, PYTHONPYCACHEPREFIX sending the files to a host directory (a bind mount, not the container's
@@ -21,12 +23,13 @@ Either way the image holds the same files: a .pyc for every .py under the venv's
 from __future__ import annotations
 
 import importlib.util
-import multiprocessing
+import marshal
 import os
+import struct
+import subprocess
 import sys
-import zipfile
-from concurrent.futures import Future, ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import PurePosixPath, Path
 from typing import Optional, Sequence
 
@@ -65,7 +68,8 @@ def compiled_layer(client: docker.DockerClient, image: str, venv: str, out: Path
 
 PLAN_MEMBERS = 400     # a wheel's planned modules compiled by one worker at once
 NICE = 5               # below the writer and the engine's load, which the build waits for first
-FORMAT = 1             # bump when what the host compile writes changes (the dependency layers' keys)
+FORMAT = 2             # bump when what the host compile writes changes (the dependency layers' keys)
+WORKER = Path(__file__).with_name("pyc_worker.py")
 
 
 def host_can_compile(magic: str, cache_tag: str) -> bool:
@@ -79,32 +83,36 @@ def pyc_name(source: str, cache_tag: str) -> str:
     return str(p.parent / "__pycache__" / f"{p.stem}.{cache_tag}.pyc")
 
 
-def _worker_start() -> None:
-    import warnings
-    os.nice(NICE)
-    warnings.simplefilter("ignore")  # a package's invalid escape sequences: compileall -q says nothing either
+class _Worker:
+    """One isolated worker interpreter (toolchain/image/pyc_worker.py), asked one batch at a time."""
 
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-I", "-S", str(WORKER), str(NICE)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE)
 
-def compile_sources(batch: list[tuple[str, bytes]]) -> dict[str, Optional[bytes]]:
-    """{tar name: .pyc bytes} for each (tar name, source); None for a source that does not compile. The
-    bytes depend on the source and the compiling Python alone, not on the order or the worker: two
-    compiles of one module give the same file (checked: tests/test_venv_layer.py)."""
-    from importlib._bootstrap_external import _code_to_hash_pyc
-    out: dict[str, Optional[bytes]] = {}
-    for name, source in batch:
+    def ask(self, wheel: Optional[str], items: list) -> dict[str, Optional[bytes]]:
+        data = marshal.dumps((wheel, items))
         try:
-            code = compile(source, "/" + name, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError):  # Python 2 fixtures, null bytes: compiled at import, if ever imported
-            out[name] = None
-            continue
-        out[name] = bytes(_code_to_hash_pyc(code, importlib.util.source_hash(source), checked=False))
-    return out
+            self.proc.stdin.write(struct.pack(">Q", len(data)) + data)
+            self.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # said below, with its exit status
+        head = self.proc.stdout.read(8)
+        if len(head) < 8:
+            raise RuntimeError(f"a worker interpreter ended with exit status {self.proc.wait()} (out of memory?)")
+        answer = marshal.loads(self.proc.stdout.read(struct.unpack(">Q", head)[0]))
+        if isinstance(answer, tuple):
+            raise RuntimeError(f"{wheel}: {answer[1]}")
+        return answer
 
-
-def _compile_members(wheel: str, members: list[tuple[str, str]]) -> dict[str, Optional[bytes]]:
-    """compile_sources of the wheel's members (member, tar name), read from the wheel itself."""
-    with zipfile.ZipFile(wheel) as z:
-        return compile_sources([(name, z.read(member)) for member, name in members])
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.proc.stdout.close()
 
 
 def identity(magic: str, cache_tag: str) -> Optional[list]:
@@ -117,43 +125,43 @@ def identity(magic: str, cache_tag: str) -> Optional[list]:
 
 
 class HostCompiler:
-    """Compiles the venv's modules on the host's cores, in worker processes, while the layers are written.
+    """Compiles the venv's modules on the host's cores, in worker interpreters, while the layers are written.
 
     The modules each wheel will put under the venv's lib/ (`planned`: read from the zips' directories,
     toolchain/image/venv_layer.py `planned_modules`) are submitted at the start, in the order the layers are
     written, so the compiling spreads over the whole write instead of trailing it. `of(wheels)` waits
     for the .pyc of those wheels' modules ({tar name: bytes or None}); a layer's writer appends them
-    after its files. Only where `host_can_compile` says the image loads the result."""
+    after its files, and `compile` those of modules the plan did not foresee. Only where
+    `host_can_compile` says the image loads the result."""
 
     def __init__(self, workers: Optional[int] = None, planned: Sequence[tuple[Path, list[tuple[str, str]]]] = ()):
-        # fresh processes, however few the modules: marshal writes a name as a back-reference or not by its
-        # reference count in the compiling process, so a module compiled in this one (after the tool's
-        # imports) gives other .pyc bytes, and another layer, than the same module compiled in a worker
-        self.pool = ProcessPoolExecutor(workers or os.cpu_count() or 1, mp_context=multiprocessing.get_context("spawn"),
-                                        initializer=_worker_start)
+        # each thread of the pool feeds one worker interpreter, started when the thread takes its first batch
+        self.pool = ThreadPoolExecutor(workers or os.cpu_count() or 1, thread_name_prefix="pyc")
+        self.local = threading.local()
+        self.workers: list[_Worker] = []
+        self.lock = threading.Lock()
         self.futures: dict[str, list[Future]] = {}
         self.planned: dict[str, set[str]] = {}
-        self.broken: Optional[BaseException] = None
         self.add(planned)
+
+    def _ask(self, wheel: Optional[str], items: list) -> dict[str, Optional[bytes]]:
+        worker = getattr(self.local, "worker", None)
+        if worker is None:
+            worker = self.local.worker = _Worker()
+            with self.lock:
+                self.workers.append(worker)
+        return worker.ask(wheel, items)
 
     def add(self, planned: Sequence[tuple[Path, list[tuple[str, str]]]]) -> None:
         """Start compiling these wheels' planned modules (wheel, [(member, tar name)])."""
         for wheel, members in planned:
-            self.futures[str(wheel)] = [self._submit(str(wheel), members[i:i + PLAN_MEMBERS])
+            self.futures[str(wheel)] = [self.pool.submit(self._ask, str(wheel), members[i:i + PLAN_MEMBERS])
                                         for i in range(0, len(members), PLAN_MEMBERS)]
             self.planned[str(wheel)] = {name for _, name in members}
 
     def done(self, wheels: Sequence[Path]) -> bool:
         """The wheels' modules are compiled (or their compiling failed: `of` says how)."""
-        return all(f is None or f.done() for w in wheels for f in self.futures.get(str(w), []))
-
-    def _submit(self, wheel: str, members: list) -> Optional[Future]:
-        if self.broken is None:
-            try:
-                return self.pool.submit(_compile_members, wheel, members)
-            except BrokenProcessPool as e:  # said by `of`, not as a failure of the wheel being written
-                self.broken = e
-        return None
+        return all(f.done() for w in wheels for f in self.futures.get(str(w), []))
 
     def planned_of(self, wheels: Sequence[Path]) -> set[str]:
         return set().union(*(self.planned.get(str(w), set()) for w in wheels))
@@ -163,14 +171,20 @@ class HostCompiler:
         try:
             for w in wheels:
                 for f in self.futures.get(str(w), []):
-                    if f is None:
-                        raise self.broken
                     compiled.update(f.result())
         except Exception as e:  # a worker killed (out of memory, say): the build says so
-            raise BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}. A script "
-                             "that runs the build must start it under `if __name__ == '__main__':` (the workers "
-                             "import it)", []) from None
+            raise BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}", []) from None
         return compiled
+
+    def compile(self, sources: list[tuple[str, bytes]]) -> dict[str, Optional[bytes]]:
+        """{tar name: .pyc bytes or None} of (tar name, source) the plan did not foresee, compiled in a
+        worker of the calling thread's own (not behind the planned ones), to the bytes a planned compile gives."""
+        try:
+            return self._ask(None, sources)
+        except Exception as e:  # noqa: BLE001 - as `of`
+            raise BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}", []) from None
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        for worker in self.workers:
+            worker.close()

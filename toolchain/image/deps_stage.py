@@ -4,7 +4,7 @@
 Python compiles it)]. Three things run at once:
   - the writer (this thread) writes each layer that is not at hand to the layer store (toolchain/image/venv_layer.py
     `LayerWriter`), and finishes it once its bytecode, compiled meanwhile by `bytecode.HostCompiler` in
-    worker processes, is ready; it goes on to the next layer in the meantime;
+    worker interpreters, is ready; it goes on to the next layer in the meantime;
   - the loader (a thread) waits for the user stage (built beside, in another thread), then loads the
     layers into the engine in order, in batches of whatever is finished, each batch a docker-archive
     holding only its new layers on top of the previous batch (the engine applies one batch while the
@@ -134,7 +134,8 @@ class DepsAssembly:
             wheels = self.slots[i].planned.wheels
             if not block and compiler is not None and not compiler.done(wheels):
                 return
-            layer = w.finish(compiler.of(wheels) if compiler is not None else None, self.python.cache_tag)
+            layer = w.finish(compiler.of(wheels) if compiler is not None else None, self.python.cache_tag,
+                             compiler.compile if compiler is not None else None)
             open_.pop(0)
             self._deliver(i, layer, w.out.scripts)
 

@@ -453,13 +453,18 @@ class LayerWriter:
                 raise BuildError("deps", wheel.name, f"the wheel could not be installed: {e}", []) from None
         return self
 
-    def finish(self, pyc: Optional[dict[str, Optional[bytes]]], cache_tag: str = "") -> FileLayer:
-        """PYC None: no bytecode in this layer (the base's Python compiles it: toolchain/image/bytecode.py)."""
-        from toolchain.image.bytecode import compile_sources, pyc_name
+    def finish(self, pyc: Optional[dict[str, Optional[bytes]]], cache_tag: str = "",
+               compile_more: Optional[Callable[[list[tuple[str, bytes]]], dict]] = None) -> FileLayer:
+        """PYC None: no bytecode in this layer (the base's Python compiles it: toolchain/image/bytecode.py).
+        COMPILE_MORE: the .pyc of modules the plan did not foresee (`HostCompiler.compile`, the same bytes)."""
+        from toolchain.image.bytecode import pyc_name
         if pyc is None:
             self.out.modules.clear()
-        elif self.out.unforeseen:  # modules the plan did not foresee: compiled here, as the workers would
-            pyc = {**pyc, **compile_sources(sorted(self.out.unforeseen.items()))}
+        elif self.out.unforeseen:
+            if compile_more is None:
+                raise BuildError("deps", self.wheels[0].name, "modules the plan did not foresee, and no compiler for "
+                                 f"them: {', '.join(sorted(self.out.unforeseen))}", [])
+            pyc = {**pyc, **compile_more(sorted(self.out.unforeseen.items()))}
         for name in sorted(self.out.modules):
             data = pyc.get(name)
             if data is not None:
