@@ -5,7 +5,6 @@ resolves against a PEP 503 index served here and the wheelhouse fetches what it 
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import stat
 import threading
@@ -182,9 +181,12 @@ def test_uv_s_lock_names_the_wheels_and_the_wheelhouse_fetches_them_without_pip(
     pool = tmp_path / "pool"
     pool.mkdir()
     del log[:]
-    files, fetched, lock = wheelhouse.set_files(pool, ["top==2.0"], PY, "cpu", None, {}, Reporter(quiet=True))
-    assert files == fetched == ["leaf-1.5-py3-none-any.whl", "top-2.0-py3-none-any.whl"]
-    assert sorted(lock) == files
+    got = wheelhouse.set_files(pool, ["top==2.0"], PY, "cpu", None, {}, Reporter(quiet=True))
+    files = got.files
+    assert files == got.fetched == ["leaf-1.5-py3-none-any.whl", "top-2.0-py3-none-any.whl"]
+    assert sorted(got.lock) == files
+    # each checked as it arrived: the registry build takes these digests and does not read the files again
+    assert got.checked == {f: hashlib.sha256((pool / f).read_bytes()).hexdigest() for f in files}
     got = [(p, agent) for p, agent in log if p.endswith(".whl")]
     assert sorted(p for p, _ in got) == ["/leaf-1.5-py3-none-any.whl", "/top-2.0-py3-none-any.whl"]
     assert not any(agent.startswith("pip/") for _, agent in log), log  # pip did not run

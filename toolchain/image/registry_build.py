@@ -270,14 +270,16 @@ def _wheels(settings: Settings, variant: str, python: Python, previous: Optional
     index = settings.image.torch[variant].index_url if torch_source not in wheelhouse.DEFAULT_SOURCES else None
     wanted = wheelhouse.image_set(settings, variant, python.minor, torch_req)
     pool = wheelhouse.pool_dir()
-    files, fetched, lock = wheelhouse.set_files(pool, [r.text for r in wanted], python.minor, variant, index,
-                                                {_pin_of(f): f for f in facts}, rep)
+    got = wheelhouse.set_files(pool, [r.text for r in wanted], python.minor, variant, index,
+                               {_pin_of(f): f for f in facts}, rep)
+    files = got.files
     read = {f for f in files if f not in facts}  # all here: hashed and measured, their bytes decide their layers
     venv_layer.wheels_of([pool / f for f in read], python.minor)
-    sha256 = {f: file_sha256(pool / f).hex if f in read else facts[f].sha256 for f in files}
+    # a wheel just fetched was hashed as it arrived (its lock's sha256): not read again (3.9 GiB for the example)
+    sha256 = {f: (got.checked.get(f) or file_sha256(pool / f).hex) if f in read else facts[f].sha256 for f in files}
     wheelhouse.requirements.check_hashes(wanted, sha256)
     sizes = {f: venv_plan.measure(pool / f) if f in read else (facts[f].size, facts[f].modules) for f in files}
-    return _Wheels(files, fetched, sha256, sizes, torch_source, wanted, lock, read)
+    return _Wheels(files, list(got.fetched), sha256, sizes, torch_source, wanted, got.lock, read)
 
 
 def _plan(previous: Optional[Previous], wheels: _Wheels, python: Python, compiler: list, rep: Reporter) -> tuple[list, list]:

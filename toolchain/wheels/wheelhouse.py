@@ -440,12 +440,19 @@ def _fetch(pool: Path, wanted: list[tuple[str, Optional[download.WheelFile]]], p
     return sorted(set(fetched)), checked
 
 
+@dataclass(frozen=True)
+class SetFiles:
+    """A requirement set's wheels in the pool (`set_files`)."""
+    files: list[str]                        # the set's wheel files, in name order
+    fetched: list[str]                      # those downloaded now
+    lock: dict[str, download.WheelFile]     # the lock's wheel of each pin, by file name (`fetch_files` fetches from it)
+    checked: dict[str, str]                 # the sha256 of those fetched now that were checked against it as they arrived
+
+
 def set_files(pool: Path, full: list[str], python_version: str, variant: str, index: Optional[str],
-              known: dict[tuple[str, str], str],
-              rep: Reporter) -> tuple[list[str], list[str], dict[str, download.WheelFile]]:
-    """(the wheel files of the requirement set FULL, those downloaded now, the lock's wheel of each pin by file
-    name: `fetch_files` fetches from it). uv resolves the set; a pin KNOWN ((canonical name, version) -> file
-    name: a previous image's record) is that file, downloaded or not; the others are the pool's, or
+              known: dict[tuple[str, str], str], rep: Reporter) -> SetFiles:
+    """The wheels of the requirement set FULL. uv resolves the set; a pin KNOWN ((canonical name, version) ->
+    file name: a previous image's record) is that file, downloaded or not; the others are the pool's, or
     downloaded (`_fetch_pins`; torch from INDEX when one is given)."""
     t0 = time.monotonic()
     try:
@@ -460,6 +467,7 @@ def set_files(pool: Path, full: list[str], python_version: str, variant: str, in
     rep.step(f"wheelhouse[{variant}]: {len(pins)} packages resolved by uv in {time.monotonic() - t0:.1f}s; "
              f"{len(files)} recorded by the previous image, {len(have)} in the pool, {len(missing)} to download")
     fetched: list[str] = []
+    checked: dict[str, str] = {}
     if missing:
         with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
             before = set(os.listdir(pool))
@@ -469,7 +477,7 @@ def set_files(pool: Path, full: list[str], python_version: str, variant: str, in
                 if res.returncode != 0:
                     raise WheelhouseError(f"pip could not fetch {torch[0]} from {index}: {_last_line(res.stderr)}")
             got = resolver.in_pool(missing, pool, python_version)  # torch, from INDEX
-            _fetch_pins(pool, [p for p in missing if p not in got], python_version, variant, rep)
+            _, checked = _fetch_pins(pool, [p for p in missing if p not in got], python_version, variant, rep)
             fetched = sorted(set(os.listdir(pool)) - before)
         have = resolver.in_pool(rest, pool, python_version)
     lost = [p.text for p in rest if p not in have]
@@ -478,7 +486,9 @@ def set_files(pool: Path, full: list[str], python_version: str, variant: str, in
                               f"{python_version}")
     _touch(pool, list(have.values()))
     lock = {p.wheels[0].name: p.wheels[0] for p in pins if p.wheels}
-    return sorted(set(files.values()) | set(have.values())), [f for f in fetched if f in have.values()], lock
+    fetched = [f for f in fetched if f in have.values()]
+    return SetFiles(sorted(set(files.values()) | set(have.values())), fetched, lock,
+                    {f: checked[f] for f in fetched if f in checked})
 
 
 def fetch_files(pool: Path, files: list[str], python_version: str, variant: str, rep: Reporter,
