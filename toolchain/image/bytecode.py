@@ -102,7 +102,7 @@ class _Worker:
             raise RuntimeError(f"a worker interpreter ended with exit status {self.proc.wait()} (out of memory?)")
         answer = marshal.loads(self.proc.stdout.read(struct.unpack(">Q", head)[0]))
         if isinstance(answer, tuple):
-            raise RuntimeError(f"{wheel}: {answer[1]}")
+            raise RuntimeError(f"{wheel or 'modules the plan did not foresee'}: {answer[1]}")
         return answer
 
     def close(self) -> None:
