@@ -83,8 +83,7 @@ def write(wheels: list[Path], store: Path, compile: bool = False, python: Python
             writer = LayerWriter([w], python, "/opt/venv", store, compiler.planned_of([w]) if compiler else set())
             try:
                 writer.files()
-                out.append(writer.finish(compiler.of([w]) if compiler else None, sys.implementation.cache_tag,
-                                         compiler.compile if compiler else None))
+                out.append(writer.finish(compiler, sys.implementation.cache_tag))
             except BaseException:
                 writer.abort()
                 raise
@@ -346,7 +345,7 @@ def test_the_planned_modules_are_those_written_and_an_unplanned_one_compiles_ali
     compiler = bytecode.HostCompiler(workers=1, planned=[(delta, plan[0][1][1:])])  # the first module left out
     try:
         writer = LayerWriter([delta], PY, "/opt/venv", tmp_path / "s1", compiler.planned_of([delta]))
-        lacking = writer.files().finish(compiler.of([delta]), sys.implementation.cache_tag, compiler.compile)
+        lacking = writer.files().finish(compiler, sys.implementation.cache_tag)
     finally:
         compiler.close()
     assert lacking.diff_id == layers_[0].diff_id

@@ -115,6 +115,10 @@ class _Worker:
         self.proc.stdout.close()
 
 
+def _failed(e: Exception) -> BuildError:
+    return BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}", [])
+
+
 def identity(magic: str, cache_tag: str) -> Optional[list]:
     """What the host's .pyc bytes depend on, for the dependency layers' keys: the compiling Python's full
     version (two patch releases may write different bytes for one source), magic number and cache tag,
@@ -173,7 +177,7 @@ class HostCompiler:
                 for f in self.futures.get(str(w), []):
                     compiled.update(f.result())
         except Exception as e:  # a worker killed (out of memory, say): the build says so
-            raise BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}", []) from None
+            raise _failed(e) from None
         return compiled
 
     def compile(self, sources: list[tuple[str, bytes]]) -> dict[str, Optional[bytes]]:
@@ -182,7 +186,7 @@ class HostCompiler:
         try:
             return self._ask(None, sources)
         except Exception as e:  # noqa: BLE001 - as `of`
-            raise BuildError("bytecode", "the host's compiler", f"compiling the venv's modules failed: {e}", []) from None
+            raise _failed(e) from None
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)

@@ -134,8 +134,7 @@ class DepsAssembly:
             wheels = self.slots[i].planned.wheels
             if not block and compiler is not None and not compiler.done(wheels):
                 return
-            layer = w.finish(compiler.of(wheels) if compiler is not None else None, self.python.cache_tag,
-                             compiler.compile if compiler is not None else None)
+            layer = w.finish(compiler, self.python.cache_tag)
             open_.pop(0)
             self._deliver(i, layer, w.out.scripts)
 

@@ -39,7 +39,7 @@ import threading
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Callable, Iterator, Optional, Sequence, Union
+from typing import TYPE_CHECKING, BinaryIO, Callable, Iterator, Optional, Sequence, Union
 
 from installer import install
 from installer.destinations import SchemeDictionaryDestination
@@ -54,6 +54,9 @@ from toolchain.errors import BuildError
 from toolchain.image.layers import CHUNK, MTIME, TAR_END, FileLayer, Layer, tar_header, tar_padding
 from toolchain.wheels.wheel_checks import MAX_COMPILED, MAX_SCRIPT, check_wheel, record_digests
 from toolchain.image.wheel_members import Member
+
+if TYPE_CHECKING:  # named in annotations only; `finish` imports the module where it is used, as before
+    from toolchain.image.bytecode import HostCompiler
 
 INSTALLER_NAME = b"raytrain\n"
 
@@ -422,8 +425,9 @@ def console_scripts(wheel: Path) -> list[str]:
 class LayerWriter:
     """One dependency layer (a wheel, or a group of small wheels: toolchain/image/venv_plan.py) written to
     STORE/<diff id hex>.tar in two steps, so the writer goes on to the next layer while this one's
-    bytecode is still being compiled: `files()` installs the wheels into the tar, `finish(pyc)` appends the .pyc of the modules written (PYC: tar name -> bytes, from
-    toolchain/image/bytecode.py) sorted by name, ends the tar and names it by its sha256. Only a finished
+    bytecode is still being compiled: `files()` installs the wheels into the tar, `finish(compiler)` appends
+    the .pyc of the modules written (toolchain/image/bytecode.py `HostCompiler`) sorted by name, ends the tar
+    and names it by its sha256. Only a finished
     layer is in the store; `abort()` removes the partial file."""
 
     def __init__(self, wheels: list[Path], python: Python, venv: str, store: LayerStore | Path, planned: set[str] = frozenset(),
@@ -453,18 +457,18 @@ class LayerWriter:
                 raise BuildError("deps", wheel.name, f"the wheel could not be installed: {e}", []) from None
         return self
 
-    def finish(self, pyc: Optional[dict[str, Optional[bytes]]], cache_tag: str = "",
-               compile_more: Optional[Callable[[list[tuple[str, bytes]]], dict]] = None) -> FileLayer:
-        """PYC None: no bytecode in this layer (the base's Python compiles it: toolchain/image/bytecode.py).
-        COMPILE_MORE: the .pyc of modules the plan did not foresee (`HostCompiler.compile`, the same bytes)."""
+    def finish(self, compiler: Optional[HostCompiler], cache_tag: str = "") -> FileLayer:
+        """COMPILER None: no bytecode in this layer (the base's Python compiles it: toolchain/image/bytecode.py);
+        else the .pyc of this layer's modules, the planned ones from its workers and those the plan did not
+        foresee compiled by it now (`HostCompiler.compile`, the same bytes)."""
         from toolchain.image.bytecode import pyc_name
-        if pyc is None:
+        pyc: dict[str, Optional[bytes]] = {}
+        if compiler is None:
             self.out.modules.clear()
-        elif self.out.unforeseen:
-            if compile_more is None:
-                raise BuildError("deps", self.wheels[0].name, "modules the plan did not foresee, and no compiler for "
-                                 f"them: {', '.join(sorted(self.out.unforeseen))}", [])
-            pyc = {**pyc, **compile_more(sorted(self.out.unforeseen.items()))}
+        else:
+            pyc = compiler.of(self.wheels)
+            if self.out.unforeseen:
+                pyc.update(compiler.compile(sorted(self.out.unforeseen.items())))
         for name in sorted(self.out.modules):
             data = pyc.get(name)
             if data is not None:
