@@ -299,16 +299,18 @@ def _plan(previous: Optional[Previous], wheels: _Wheels, python: Python, compile
         if not need:
             return planned, write
         missing = [f for f in need if not (pool / f).is_file()]
+        checked: dict[str, str] = {}
         if missing:
-            wheels.fetched.extend(wheelhouse.fetch_files(pool, missing, python.minor, "registry build", rep,
-                                                         wheels.lock))
+            fetched, checked = wheelhouse.fetch_files(pool, missing, python.minor, "registry build", rep, wheels.lock)
+            wheels.fetched.extend(fetched)
         lost = [f for f in missing if not (pool / f).is_file()]
         if lost:
             raise NoEngineBuildError(f"{', '.join(lost)}: in the resolution, and the index gave no such file; "
                                      "build where an engine runs")
         venv_layer.wheels_of([pool / f for f in need], python.minor)
-        for f in need:
-            wheels.sha256[f], wheels.sizes[f] = file_sha256(pool / f).hex, venv_plan.measure(pool / f)
+        for f in need:  # as in _wheels: a wheel just fetched was hashed as it arrived
+            wheels.sha256[f] = checked.get(f) or file_sha256(pool / f).hex
+            wheels.sizes[f] = venv_plan.measure(pool / f)
         wheels.read.update(need)
         wheelhouse.requirements.check_hashes(wheels.wanted, wheels.sha256)
 

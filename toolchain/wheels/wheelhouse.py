@@ -492,11 +492,12 @@ def set_files(pool: Path, full: list[str], python_version: str, variant: str, in
 
 
 def fetch_files(pool: Path, files: list[str], python_version: str, variant: str, rep: Reporter,
-                lock: dict[str, download.WheelFile]) -> list[str]:
+                lock: dict[str, download.WheelFile]) -> tuple[list[str], dict[str, str]]:
     """Download the wheels FILES names into the pool: from the URL LOCK gives for the file, checked against its
-    sha256; the others by name and version, pip picking the file."""
+    sha256; the others by name and version, pip picking the file. (The files, the sha256 of those checked
+    as they arrived.)"""
     with _exclusive(pool / ".lock", rep, f"wheelhouse[{variant}]"):
-        return _fetch(pool, [(_pin(f), lock.get(f)) for f in files], python_version, variant, rep)[0]
+        return _fetch(pool, [(_pin(f), lock.get(f)) for f in files], python_version, variant, rep)
 
 
 def _pip_fetch(pool: Path, reqs: list[str], python_version: str, variant: str, extra: list[str],
