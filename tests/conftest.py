@@ -4,6 +4,8 @@ Hermetic: the session has its own user cache (RAYTRAIN_CACHE, for every subproce
 image names (SESSION-cpu, SESSION-stages, SESSION-base, ...), so neither ~/.cache/raytrain nor the
 images a build of the user's left in the engine can change an outcome. What the session adds to the
 engine and the cache is removed when it ends (and a dead session's images when the next one starts).
+The run is two workers, each a session of its own; the tests that must not run beside each other are
+grouped (`_group`, below).
 
 Markers, given here so that no test module has to remember them:
   docker   the test uses the engine (a fixture that needs it: client, built, pushed, registry, ...);
@@ -53,6 +55,9 @@ for _stale in Path(tempfile.gettempdir()).glob("raytrain-rtt*-*"):  # a killed s
     if _m and not _alive(int(_m.group(1))):
         shutil.rmtree(_stale, ignore_errors=True)
 SESSION_DIR = Path(tempfile.mkdtemp(prefix=f"raytrain-{SESSION}-"))
+if "PYTEST_XDIST_WORKER" not in os.environ:  # the process that starts the workers: they inherit it
+    os.environ["RAYTRAIN_TEST_RUN_DIR"] = str(SESSION_DIR)
+RUN_DIR = Path(os.environ["RAYTRAIN_TEST_RUN_DIR"])  # the run's, whichever process: removed at its end
 os.environ["RAYTRAIN_CACHE"] = str(SESSION_DIR / "cache")  # toolchain/cache.py; inherited by subprocesses
 # Every resolution of the run (uv's, in builds and in subprocesses) sees PyPI as it was when the run began:
 # a release published during the run would make a later build of the same requirements another image than
@@ -60,20 +65,39 @@ os.environ["RAYTRAIN_CACHE"] = str(SESSION_DIR / "cache")  # toolchain/cache.py;
 os.environ.setdefault("UV_EXCLUDE_NEWER", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
 
-_ZYGOTE_DIRS = "raytrain-zygote-*"  # runtime/cluster/zygote.py `start`: a node's trampoline, and its socket while it serves
+# What the run's nodes leave in the temp dir: the Ray temp dir of a node that shares its host (runtime/
+# cluster/launch.py `temp_dir_args`: raytrain-<port>; Ray keeps its sessions' logs there), and where a test
+# kills a launcher (SIGKILL: it can remove nothing) its zygote's directory (runtime/cluster/zygote.py
+# `start`; the zygote ends and takes only its socket) and the output of its `ray start` (ray_node.py).
+_LEFT_BY_NODES = ("raytrain-zygote-*", "raytrain-[0-9]*", "ray-start-*.log")
+_BEFORE_RUN: set = set()
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _no_zygote_dirs_left():
-    """A launcher a test kills with SIGKILL cannot remove its zygote's directory (its zygote ends, and
-    takes only its socket): what the session's launchers on this host left is removed at its end. A
-    directory with a socket is a zygote still serving, another run's: it stays."""
+def _in_worker() -> bool:
+    """Whether this process is one of pytest-xdist's workers (not the process that started them)."""
+    return "PYTEST_XDIST_WORKER" in os.environ
+
+
+def _left_by_nodes() -> set:
     tmp = Path(tempfile.gettempdir())
-    before = set(tmp.glob(_ZYGOTE_DIRS))
-    yield
-    for d in set(tmp.glob(_ZYGOTE_DIRS)) - before:
-        if not (d / "zygote.sock").exists():
-            shutil.rmtree(d, ignore_errors=True)
+    return {p for pattern in _LEFT_BY_NODES for p in tmp.glob(pattern)}
+
+
+def pytest_sessionstart(session):
+    if not _in_worker():
+        _BEFORE_RUN.update(_left_by_nodes())
+
+
+def _remove_what_nodes_left() -> None:
+    """What the run's nodes left on this host goes at its end, by the process that started the workers,
+    once every worker is done (a worker's end is not the run's: the other one may be starting a node).
+    A zygote's directory with a socket is a zygote still serving, another run's: it stays."""
+    for path in _left_by_nodes() - _BEFORE_RUN:
+        if path.is_dir() and not path.is_symlink():
+            if not (path / "zygote.sock").exists():
+                shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
 
 
 def _session_spec() -> Path:
@@ -125,6 +149,8 @@ def _remove_images(client, tags: list[str]) -> None:
 
 def pytest_sessionfinish(session, exitstatus):
     """The session's images and its cache go (gigabytes: the wheel pool, the layer stores)."""
+    if not _in_worker():
+        _remove_what_nodes_left()
     if _ENGINE.get("client") is not None:
         _remove_images(_ENGINE["client"], _session_images(_ENGINE["client"], alive_only=True))
     shutil.rmtree(SESSION_DIR, ignore_errors=True)
@@ -136,10 +162,54 @@ _ENGINE: dict = {}
 ENGINE_FIXTURES = {"client"}  # every fixture that reaches the engine depends on this one
 
 
+# The run is two processes (pytest-xdist's `-n 2`, pyproject.toml): tests that cannot share this host
+# with each other are one group, which one worker runs in order (`pytest_xdist_make_scheduler`).
+# "engine": the session's images, built once per worker that asks for them (7 GiB), its wheel pool (3.9
+# GiB, downloaded once per worker), and the local registry on its fixed port. "hosts": real Ray nodes and
+# Slurm daemons on the host itself, on fixed ports (test_launch's 22000, the Slurm helper's 16917). A
+# local-target job's nodes are containers on a network of their own, so an "engine" test may run beside a
+# "hosts" one; the rest (no engine, no daemons) go to whichever worker is free.
+ENGINE_GROUP = ENGINE_FIXTURES | {"registry", "example_wheels"}
+HOSTS_GROUP = {"slurm", "two_nodes"}
+_GROUPS = "groups.json"  # in RUN_DIR: each test's group, as the workers collected them
+
+
+def _group(item) -> str | None:
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & ENGINE_GROUP:
+        return "engine"
+    if fixtures & HOSTS_GROUP or item.get_closest_marker("cluster"):
+        return "hosts"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
+    groups = {}
     for item in items:
         if ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.docker)
+        groups[item.nodeid] = _group(item)
+    if _in_worker():  # every worker collects the same tests: the last one's file is the same as the first's
+        tmp = RUN_DIR / f"{_GROUPS}.{os.environ['PYTEST_XDIST_WORKER']}"
+        tmp.write_text(json.dumps(groups))
+        os.replace(tmp, RUN_DIR / _GROUPS)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope, where a test's scope is its group, or the test itself. (Not xdist's
+    own `--dist loadgroup`: under pytest 9.2 its group marks change no test's ID, and are ignored.) The
+    scheduler asks for scopes once every worker has collected, so the groups' file is there."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByGroup(LoadScopeScheduling):
+        _groups: dict | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self._groups is None:
+                self._groups = json.loads((RUN_DIR / _GROUPS).read_text())
+            return self._groups.get(nodeid) or nodeid
+    return ByGroup(config, log)
 
 
 # what the Docker tier writes at its peak, in GiB (20.6 measured: docs/tests.md): in the temp dir, the
@@ -236,7 +306,13 @@ def example_wheels(settings) -> list:
 @pytest.fixture(scope="session")
 def built(client, settings):
     """cpu and gpu images built once per session, under the session's names: from nothing but the
-    engine's own layers (a build of the user's leaves no stage the session can reuse)."""
+    engine's own layers (a build of the user's leaves no stage the session can reuse). Once per run:
+    a second worker that asks for them fails, naming the test (its group is not "engine")."""
+    try:
+        (RUN_DIR / "session-images-built").touch(exist_ok=False)
+    except FileExistsError:
+        pytest.fail("another worker built the session's images: this test must be in the \"engine\" group "
+                    "(tests/conftest.py _group), or the run builds 7 GiB twice", pytrace=False)
     return pipeline.build(settings, str(SPEC), "cpu,gpu", Reporter())["images"]
 
 
