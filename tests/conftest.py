@@ -57,7 +57,8 @@ for _stale in Path(tempfile.gettempdir()).glob("raytrain-rtt*-*"):  # a killed s
 SESSION_DIR = Path(tempfile.mkdtemp(prefix=f"raytrain-{SESSION}-"))
 if "PYTEST_XDIST_WORKER" not in os.environ:  # the process that starts the workers: they inherit it
     os.environ["RAYTRAIN_TEST_RUN_DIR"] = str(SESSION_DIR)
-RUN_DIR = Path(os.environ["RAYTRAIN_TEST_RUN_DIR"])  # the run's, whichever process: removed at its end
+# the run's, whichever process (a node's process that imports a test module has no run: its own): removed at its end
+RUN_DIR = Path(os.environ.get("RAYTRAIN_TEST_RUN_DIR", SESSION_DIR))
 os.environ["RAYTRAIN_CACHE"] = str(SESSION_DIR / "cache")  # toolchain/cache.py; inherited by subprocesses
 # Every resolution of the run (uv's, in builds and in subprocesses) sees PyPI as it was when the run began:
 # a release published during the run would make a later build of the same requirements another image than
