@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
@@ -274,12 +275,20 @@ def _wheels(settings: Settings, variant: str, python: Python, previous: Optional
                                {_pin_of(f): f for f in facts}, rep)
     files = got.files
     read = {f for f in files if f not in facts}  # all here: hashed and measured, their bytes decide their layers
-    venv_layer.wheels_of([pool / f for f in read], python.minor)
-    # a wheel just fetched was hashed as it arrived (its lock's sha256): not read again (3.9 GiB for the example)
-    sha256 = {f: (got.checked.get(f) or file_sha256(pool / f).hex) if f in read else facts[f].sha256 for f in files}
+    sha256, sizes = _read(pool, sorted(read), python.minor, got.checked)
+    sha256.update({f: facts[f].sha256 for f in files if f not in read})
     wheelhouse.requirements.check_hashes(wanted, sha256)
-    sizes = {f: venv_plan.measure(pool / f) if f in read else (facts[f].size, facts[f].modules) for f in files}
+    sizes.update({f: (facts[f].size, facts[f].modules) for f in files if f not in read})
     return _Wheels(files, list(got.fetched), sha256, sizes, torch_source, wanted, got.lock, read)
+
+
+def _read(pool: Path, files: list[str], minor: str, checked: dict[str, str]) -> tuple[dict[str, str], dict]:
+    """(sha256, venv_plan.measure) of the pool's wheels FILES from their bytes, each checked as a wheel for the
+    image's Python. One just fetched was hashed as it arrived (CHECKED: its lock's sha256) and is not read
+    again (3.9 GiB for the example)."""
+    venv_layer.wheels_of([pool / f for f in files], minor)
+    return ({f: checked.get(f) or file_sha256(pool / f).hex for f in files},
+            {f: venv_plan.measure(pool / f) for f in files})
 
 
 def _plan(previous: Optional[Previous], wheels: _Wheels, python: Python, compiler: list, rep: Reporter) -> tuple[list, list]:
@@ -307,10 +316,9 @@ def _plan(previous: Optional[Previous], wheels: _Wheels, python: Python, compile
         if lost:
             raise NoEngineBuildError(f"{', '.join(lost)}: in the resolution, and the index gave no such file; "
                                      "build where an engine runs")
-        venv_layer.wheels_of([pool / f for f in need], python.minor)
-        for f in need:  # as in _wheels: a wheel just fetched was hashed as it arrived
-            wheels.sha256[f] = checked.get(f) or file_sha256(pool / f).hex
-            wheels.sizes[f] = venv_plan.measure(pool / f)
+        sha256, sizes = _read(pool, need, python.minor, checked)
+        wheels.sha256.update(sha256)
+        wheels.sizes.update(sizes)
         wheels.read.update(need)
         wheelhouse.requirements.check_hashes(wheels.wanted, wheels.sha256)
 
