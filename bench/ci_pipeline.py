@@ -5,9 +5,11 @@
       registry, only the base (`raytrain base.publish`), pinned as image.base_image: every wheel downloaded;
   (b) a fresh runner: an empty HOME and user cache, one small wheel added to the image the registry holds;
   (c) a warm runner: the same, a second small wheel added, its cache kept from (b);
-  baseline, same run: (b)'s change built and pushed by this tool with the engine and an empty cache
-      (every wheel downloaded, every layer written, loaded and compressed), as a fresh runner with an
-      engine did before;
+  (e) a fresh runner whose engine holds no stage of the project (a hosted runner's: the engine answers):
+      an empty HOME and user cache, a third small wheel added; the engine is not used (toolchain/image/way.py);
+  baseline, same run: (b)'s change built and pushed by this tool in the engine (`build --load`) with an empty
+      cache (every wheel downloaded, every layer written, loaded and compressed), as a fresh runner with an
+      engine did before `way.py`;
   (d) with --peer: the peer, a plain Dockerfile (`FROM` the base, `pip install` of the same pinned
       requirements) built by the engine's builder and sent by `docker push`, once, then again with
       `six` added (the engine here has no buildx; its classic builder reruns the whole `pip install`
@@ -55,7 +57,7 @@ def checkout_copy(dest: Path) -> Path:
     return dest
 
 
-def run_case(project: Path, env: dict, added: str) -> dict:
+def run_case(project: Path, env: dict, added: str, load: bool = False) -> dict:
     if added:
         with open(project / "examples" / "train" / "requirements.txt", "a") as f:
             f.write(f"{added}\n")
@@ -63,7 +65,8 @@ def run_case(project: Path, env: dict, added: str) -> dict:
     before = sum(f.stat().st_size for f in pool.glob("*.whl"))
     t0 = time.monotonic()
     # one invocation, as docs/ci.md's jobs run it: build's summary, then push's, on stdout
-    res = subprocess.run([*CLI, "build", "--variant", "cpu", "--json", "push", "--variant", "cpu", "--json"],
+    res = subprocess.run([*CLI, "build", "--variant", "cpu", "--json", *(["--load"] if load else []),
+                          "push", "--variant", "cpu", "--json"],
                          cwd=project, env=env, capture_output=True, text=True)
     seconds = time.monotonic() - t0
     if res.returncode != 0:
@@ -154,10 +157,15 @@ def main() -> None:
                      cache.ENV: str(work / "cache-ci")}
         record(("(b) fresh runner, no engine, `six` added", run_case(fresh, no_engine, "six==1.17.0")))
         record(("(c) warm runner, no engine, `tabulate` added", run_case(fresh, no_engine, "tabulate==0.9.0")))
+        # an engine that holds no stage of the project (a hosted runner's): not used, as if there were none
+        (work / "home-e").mkdir()
+        record(("(e) fresh runner, a fresh engine, `toolz` added", run_case(checkout_copy(work / "fresh-engine"), {
+            **base_env, "HOME": str(work / "home-e"), cache.ENV: str(work / "cache-e"),
+            "INVOKE_IMAGE_REPOSITORY": "bench-ci-fresh-engine"}, "six==1.17.0\ntabulate==0.9.0\ntoolz==1.0.0")))
         # its own human tag: the engine's raytrain-cpu:cpu-latest stays this checkout's
         engine_env = {**base_env, cache.ENV: str(work / "cache-engine"), "INVOKE_IMAGE_HUMAN_TAG": "bench-ci"}
-        record(("baseline: fresh runner with the engine, `six` added",
-                     run_case(checkout_copy(work / "engine"), engine_env, "six==1.17.0")))
+        record(("baseline: fresh runner, the build in the engine (`--load`), `six` added",
+                     run_case(checkout_copy(work / "engine"), engine_env, "six==1.17.0", load=True)))
         if peer:
             engine_base = json.loads((ROOT / "build" / "build.json").read_text())["cpu"]["base_ref"]
             (work / "peer").mkdir()
@@ -170,7 +178,7 @@ def main() -> None:
     finally:
         stop_local(settings)
         forget_pulls(REGISTRY)
-        for made in (work / "engine" / "build" / "build.json",):
+        for made in (work / "engine" / "build" / "build.json", work / "fresh-engine" / "build" / "build.json"):
             if made.is_file():
                 for rec in json.loads(made.read_text()).values():
                     subprocess.run(["docker", "rmi", rec["human_ref"], rec["local_ref"]], capture_output=True)
@@ -188,9 +196,10 @@ def main() -> None:
         print(f"| {name} | {r['seconds']:.1f} | {human_bytes(r['downloaded'])} | {human_bytes(r['uploaded'])} "
               f"({r['layers']}) |")
     by = dict(rows)
-    baseline = by["baseline: fresh runner with the engine, `six` added"]["seconds"]
+    baseline = by["baseline: fresh runner, the build in the engine (`--load`), `six` added"]["seconds"]
     for name in ("(a) fresh runner, no engine, cold registry", "(b) fresh runner, no engine, `six` added",
-                 "(c) warm runner, no engine, `tabulate` added", "(d) peer: Dockerfile + `docker push`, `six` added"):
+                 "(c) warm runner, no engine, `tabulate` added", "(e) fresh runner, a fresh engine, `toolz` added",
+                 "(d) peer: Dockerfile + `docker push`, `six` added"):
         if name in by:
             print(f"ratio {name.split(')')[0]}) / baseline: {by[name]['seconds'] / baseline:.3f}")
 

@@ -342,3 +342,33 @@ def test_a_base_the_registry_cannot_give_is_one_line_and_nothing_is_written(clie
             pipeline.build(s, str(spec), "cpu", Reporter())
         assert "\n" not in str(e.value), str(e.value)
         assert not build_file(s.build_dir).exists() and not (s.build_dir / "layers").exists(), base
+
+
+def test_an_engine_without_the_projects_stages_builds_from_the_registry_and_loads_nothing(
+        client, pushed, settings, app_dir, tmp_path, monkeypatch):
+    """A CI runner's fresh engine (it holds no stage of the project) is not used: `build` takes the registry's
+    way, as a runner with no engine does; `--load`, or an engine that holds the project's stages, builds in it."""
+    import io
+    from toolchain.image import way
+    _session_image_as_previous(pushed["cpu"])
+    monkeypatch.setenv("UV_CONSTRAINT", str(_session_versions(pushed["cpu"], tmp_path / "session-versions.txt")))
+    s = _project(tmp_path, app_dir, settings, "fresh-engine")
+    s = s.model_copy(update={"image": s.image.model_copy(update={"repository": f"{SESSION}-fresh"})})
+    assert not client.images.list(name=f"{SESSION}-fresh-stages")
+
+    def session_images() -> set:  # (ID, tags) of the engine's images of this session (their tags name it)
+        return {(i.id, tuple(sorted(i.tags))) for i in client.images.list(all=True) if any(SESSION in t for t in i.tags)}
+    before, said = session_images(), io.StringIO()
+    try:
+        built = pipeline.build(s, str(SPEC), "cpu", Reporter(stream=said))["images"]["cpu"]
+        assert built["engine"] is False and built["rebuilt"] == ["deps", "app", "spec"], said.getvalue()
+        assert f"build[cpu]: without the engine, on {settings.registry.address}/" in said.getvalue()
+        # nothing went into the engine: no stage, no image, no tag
+        assert session_images() == before and not client.images.list(name=f"{SESSION}-fresh-stages")
+        res = pipeline.push(s, str(SPEC), "cpu", Reporter(stream=said))["images"]["cpu"]["push"]
+        assert res["layers_pushed"] == 2 and res["bytes_uploaded"] < 8 << 20, res
+    finally:
+        _session_image_as_previous(pushed["cpu"])  # other tests start from the session's image
+    # where the image is wanted in the engine, or the engine holds the project's stages, the engine builds
+    assert way.choose(s, load=True).registry_first is False
+    assert way.choose(settings, load=False).registry_first is False

@@ -20,7 +20,8 @@ from toolchain.job_inputs import driver_command, given, now, out_dir, pick_run, 
 from toolchain.job_inputs import job_env as job_env_of
 from runtime import contract as C
 from runtime.contract import PROFILE_LABEL
-from toolchain.image import registry_build
+from toolchain.image import registry_build, way
+from toolchain.image.registry_base import BaseImageError
 from toolchain.records import (PushRecord, write_builds, RunRecord, add_launches, drop_launches, read_builds, read_launches,
                                read_pushes, restore_run, runs_before, write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
@@ -93,7 +94,10 @@ def push_base(settings: Settings, to: str | None, rep: Reporter) -> dict:
     return {"base": base.ref, "image_id": base.image_id, "base_image": str(res.repo_digest)}
 
 
-def build(settings: Settings, spec: str | None, variant: str | None, rep: Reporter, profile: str | None = None) -> dict:
+def build(settings: Settings, spec: str | None, variant: str | None, rep: Reporter, profile: str | None = None,
+          load: bool = False) -> dict:
+    """Each variant's image, in the engine or from what the registry holds (toolchain/image/way.py decides;
+    LOAD: in the engine)."""
     if given(profile, "--profile") is not None:
         if profile not in C.PROFILES:
             raise ConfigError(f"--profile: {profile[:40]!r} is not a profile; use one of {', '.join(C.PROFILES)}")
@@ -102,15 +106,21 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
     variants = pick_variants(settings, variant)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
     loaded = read_spec(spec_file)
-    try:
-        client = engine()
-    except ToolchainError as e:  # no engine: on the image the registry holds (toolchain/image/registry_build.py)
-        if settings.image.profile == C.SKYPILOT_PROFILE:
-            raise ToolchainError(f"{e}; the skypilot profile's layers need one") from None
-        built = [registry_build.build_variant(settings, v, loaded, str(e), rep) for v in variants]
+    chosen = way.choose(settings, load)
+    built, in_engine = [], list(variants) if not chosen.registry_first else []
+    for v in variants if chosen.registry_first else []:
+        try:
+            built.append(registry_build.build_variant(settings, v, loaded, chosen.why, rep))
+        except (registry_build.NoEngineBuildError, BaseImageError) as e:
+            if chosen.client is None:
+                raise
+            cause = e.cause if isinstance(e, registry_build.NoEngineBuildError) else str(e)
+            rep.step(f"build[{v}]: in the engine ({cause[:300]})")
+            in_engine.append(v)
+    if built:
         write_builds(settings.build_dir, built)
-    else:
-        built = build_all(client, settings, variants, loaded, rep)
+    if in_engine:
+        built += build_all(chosen.client, settings, in_engine, loaded, rep)
     for b in built:
         rep.step(f"built {b.variant}: {b.local_ref} (also {b.human_ref}); rebuilt: {', '.join(b.rebuilt) or 'nothing'}")
     return {"spec": str(spec_file), "images": {b.variant: b.model_dump() for b in built}}

@@ -120,11 +120,14 @@ ENV_HELP = ("KEY=VALUE: an environment variable for every process of the job, ov
     "variant": "Comma-separated variants to build: cpu, gpu (default: all in image.variants).",
     "profile": ("default, or skypilot: the image plus sudo for its user and the tools SkyPilot's pod setup "
                 "needs, one small layer on top (for --target skypilot; default: image.profile)."),
+    "load": ("Build in the local Docker engine, to run the image here with `docker run`. Without it the engine is "
+             "used where it already holds this project's stages; elsewhere (a CI runner) the build is made from "
+             "what the registry holds and the local target pulls it (docs/ci.md)."),
     **COMMON,
 })
-def build(c, spec=None, variant=None, profile=None, quiet=False, json=False):
+def build(c, spec=None, variant=None, profile=None, load=False, quiet=False, json=False):
     """Build the layered images (base -> deps -> app -> spec) for each variant."""
-    out = _run(c, pipeline.build, spec, variant, quiet=quiet, as_json=json, profile=profile)
+    out = _run(c, pipeline.build, spec, variant, quiet=quiet, as_json=json, profile=profile, load=load)
     if not json:
         for v, img in out["images"].items():
             print(f"{v}: {img['local_ref']}  {img['image_id'][:19]}")

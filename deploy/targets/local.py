@@ -16,7 +16,7 @@ from pathlib import Path
 
 import docker
 
-from deploy import held_step
+from deploy import engine_pull, held_step
 from deploy.handles import ClusterStatus, LocalHandle
 from deploy.job import JobSpec
 from deploy.targets.base import Applied, ApplyContext, Artifacts, HeldContext, Target, TargetOptions
@@ -361,8 +361,7 @@ class Local(Target):
         try:
             client.images.get(job.image.docker())
         except docker.errors.ImageNotFound:
-            ctx.progress(f"pulling {job.image}")
-            client.images.pull(job.image.docker())
+            engine_pull.pull(client, job.image.docker(), ctx.progress)
         for m in job.mounts:
             if m.target == job.fileroot and not Path(m.source).exists():
                 Path(m.source).mkdir(parents=True)

@@ -68,6 +68,11 @@ def image_names(spec: ClusterSpec, variant: str, settings: Settings) -> tuple[st
     return ref.repository, ref.tag or f"{variant}-{settings.image.human_tag}"
 
 
+def stage_repository(settings: Settings) -> str:
+    """The engine's repository of the project's stages (user, deps, app: `Builder`)."""
+    return f"{settings.image.repository}-stages"
+
+
 def git_revision(root: Path) -> str:
     """HEAD's commit (the source revision label). Uncommitted edits are covered by the content keys.
 
@@ -161,7 +166,7 @@ def spec_file_layer(loaded: LoadedSpec) -> layers.Layer:
 class Builder:
     def __init__(self, client: docker.DockerClient, settings: Settings, rep: Reporter):
         self.client, self.settings, self.rep = client, settings, rep
-        self.stage_repo = f"{settings.image.repository}-stages"
+        self.stage_repo = stage_repository(settings)
         self.layer_store = layer_store(settings.build_dir)
         for token in (settings.image.user.name, settings.image.python):
             if not _SAFE_TOKEN.fullmatch(token):

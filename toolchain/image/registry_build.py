@@ -36,7 +36,7 @@ from typing import Optional
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from deploy.registry.client import RegistryClient
-from deploy.registry.errors import RegistryError
+from deploy.registry.errors import RegistryError, RegistryGone
 from runtime.contract import SPEC_PATH as SPEC_ENV, VENV
 from runtime.digest import Digest
 from runtime.imageref import ImageRef
@@ -62,7 +62,12 @@ TORCH_SOURCE_LABEL = "io.raytrain.torch-source"
 
 
 class NoEngineBuildError(ToolchainError):
-    """The build cannot be made without an engine from what the registry holds (the message says why and what to do)."""
+    """The build cannot be made without an engine from what the registry holds (the message says why and what to
+    do; CAUSE, where given, says why alone: the line of a build that goes to the engine instead)."""
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message)
+        self.cause = cause or message
 
 
 @dataclass(frozen=True)
@@ -96,10 +101,14 @@ def read_previous(reg: RegistryClient, ref: ImageRef, why: str) -> Optional[Prev
         ids, lower = config["rootfs"]["diff_ids"], made_from.lower_layers
         if [Digest(d) for d in ids[lower:lower + len(made_from.layers)]] != [l.diff_id for l in made_from.layers]:
             raise PreviousImageError(f"its {provenance.FIELD} field does not list the dependency layers its config has")
+    except RegistryGone as e:
+        raise NoEngineBuildError(f"{why}, and the registry of {where} is not reachable ({str(e)[:300]}); start it, or "
+                                 "build where a Docker engine runs", f"{ref.registry} is not running") from None
     except (PreviousImageError, provenance.ProvenanceError, RegistryError, ValueError, KeyError, TypeError,
             AttributeError) as e:
         raise NoEngineBuildError(f"{why}, and the image to build on, {where}, cannot be used: {str(e)[:300]}; build "
-                                 "and push once where a Docker engine runs") from None
+                                 "and push once where a Docker engine runs",
+                                 f"{where} cannot be built on: {str(e)[:160]}") from None
     return Previous(ref, config, held, made_from)
 
 
@@ -176,16 +185,17 @@ def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str
     label_keys = set(image_labels(settings, loaded, variant, ""))
     store = layer_store(settings.build_dir)
     if previous is not None and previous.made_from.user_key == user_key:
-        rep.step(f"build[{variant}]: no engine; building on {previous.ref.docker()} from the registry")
+        rep.step(f"build[{variant}]: without the engine, on {previous.ref.docker()} from the registry")
         below = _on_previous(previous, user_key, label_keys)
     elif settings.image.base_image:
-        rep.step(f"build[{variant}]: no engine; building on the base {settings.image.base_image}"
+        rep.step(f"build[{variant}]: without the engine, on the base {settings.image.base_image}"
                  + (f" (the base or the image's user changed since {previous.ref.docker()})" if previous else ""))
         below = _on_base(settings, target, user_key, store, why, rep)
     elif previous is None:
         raise NoEngineBuildError(f"{why}, and the registry has no {target.name}:{human} to build on; build and push "
                                  "once where a Docker engine runs (`raytrain build push`), or pin a base in that "
-                                 "registry as image.base_image (`raytrain base.publish` puts this project's there)")
+                                 "registry as image.base_image (`raytrain base.publish` puts this project's there)",
+                                 f"the registry holds no {target.name}:{human} yet, and image.base_image pins no base there")
     else:
         raise NoEngineBuildError(f"{why}, and the base or the image's user changed since {previous.ref.docker()} "
                                  "was built (its user stage is another); build and push once where a Docker "

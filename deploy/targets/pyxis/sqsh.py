@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Sequence
 
+import docker
+
+from deploy import engine_pull, hint
 from deploy.job import DeployError
 from deploy.layer_store import LayerStore
 from deploy.targets.pyxis import diskspace
 from deploy.targets.pyxis import enroot_incremental as inc
 from deploy.targets.pyxis.enroot import ENROOT_DEFAULT_OPTIONS, make_rootfs, mksquashfs, sqsh_name
-from deploy import hint
 
 
 @dataclass(frozen=True)
@@ -55,8 +57,13 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
                               f"in {out_dir}), or copy a made .sqsh there") from None
     try:
         img = client.images.get(image)
-    except Exception as e:
-        raise DeployError(f"image {image!r} is not in the local engine ({e}); run `{hint.cmd('build')}` (or pull it) first") from None
+    except docker.errors.ImageNotFound:
+        if not digest:  # a local name the engine lacks: nothing to pull it by
+            raise DeployError(f"image {image!r} is not in the local engine; run `{hint.cmd('build')}` first") from None
+        engine_pull.pull(client, image, progress)  # the pushed image, built from the registry (toolchain/image/way.py)
+        img = client.images.get(image)
+    except Exception as e:  # noqa: BLE001 - the engine's answer, said with the image
+        raise DeployError(f"image {image!r}: the local engine did not give it ({e})") from None
     out = Path(out_dir) / sqsh_name(image, digest or img.id)
     if out.exists():
         return SquashResult(out, True, time.monotonic() - t0, how="cached")

@@ -1,0 +1,52 @@
+"""Where `build` builds: in the Docker engine (toolchain/image/images.py) or on what the registry holds, with no
+engine (toolchain/image/registry_build.py). The one place that decides.
+
+The engine is used where the image is wanted in it, or where it holds the project already:
+  - `--load` (the image to run with `docker run` here), or the skypilot profile (its layer is made by running
+    a container);
+  - an engine that holds this project's stages (`<image.repository>-stages`): a machine that builds and runs
+    here, whose engine has the layers below a change; its next build loads only what changed, and the local
+    target and `--sqsh` find the image there.
+Otherwise (a CI runner's fresh engine, a laptop whose engine never built the project) the build is made from
+the registry first: the previous push, or the base image.base_image pins there. Its layers are never loaded,
+so a dependency change costs its own layer, not the 7 GiB an engine would apply again; the local target and
+`--sqsh` pull the pushed image when they need it. Where the registry cannot give the build (nothing pushed yet,
+another Python, a base elsewhere), the engine builds it, and one line says why.
+With no engine, the registry's way is the only one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import docker
+
+from runtime import contract as C
+from toolchain.config import Settings
+from toolchain.docker_client import engine
+from toolchain.errors import ConfigError, ToolchainError
+from toolchain.image.images import stage_repository
+
+
+@dataclass(frozen=True)
+class Way:
+    client: Optional[docker.DockerClient]  # the engine, where one answers
+    registry_first: bool                   # build from the registry; where it cannot, in CLIENT (when there is one)
+    why: str                               # why not in the engine (the registry build's errors start with it)
+
+
+def choose(settings: Settings, load: bool) -> Way:
+    try:
+        client = engine()
+    except ToolchainError as e:
+        if load:
+            raise ConfigError(f"--load: the image goes into the Docker engine, and {e}") from None
+        if settings.image.profile == C.SKYPILOT_PROFILE:
+            raise ToolchainError(f"{e}; the skypilot profile's layers need one") from None
+        return Way(None, True, str(e))
+    if load or settings.image.profile == C.SKYPILOT_PROFILE:
+        return Way(client, False, "")
+    stages = stage_repository(settings)
+    if client.images.list(name=stages):
+        return Way(client, False, "")
+    return Way(client, True, f"the engine holds no stage of this project ({stages})")
