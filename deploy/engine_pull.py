@@ -26,7 +26,7 @@ def pull(client, ref: str, progress: Optional[Callable[[str], None]] = None,
     """Pull REF (registry/repository@sha256:...) into the engine, saying how much of its layers has come."""
     say = progress or (lambda msg: None)
     say(f"pulling {ref} into the engine (it holds no image of that digest)")
-    got: dict[str, tuple[int, int]] = {}   # per layer: (bytes downloaded, its blob's size)
+    got: dict[str, dict[str, tuple[int, int]]] = {"Downloading": {}, "Extracting": {}}  # per layer: (done, size)
     t0 = last = time.monotonic()
     try:
         for event in client.api.pull(ref, stream=True, decode=True):
@@ -35,7 +35,8 @@ def pull(client, ref: str, progress: Optional[Callable[[str], None]] = None,
             last = _count(event, got, say, t0, last, every_s)
     except docker.errors.APIError as e:  # refused before any layer (no such manifest, no login)
         raise PullError(_failed(ref, e.explanation or e)) from None
-    say(f"pulled {ref}: {_mib(sum(c for c, _ in got.values()))} of layers downloaded in {time.monotonic() - t0:.1f}s")
+    say(f"pulled {ref}: {_mib(sum(c for c, _ in got['Downloading'].values()))} of layers downloaded in "
+        f"{time.monotonic() - t0:.1f}s")
 
 
 def _failed(ref: str, why) -> str:
@@ -44,16 +45,20 @@ def _failed(ref: str, why) -> str:
 
 
 def _count(event: dict, got: dict, say, t0: float, last: float, every_s: float) -> float:
-    """Take one of the engine's pull events into GOT; say the total at most every EVERY_S. The time last said."""
-    detail = event.get("progressDetail") or {}
-    if event.get("status") == "Downloading" and "current" in detail:
-        got[event.get("id", "")] = (int(detail["current"]), int(detail.get("total") or 0))
-    elif event.get("status") in ("Download complete", "Pull complete") and event.get("id") in got:
-        _, total = got[event["id"]]
-        got[event["id"]] = (total, total)
+    """Take one of the engine's pull events into GOT (its layers' blobs downloaded, then extracted: the engine
+    applies each one, also one whose files it holds from a load); say both at most every EVERY_S. The time
+    last said."""
+    status, layer, detail = event.get("status"), event.get("id", ""), event.get("progressDetail") or {}
+    if status in got and "current" in detail:
+        got[status][layer] = (int(detail["current"]), int(detail.get("total") or 0))
+    for stage, complete in (("Downloading", ("Download complete", "Pull complete")), ("Extracting", ("Pull complete",))):
+        if status in complete and layer in got[stage]:
+            total = got[stage][layer][1]
+            got[stage][layer] = (total, total)
     now = time.monotonic()
-    if not got or now - last < every_s:
+    if not got["Downloading"] or now - last < every_s:
         return last
-    done, total = sum(c for c, _ in got.values()), sum(t for _, t in got.values())
-    say(f"pulling: {_mib(done)} of {_mib(total)} of layers downloaded ({now - t0:.0f}s)")
+    down, ex = got["Downloading"].values(), got["Extracting"].values()
+    say(f"pulling: {_mib(sum(c for c, _ in down))} of {_mib(sum(t for _, t in down))} of layers downloaded, "
+        f"{_mib(sum(c for c, _ in ex))} extracted ({now - t0:.0f}s)")
     return now
