@@ -49,3 +49,48 @@ def test_the_pool_s_wheel_for_a_pin_is_the_most_specific_the_image_takes(tmp_pat
     have = {p.text: w for p, w in resolver.in_pool(pins, pool, PY).items()}
     assert have == {"foo==1.0": "foo-1.0-cp311-cp311-manylinux_2_28_x86_64.whl",
                     "bar-baz==2.0": "Bar_Baz-2.0-py3-none-any.whl"}
+
+
+def _probe_wheel(pool, body: bytes = b"") -> "Path":
+    """A wheel of a package no index has, as a build from an sdist leaves it in the pool."""
+    import zipfile
+    pool.mkdir(exist_ok=True)
+    path = pool / "raytrain_pool_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("raytrain_pool_probe/__init__.py", body)
+        z.writestr("raytrain_pool_probe-1.0.dist-info/METADATA",
+                   "Metadata-Version: 2.1\nName: raytrain-pool-probe\nVersion: 1.0\n")
+        z.writestr("raytrain_pool_probe-1.0.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr("raytrain_pool_probe-1.0.dist-info/RECORD", "")
+    return path
+
+
+def test_uv_finds_the_pool_s_wheels_by_its_page_of_recorded_sha256s(tmp_path, monkeypatch):
+    import hashlib
+    import json
+    import os
+    from toolchain.wheels import pool_page
+    monkeypatch.setenv("RAYTRAIN_CACHE", str(tmp_path / "cache"))
+    pool = tmp_path / "pool"
+    wheel = _probe_wheel(pool)
+    real = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    # a package no index has, found in the pool through its page
+    (pin,) = resolver.resolve(["raytrain-pool-probe"], PY, pool)
+    assert (pin.name, str(pin.version), pin.wheels) == ("raytrain-pool-probe", "1.0", ())  # a file:// wheel: not fetched
+    st = os.stat(wheel)  # hashed once for the page, and recorded with its stat
+    assert json.loads((pool / pool_page.HASHES).read_text())[wheel.name] == [
+        real, st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+
+    def listed() -> str:
+        text = pool_page.page(pool, tmp_path / "page.html").read_text()
+        (link,) = [l for l in text.splitlines() if wheel.name in l]
+        assert link.startswith(f'<a href="{wheel.as_uri()}#sha256=')
+        return link.split("#sha256=")[1][:64]
+    # the record of the file as it is now is taken, the wheel not read (a download checked it: `record`)
+    pool_page.record(pool, {wheel.name: "ab" * 32})
+    assert listed() == "ab" * 32
+    # a wheel written again (its stat another) is hashed again
+    wheel.unlink()
+    _probe_wheel(pool, b"# another build\n")
+    assert listed() == hashlib.sha256(wheel.read_bytes()).hexdigest() != real

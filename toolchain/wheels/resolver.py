@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
@@ -32,6 +33,7 @@ from packaging.utils import InvalidWheelFilename, canonicalize_name, parse_wheel
 from packaging.version import InvalidVersion, Version
 
 from toolchain import cache
+from toolchain.wheels import pool_page
 from toolchain.wheels.download import WheelFile
 from toolchain.wheels.requirements import uv_binary
 from toolchain.wheels.wheel_checks import GLIBC_MINOR, supported_tag_order
@@ -65,22 +67,23 @@ def platform() -> str:
 
 def resolve(requirements: list[str], minor: str, find_links: Path) -> list[Pin]:
     """The pins of REQUIREMENTS (pip's requirement lines) for CPython MINOR on the image's platform, each
-    package once; FIND_LINKS (the pool) is searched beside the index, so a wheel already downloaded from
-    another index (a CPU torch) is found. The index is pip's, when PIP_INDEX_URL or PIP_EXTRA_INDEX_URL
+    package once; FIND_LINKS (the pool, given to uv as its page of links) is searched beside the index, so a
+    wheel already downloaded from another index (a CPU torch) or built here from an sdist is found. The index is pip's, when PIP_INDEX_URL or PIP_EXTRA_INDEX_URL
     say so (uv reads its own UV_* settings as well)."""
     uv = uv_binary()
     if uv is None:
         raise ResolveError("uv is not installed (`pip install uv`)")
     cmd = [uv, "pip", "compile", "-", "--python-version", minor, "--python-platform", platform(), "--no-header",
            "--format", "pylock.toml", "--quiet", "--cache-dir", str(cache.writable(cache.UV))]
-    if find_links.is_dir():
-        cmd += ["--find-links", str(find_links)]
     for var, flag in (("PIP_INDEX_URL", "--index-url"), ("PIP_EXTRA_INDEX_URL", "--extra-index-url")):
         for url in os.environ.get(var, "").split():
             cmd += [flag, url]
     try:
-        res = subprocess.run(cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True,
-                             timeout=RESOLVE_TIMEOUT_S)
+        with tempfile.TemporaryDirectory(prefix="raytrain-pool-page-") as tmp:
+            if find_links.is_dir():  # the pool by its page: uv hashes no wheel (toolchain/wheels/pool_page.py)
+                cmd += ["--find-links", str(pool_page.page(find_links, Path(tmp) / "pool.html"))]
+            res = subprocess.run(cmd, input="\n".join(requirements) + "\n", capture_output=True, text=True,
+                                 timeout=RESOLVE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         raise ResolveError(f"uv did not finish resolving in {RESOLVE_TIMEOUT_S} s") from None
     except OSError as e:

@@ -35,7 +35,7 @@ from runtime import numbers
 from runtime.errors import InputError
 from runtime.files import read_regular
 from toolchain import cache
-from toolchain.wheels import download, requirements, resolver
+from toolchain.wheels import download, pool_page, requirements, resolver
 from toolchain.atomic import write_atomic
 from toolchain.publish.blobs import file_sha256
 from toolchain.config import Settings, TorchSettings
@@ -375,6 +375,7 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
         except ConfigError:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        pool_page.record(pool, dict(zip(wheels, digests)))
         prune_pool(pool, pool_bound(), set(wheels), rep)
     (tmp / LOCK).write_text(_lock_text(wheels, digests))
     _write_verified(tmp, {w: _fingerprint(pool / w) for w in wheels})
@@ -434,6 +435,7 @@ def _fetch(pool: Path, wanted: list[tuple[str, Optional[download.WheelFile]]], p
         rep.detail(f"wheelhouse[{variant}]: {len(refused)} wheel(s) not fetched from the lock's URL ({name}: {why}); "
                    "pip downloads them")
     checked = {w.name: w.sha256 for w in direct if w.name in fetched}
+    pool_page.record(pool, checked)
     rest = [req for req, w in wanted if w is None or w.name not in checked]
     if rest:
         fetched = fetched + _pip_fetch(pool, rest, python_version, variant, ["--no-deps"], rep)
