@@ -14,7 +14,7 @@ import pytest
 
 from conftest import ROOT, make_settings
 from toolchain import cache
-from toolchain.wheels import wheelhouse
+from toolchain.wheels import pool_page, wheelhouse
 from toolchain.config import TorchSettings
 from toolchain.errors import ConfigError
 from toolchain.progress import Reporter
@@ -148,7 +148,8 @@ def test_two_projects_share_the_pool_and_a_set_is_resolved_once(tmp_path, own_ca
                                         "3.11", Reporter())
     assert more.path != first.path and len(calls) == 2 and calls[1] == ["toml-0.10.2-py2.py3-none-any.whl"]
     assert "1 downloaded" in capsys.readouterr().err
-    assert sorted(os.listdir(own_cache / cache.WHEELS)) == sorted({*first.wheels, *more.wheels, ".lock", ".used"})
+    assert sorted(os.listdir(own_cache / cache.WHEELS)) == sorted({*first.wheels, *more.wheels, ".lock", ".used",
+                                                                    pool_page.HASHES})
 
     # a wheel pruned from the pool: the set is filled again, that wheel alone downloaded
     (own_cache / cache.WHEELS / next(w for w in first.wheels if w.startswith("tabulate"))).unlink()
