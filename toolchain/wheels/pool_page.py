@@ -1,13 +1,13 @@
 """The wheel pool as uv's find-links: a flat index page naming each wheel with its sha256.
 
-Given the pool's directory, uv reads every wheel in it to hash it for the lock, 3.9 GiB for the example's set:
-8-10 s with the files in the page cache, 36 s without, at every resolution. Given a page whose links carry
-`#sha256=`, uv takes the hashes from the page and reads no wheel (the same lock, 0.6 s: docs/benchmarks.md).
+Given the pool's directory, uv reads every wheel in it to hash it for the lock, at every resolution (the
+example's set: 3.9 GiB). Given a page whose links carry `#sha256=`, uv takes the hashes from the page and
+reads no wheel; the lock is the same (docs/benchmarks.md, "a resolution on a warm machine").
 
 The hashes come from HASHES in the pool: each wheel's sha256 with the stat it had when it was hashed (size,
 inode, mtime and ctime: a file written again or replaced has another), recorded by whoever checked the bytes
 (the download against the lock, the wheelhouse as it reads a set) or, for a wheel found with no matching
-record, hashed here once. A pool that cannot be written is hashed at each resolution, as before.
+record, hashed here once. A pool that cannot be written has its wheels hashed at each resolution.
 """
 from __future__ import annotations
 
@@ -73,13 +73,13 @@ def page(pool: Path, dest: Path) -> Path:
     lines, changed = ["<!DOCTYPE html>", "<html><body>"], False
     for wheel in sorted(pool.glob("*.whl")):
         st = _stat(wheel)
-        if st is None:
+        if st is None or wheel.is_symlink():  # as `resolver.in_pool`: the pool's own files only
             continue
         entry = known.get(wheel.name)
         if entry is None or entry[1:] != st:
             entry = known[wheel.name] = [file_sha256(wheel).hex, *st]
             changed = True
-        lines.append(f'<a href="{html.escape(wheel.resolve().as_uri())}#sha256={entry[0]}">{html.escape(wheel.name)}</a><br>')
+        lines.append(f'<a href="{html.escape(wheel.absolute().as_uri())}#sha256={entry[0]}">{html.escape(wheel.name)}</a><br>')
     lines.append("</body></html>")
     if changed:
         _write(pool, {k: v for k, v in known.items() if (pool / k).exists()})

@@ -68,8 +68,8 @@ def platform() -> str:
 def resolve(requirements: list[str], minor: str, find_links: Path) -> list[Pin]:
     """The pins of REQUIREMENTS (pip's requirement lines) for CPython MINOR on the image's platform, each
     package once; FIND_LINKS (the pool, given to uv as its page of links) is searched beside the index, so a
-    wheel already downloaded from another index (a CPU torch) or built here from an sdist is found. The index is pip's, when PIP_INDEX_URL or PIP_EXTRA_INDEX_URL
-    say so (uv reads its own UV_* settings as well)."""
+    wheel already downloaded from another index (a CPU torch) or built here from an sdist is found. The
+    index is pip's, when PIP_INDEX_URL or PIP_EXTRA_INDEX_URL say so (uv reads its own UV_* settings as well)."""
     uv = uv_binary()
     if uv is None:
         raise ResolveError("uv is not installed (`pip install uv`)")
