@@ -372,3 +372,12 @@ def test_an_engine_without_the_projects_stages_builds_from_the_registry_and_load
     # where the image is wanted in the engine, or the engine holds the project's stages, the engine builds
     assert way.choose(s, load=True).registry_first is False
     assert way.choose(settings, load=False).registry_first is False
+
+
+def test_load_where_no_engine_answers_is_one_line_and_nothing_is_written(settings, app_dir, tmp_path, no_engine):
+    from toolchain.errors import ConfigError
+    s = _project(tmp_path, app_dir, settings, "load", added="")
+    with pytest.raises(ConfigError, match=r"^--load: the image goes into the Docker engine, and cannot reach the "
+                                          r"Docker engine \(.*no-engine.sock does not exist\)") as e:
+        pipeline.build(s, str(SPEC), "cpu", Reporter(), load=True)
+    assert "\n" not in str(e.value) and not build_file(s.build_dir).exists()
