@@ -25,7 +25,7 @@ from runtime.imageref import ImageRef
 from toolchain import cache, pipeline
 from toolchain.progress import Reporter
 from toolchain.records import build_file
-from toolchain.image import provenance
+from toolchain.image import provenance, registry_build
 from toolchain.image.registry_base import BaseImageError
 from toolchain.image.registry_build import NoEngineBuildError
 
@@ -381,3 +381,20 @@ def test_load_where_no_engine_answers_is_one_line_and_nothing_is_written(setting
                                           r"Docker engine \(.*no-engine.sock does not exist\)") as e:
         pipeline.build(s, str(SPEC), "cpu", Reporter(), load=True)
     assert "\n" not in str(e.value) and not build_file(s.build_dir).exists()
+
+
+def test_a_registry_that_is_not_running_is_a_short_cause_for_the_engine_s_build(tmp_path):
+    """What an engine's build says when it goes to the engine because nothing answers at the registry (the
+    README's first run: the local registry starts at the push)."""
+    import socket
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    reg = RegistryClient(f"127.0.0.1:{port}", "proj-cpu", stall_s=5)
+    try:
+        with pytest.raises(NoEngineBuildError) as e:
+            registry_build.read_previous(reg, ImageRef.parse(f"127.0.0.1:{port}/proj-cpu:cpu-latest"), "no engine")
+    finally:
+        reg.close()
+    assert e.value.cause == f"no image to build on: the registry 127.0.0.1:{port} is not running"
+    assert str(e.value).startswith("no engine, and the registry of 127.0.0.1:") and "\n" not in str(e.value)

@@ -103,7 +103,8 @@ def read_previous(reg: RegistryClient, ref: ImageRef, why: str) -> Optional[Prev
             raise PreviousImageError(f"its {provenance.FIELD} field does not list the dependency layers its config has")
     except RegistryGone as e:
         raise NoEngineBuildError(f"{why}, and the registry of {where} is not reachable ({str(e)[:300]}); start it, or "
-                                 "build where a Docker engine runs", f"{ref.registry} is not running") from None
+                                 "build where a Docker engine runs",
+                                 f"no image to build on: the registry {ref.registry} is not running") from None
     except (PreviousImageError, provenance.ProvenanceError, RegistryError, ValueError, KeyError, TypeError,
             AttributeError) as e:
         raise NoEngineBuildError(f"{why}, and the image to build on, {where}, cannot be used: {str(e)[:300]}; build "
