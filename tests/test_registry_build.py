@@ -406,3 +406,22 @@ def test_a_registry_that_is_not_running_is_a_short_cause_for_the_engine_s_build(
         reg.close()
     assert e.value.cause == f"no image to build on: the registry 127.0.0.1:{port} is not running"
     assert str(e.value).startswith("no engine, and the registry of 127.0.0.1:") and "\n" not in str(e.value)
+
+
+def test_where_the_registry_cannot_give_the_build_an_engine_that_holds_nothing_of_the_project_builds_it(
+        client, built, pushed, settings, app_dir, tmp_path):
+    """The engine holds no stage of the project, and the registry cannot give the build (here: its base is an
+    engine image, not pinned in a registry): the engine builds it, and one line says why."""
+    import io
+    s = _project(tmp_path, app_dir, settings, "fallback", added="")
+    s = _with_base(s.model_copy(update={"image": s.image.model_copy(update={"repository": f"{SESSION}-fallback"})}),
+                   built["cpu"]["base_ref"])
+    assert not client.images.list(name=f"{SESSION}-fallback-stages")
+    said = io.StringIO()
+    again = pipeline.build(s, str(SPEC), "cpu", Reporter(stream=said))["images"]["cpu"]
+    line = next(l for l in said.getvalue().splitlines() if "build[cpu]:" in l)
+    assert line.endswith(f"build[cpu]: in the engine (the engine holds no stage of this project ({SESSION}-fallback-"
+                         f"stages); image.base_image '{built['cpu']['base_ref']}' must be pinned in a registry "
+                         "(registry/repository@sha256:...) to be used without one)"), line
+    assert again["engine"] is True and client.images.list(name=f"{SESSION}-fallback-stages")
+    assert client.images.get(again["local_ref"]).id == again["image_id"]
