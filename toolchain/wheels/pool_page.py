@@ -26,12 +26,18 @@ _HEX = re.compile(r"[0-9a-f]{64}")
 _MAX_RECORD = 16 << 20
 
 
+def fingerprint(path: Path) -> tuple[int, int, int, int]:
+    """A file's (size, inode, mtime ns, ctime ns): another after any rewrite, even of equal size and mtime (its
+    ctime moves, which no user can set). OSError where there is no such file."""
+    st = os.stat(path, follow_symlinks=False)
+    return st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
+
+
 def _stat(path: Path) -> Optional[list[int]]:
     try:
-        st = os.stat(path, follow_symlinks=False)
+        return list(fingerprint(path))
     except OSError:
         return None
-    return [st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
 
 
 def _read(pool: Path) -> dict[str, list]:
@@ -48,8 +54,10 @@ def _read(pool: Path) -> dict[str, list]:
 
 
 def _write(pool: Path, record: dict[str, list]) -> None:
+    """RECORD, less the wheels no longer in the pool, as HASHES."""
+    kept = {k: v for k, v in record.items() if (pool / k).exists()}
     try:
-        write_atomic(pool / HASHES, json.dumps(record, sort_keys=True))
+        write_atomic(pool / HASHES, json.dumps(kept, sort_keys=True))
     except OSError:  # a read-only or full pool: the next resolution hashes again
         pass
 
@@ -63,7 +71,7 @@ def record(pool: Path, checked: dict[str, str]) -> None:
         st = _stat(pool / name)
         if st is not None and _HEX.fullmatch(digest):
             known[name] = [digest, *st]
-    _write(pool, {k: v for k, v in known.items() if (pool / k).exists()})
+    _write(pool, known)
 
 
 def page(pool: Path, dest: Path) -> Path:
@@ -82,6 +90,6 @@ def page(pool: Path, dest: Path) -> Path:
         lines.append(f'<a href="{html.escape(wheel.absolute().as_uri())}#sha256={entry[0]}">{html.escape(wheel.name)}</a><br>')
     lines.append("</body></html>")
     if changed:
-        _write(pool, {k: v for k, v in known.items() if (pool / k).exists()})
+        _write(pool, known)
     dest.write_text("\n".join(lines) + "\n")
     return dest

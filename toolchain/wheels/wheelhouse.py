@@ -254,11 +254,6 @@ def _lock_lines(path: Path) -> list[str] | None:
         return None
 
 
-def _fingerprint(path: Path) -> tuple[int, int, int, int]:
-    st = os.stat(path, follow_symlinks=False)
-    return st.st_size, st.st_ino, st.st_mtime_ns, st.st_ctime_ns
-
-
 def _verify(path: Path, pool: Path, wheels: list[str], digests: list[str]) -> Optional[str]:
     """The first wheel whose bytes are not the sha256 the set recorded (None: all are). Only a wheel whose
     stat changed since it was last found good (VERIFIED) is hashed again; those found good are recorded."""
@@ -266,12 +261,12 @@ def _verify(path: Path, pool: Path, wheels: list[str], digests: list[str]) -> Op
     seen = dict(known.wheels) if known is not None else {}
     changed = False
     for w, digest in zip(wheels, digests):
-        now = _fingerprint(pool / w)
+        now = pool_page.fingerprint(pool / w)
         if seen.get(w) == now:
             continue
         if file_sha256(pool / w).hex != digest:
             return w
-        seen[w], changed = _fingerprint(pool / w), True
+        seen[w], changed = pool_page.fingerprint(pool / w), True
     if changed:
         _write_verified(path, {w: seen[w] for w in wheels})
     return None
@@ -378,7 +373,7 @@ def _fill(path: Path, pool: Path, wanted: list[Requirement], torch_req: str, ind
         pool_page.record(pool, dict(zip(wheels, digests)))
         prune_pool(pool, pool_bound(), set(wheels), rep)
     (tmp / LOCK).write_text(_lock_text(wheels, digests))
-    _write_verified(tmp, {w: _fingerprint(pool / w) for w in wheels})
+    _write_verified(tmp, {w: pool_page.fingerprint(pool / w) for w in wheels})
     key = key_of("wheels", list(zip(wheels, digests)), sorted(full))
     data = {"key": key, "requirements": full, "wheels": wheels, "size": sum(sizes.values()), "sha256": digests}
     (tmp / MANIFEST).write_text(json.dumps(data, indent=2))
