@@ -107,8 +107,11 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
     settings.build_dir.mkdir(parents=True, exist_ok=True)
     loaded = read_spec(spec_file)
     chosen = way.choose(settings, load)
-    built, in_engine = [], list(variants) if not chosen.registry_first else []
-    for v in variants if chosen.registry_first else []:
+    built, in_engine = [], []
+    for v in variants:
+        if not chosen.registry_first:
+            in_engine.append(v)
+            continue
         try:
             built.append(registry_build.build_variant(settings, v, loaded, chosen.why, rep))
         except (registry_build.NoEngineBuildError, BaseImageError) as e:
