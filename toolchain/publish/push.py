@@ -151,19 +151,19 @@ def _push_once(reg: RegistryClient, source: LayerSource, diff_ids: list[Digest],
     for d, (blob, other) in (elsewhere or {}).items():
         if d in cached:
             layers[d] = (blob.digest, blob.size)
-            if not _holds(reg, blob, sent, rep):
-                _mount_held(reg, blob, other, sent, rep)
+            if not _holds(reg, blob, sent):
+                _mount_held(reg, blob, other, sent)
     for d, known in cached.items():
         if d in layers:
             continue
-        if known is None and d in held and _holds(reg, held[d], sent, rep):
+        if known is None and d in held and _holds(reg, held[d], sent):
             layers[d] = (held[d].digest, held[d].size)
             continue
         try:
             tar_size = source.tar_size(d) if known is not None else None
             if tar_size is not None and tar_size != known.diff_size:
                 raise _NotThatBlob(f"says the layer is {known.diff_size} bytes uncompressed; its tar has {tar_size}")
-            if known is not None and _there(reg, known, sent, rep, mount_from):
+            if known is not None and _there(reg, known, sent, mount_from):
                 layers[d] = (known.digest, known.size)
                 share(known)
                 continue
@@ -206,13 +206,13 @@ def _push_layer(reg: RegistryClient, source: LayerSource, d: Digest, tar: Option
             return streamed
         blob = source.from_engine([d])[d]  # the stored tar was not the layer: from the engine, as any other
     try:
-        there = _there(reg, blob, sent, rep, mount_from)
+        there = _there(reg, blob, sent, mount_from)
     except _NotThatBlob as e:
         rep.warn(f"the cached blob of layer {d.short} {e}; compressing the layer again")
         source.cache.drop(d, everywhere=True)
         blob = source.blobs([d])[d]
         try:
-            there = _there(reg, blob, sent, rep, mount_from)
+            there = _there(reg, blob, sent, mount_from)
         except _NotThatBlob as again:
             raise RegistryError(f"layer {d.short}: its blob, compressed again, {again}; the registry {reg.host} "
                                 "holds a damaged copy of that blob") from None
@@ -401,7 +401,7 @@ def _same_size(blob: Blob, size: Optional[int], where: str) -> bool:
     return True
 
 
-def _holds(reg: RegistryClient, blob: HeldBlob, sent: _Sent, rep: Reporter) -> bool:
+def _holds(reg: RegistryClient, blob: HeldBlob, sent: _Sent) -> bool:
     """The repository still has a blob its previous image listed, of the size listed. (Each blob there or
     mounted is counted, in the push's line, not said: 43 lines of the same for the example's image.)"""
     size = reg.blob_size(blob.digest)
@@ -411,7 +411,7 @@ def _holds(reg: RegistryClient, blob: HeldBlob, sent: _Sent, rep: Reporter) -> b
     return True
 
 
-def _mount_held(reg: RegistryClient, blob: HeldBlob, other: str, sent: _Sent, rep: Reporter) -> None:
+def _mount_held(reg: RegistryClient, blob: HeldBlob, other: str, sent: _Sent) -> None:
     """Mount a blob the repository OTHER holds (a base's layer); RegistryError when the registry will not."""
     if not (_same_size(blob, reg.blob_size(blob.digest, other), other) and reg.mount(blob.digest, other)):
         raise RegistryError(f"blob {blob.digest.short} of {reg.host}/{other} (a layer of the base): the registry did not "
@@ -420,7 +420,7 @@ def _mount_held(reg: RegistryClient, blob: HeldBlob, other: str, sent: _Sent, re
     sent.mounted.add(blob.digest)
 
 
-def _there(reg: RegistryClient, blob: Blob, sent: _Sent, rep: Reporter, mount_from: Sequence[str]) -> bool:
+def _there(reg: RegistryClient, blob: Blob, sent: _Sent, mount_from: Sequence[str]) -> bool:
     """The registry's repository has the blob, or it was mounted there from another repository; each
     checked against the size the registry gives (`_NotThatBlob` when it differs)."""
     if _same_size(blob, reg.blob_size(blob.digest), reg.repo):
