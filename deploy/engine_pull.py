@@ -39,6 +39,15 @@ def pull(client, ref: str, progress: Optional[Callable[[str], None]] = None,
         f"{time.monotonic() - t0:.1f}s")
 
 
+def image(client, ref: str, progress: Optional[Callable[[str], None]] = None):
+    """The engine's image REF, pulled first where the engine lacks it."""
+    try:
+        return client.images.get(ref)
+    except docker.errors.ImageNotFound:
+        pull(client, ref, progress)
+        return client.images.get(ref)
+
+
 def _failed(ref: str, why) -> str:
     return (f"pulling {ref} into the engine failed: {str(why)[:300]}; check that this machine reaches the registry "
             "and holds its login (`docker login`)")

@@ -55,13 +55,12 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
             raise DeployError(f"making {sqsh_name(image, digest) if digest else 'the .sqsh'} needs the Docker engine, "
                               f"and {e}. Run this deploy where the engine is reachable (the file is then cached "
                               f"in {out_dir}), or copy a made .sqsh there") from None
-    try:
-        img = client.images.get(image)
-    except docker.errors.ImageNotFound:
-        if not digest:  # a local name the engine lacks: nothing to pull it by
-            raise DeployError(f"image {image!r} is not in the local engine; run `{hint.cmd('build')}` first") from None
-        engine_pull.pull(client, image, progress)  # the pushed image, built from the registry (toolchain/image/way.py)
-        img = client.images.get(image)
+    try:  # the pushed image, pulled where the engine lacks it (one built from the registry: toolchain/image/way.py)
+        img = engine_pull.image(client, image, progress) if digest else client.images.get(image)
+    except engine_pull.PullError:
+        raise
+    except docker.errors.ImageNotFound:  # a local name the engine lacks: nothing to pull it by
+        raise DeployError(f"image {image!r} is not in the local engine; run `{hint.cmd('build')}` first") from None
     except Exception as e:  # noqa: BLE001 - the engine's answer, said with the image
         raise DeployError(f"image {image!r}: the local engine did not give it ({e})") from None
     out = Path(out_dir) / sqsh_name(image, digest or img.id)
