@@ -389,7 +389,8 @@ def base_bootstrap(c, quiet=False, json=False):
 })
 def base_publish(c, to=None, quiet=False, json=False):
     """Push the base image (made here by debootstrap, or image.base_image from the local engine) to a
-    registry, and print the pinned reference a runner with no engine builds on (set it as image.base_image)."""
+    registry, and print its pinned reference. A runner with no engine finds this project's own base in the
+    registry it pushes to (at the default --to); a base elsewhere is named by that reference as image.base_image."""
     out = _run(c, pipeline.push_base, to, quiet=quiet, as_json=json)
     if not json:
         print(out["base_image"])

@@ -54,6 +54,12 @@ def bootstrap_key(settings: Settings) -> str:
     return key_of("debootstrap", BOOTSTRAP_VERSION, bs.suite, bs.mirror or host_mirror(), sorted(bs.packages))
 
 
+def base_repository(settings: Settings) -> str:
+    """The bootstrapped base's repository, tagged by its key's first 16 digits: in the engine, and in a
+    registry (`base.publish`; `build` puts it in this tool's local registry for an image it builds there)."""
+    return f"{settings.image.repository}-base"
+
+
 def external_key(image_id: str) -> str:
     """A configured base image's key: its image ID (its config's digest)."""
     return key_of("external", image_id)
@@ -75,7 +81,7 @@ def ensure_base(client: docker.DockerClient, settings: Settings, rep: Reporter) 
     bs = img.bootstrap
     mirror = bs.mirror or host_mirror()
     key = bootstrap_key(settings)
-    ref = f"{img.repository}-base:{key[:16]}"
+    ref = f"{base_repository(settings)}:{key[:16]}"
     if image_exists(client, ref):
         rep.step(f"base: reusing {ref}")
         return BaseImage(ref, key, client.images.get(ref).id, False)

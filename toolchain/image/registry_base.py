@@ -68,10 +68,11 @@ class RegistryBase:
     python: Python
 
 
-def read_base(ref: ImageRef, python_name: str, stall_s: float, rep: Reporter) -> RegistryBase:
+def read_base(ref: ImageRef, python_name: str, stall_s: float, rep: Reporter,
+              named: str = "image.base_image") -> RegistryBase:
     """The base REF names (pinned, in a registry): its config, layers, /etc and Python; BaseImageError
-    naming image.base_image and what is wrong."""
-    where = f"image.base_image {ref.docker()}"
+    naming it as NAMED (the setting, or what put it there) and what is wrong."""
+    where = f"{named} {ref.docker()}"
     reg = RegistryClient(ref.registry, ref.repository, stall_s)
     try:
         found = reg.get_manifest(str(ref.digest))
@@ -89,7 +90,7 @@ def read_base(ref: ImageRef, python_name: str, stall_s: float, rep: Reporter) ->
         if [d for d in diff_ids if d not in held]:
             raise BaseImageError(f"{where}: a layer of it is not gzip-compressed; give a base whose layers are "
                                  "(docker push and skopeo copy write them so)")
-        tree = _read_tree(reg, diff_ids, held, ref.docker(), rep)
+        tree = _read_tree(reg, diff_ids, held, ref.docker(), where, rep)
     except (PreviousImageError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise BaseImageError(f"{where}: {str(e)[:300]}; give a single-platform image's digest") from None
     except RegistryError as e:
@@ -105,12 +106,11 @@ def read_base(ref: ImageRef, python_name: str, stall_s: float, rep: Reporter) ->
     return RegistryBase(ref, config, etc, python)
 
 
-def _read_tree(reg: RegistryClient, diff_ids: list[Digest], held: dict[Digest, HeldBlob], shown: str,
+def _read_tree(reg: RegistryClient, diff_ids: list[Digest], held: dict[Digest, HeldBlob], shown: str, where: str,
                rep: Reporter) -> dict[str, _Entry]:
     """Every path of the base's filesystem, as its layers stack: (its tar entry, the bytes of the few kept)."""
     tree: dict[str, _Entry] = {}
     total = sum(held[d].size for d in diff_ids)
-    where = f"image.base_image {shown}"
     rep.step(f"base: reading /etc and the Python of {shown} from its {len(diff_ids)} layer(s) ({human_bytes(total)})")
     t0 = time.monotonic()
     for i, d in enumerate(diff_ids):

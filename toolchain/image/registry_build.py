@@ -8,7 +8,8 @@ and the provenance its config carries (toolchain/image/provenance.py). Then, wit
   - the base and user layers are that image's bottom ones, by reference (never downloaded), when the user
     stage's key computed here is the one recorded (the same base and image user);
   - otherwise (no previous image, or another base or user) they are the base's, which image.base_image pins in
-    the same registry, and a user layer written here from the base's /etc; the base's Python is read from its
+    the same registry (with none set, this project's own base there: `project_base`, where `base.publish`
+    puts it), and a user layer written here from the base's /etc; the base's Python is read from its
     files (toolchain/image/registry_base.py) and the push mounts its layers from its repository;
   - uv resolves the requirement set; a wheel the previous image recorded (same name and version) is not
     downloaded; the others are, checked against the lock's hashes;
@@ -43,7 +44,7 @@ from runtime.imageref import ImageRef
 from runtime.spec import LoadedSpec
 from toolchain.image import bytecode, layers, provenance, registry_base, venv_layer, venv_plan
 from toolchain.publish.blobs import file_sha256
-from toolchain.image.bootstrap import BaseImage, bootstrap_key, external_key
+from toolchain.image.bootstrap import BaseImage, base_repository, bootstrap_key, external_key
 from toolchain.config import Settings
 from toolchain.image.deps_stage import DepsAssembly
 from toolchain.errors import ToolchainError
@@ -56,7 +57,7 @@ from toolchain.progress import Reporter, human_bytes
 from toolchain.records import BuildRecord
 from toolchain.image.venv_layer import Python
 from toolchain.image.venv_plan import LayerIndex
-from toolchain.wheels import wheelhouse
+from toolchain.wheels import pool_page, wheelhouse
 
 TORCH_SOURCE_LABEL = "io.raytrain.torch-source"
 
@@ -74,6 +75,7 @@ class NoEngineBuildError(ToolchainError):
 class Previous:
     ref: ImageRef                      # registry/repository:tag
     config: dict
+    image_id: Digest                   # its config's digest
     held: dict[Digest, HeldBlob]       # its layers' blobs, by diff ID
     made_from: provenance.Provenance
 
@@ -88,7 +90,8 @@ def read_previous(reg: RegistryClient, ref: ImageRef, why: str) -> Optional[Prev
             return None
         manifest, media_type = found
         doc = json.loads(manifest)
-        config_bytes = reg.get_small_blob(Digest(doc["config"]["digest"], "the config's digest"), "the image config")
+        image_id = Digest(doc["config"]["digest"], "the config's digest")
+        config_bytes = reg.get_small_blob(image_id, "the image config")
         if config_bytes is None:
             raise PreviousImageError("its config is not in the registry")
         held = pair_layers(manifest, media_type, config_bytes)
@@ -110,7 +113,7 @@ def read_previous(reg: RegistryClient, ref: ImageRef, why: str) -> Optional[Prev
         raise NoEngineBuildError(f"{why}, and the image to build on, {where}, cannot be used: {str(e)[:300]}; build "
                                  "and push once where a Docker engine runs",
                                  f"{where} cannot be built on: {str(e)[:160]}") from None
-    return Previous(ref, config, held, made_from)
+    return Previous(ref, config, image_id, held, made_from)
 
 
 def _base_key(settings: Settings, why: str) -> str:
@@ -191,22 +194,26 @@ def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str
     elif settings.image.base_image:
         rep.step(f"build[{variant}]: without the engine, on the base {settings.image.base_image}"
                  + (f" (the base or the image's user changed since {previous.ref.docker()})" if previous else ""))
-        below = _on_base(settings, target, user_key, store, why, rep)
+        below = _on_base(settings, target, user_key, store, why, rep,
+                         ImageRef.parse(settings.image.base_image, "image.base_image"), "image.base_image")
+    elif (own := project_base(settings, target.registry, why)) is not None:
+        rep.step(f"build[{variant}]: without the engine, on this project's base {own.docker()}"
+                 + (f" (the base or the image's user changed since {previous.ref.docker()})" if previous else ""))
+        below = _on_base(settings, target, user_key, store, why, rep, own, "the project's base")
     elif previous is None:
         raise NoEngineBuildError(f"{why}, and the registry has no {target.name}:{human} to build on; build and push "
-                                 "once where a Docker engine runs (`raytrain build push`), or pin a base in that "
-                                 "registry as image.base_image (`raytrain base.publish` puts this project's there)",
-                                 f"the registry holds no {target.name}:{human} yet, and image.base_image pins no base there")
+                                 "once where a Docker engine runs (`raytrain build push`), or put a base in that "
+                                 "registry: this project's (`raytrain base.publish`), or one pinned as image.base_image",
+                                 f"the registry holds no {target.name}:{human} yet, nor a base of this project")
     else:
         raise NoEngineBuildError(f"{why}, and the base or the image's user changed since {previous.ref.docker()} "
                                  "was built (its user stage is another); build and push once where a Docker "
-                                 "engine runs, or pin a base in that registry as image.base_image")
+                                 "engine runs, or put a base in that registry (`raytrain base.publish`)")
     python, compiler = below.python, below.compiler
     wheels = _wheels(settings, variant, python, previous, rep)
     planned, write = _plan(previous, wheels, python, compiler, rep)
-    layer_ids, scripts = _dependency_layers(planned, write, previous, wheels, python, store, f"{repo}:{variant}",
-                                            user_ref, rep)
-    written = len(write)
+    layer_ids, scripts, written = _dependency_layers(planned, write, previous, wheels, python, store,
+                                                     f"{repo}:{variant}", user_ref, rep)
     top = venv_layer.top_layer(python, VENV, [sc for _, s in scripts for sc in s])
     app, spec_layer = app_layer(settings), spec_file_layer(loaded)
     for layer in (top, app, spec_layer):
@@ -220,13 +227,16 @@ def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str
     layers.keep_config(config, store)
     sources = source_keys(settings)
     key = spec_key(app_key(deps_key(user_key, planned, python, compiler), sources), loaded.sha256, labels, fields)
-    rep.step(f"build[{variant}]: {repo}:{variant}-{key[:16]} ({Digest.of(config).short}); {written} dependency "
-             f"layer(s) written, {len(planned) - written} and the base's in the registry")
+    image_id = Digest.of(config)
+    at_hand = f", {len(write) - written} at hand here" if len(write) > written else ""
+    rep.step(f"build[{variant}]: {repo}:{variant}-{key[:16]} ({image_id.short}); {written} dependency "
+             f"layer(s) written{at_hand}, {len(planned) - len(write)} and the base's in the registry")
+    same = previous is not None and previous.image_id == image_id  # nothing changed since the previous push
     return BuildRecord(variant=variant, local_ref=f"{repo}:{variant}-{key[:16]}", human_ref=f"{repo}:{human}",
-                       image_id=Digest.of(config), spec_sha256=loaded.sha256,
+                       image_id=image_id, spec_sha256=loaded.sha256,
                        base_ref=(below.base or previous.ref).docker(), user_ref="", deps_ref="-", app_ref="-",
-                       torch_source=wheels.torch_source, rebuilt=(["user"] if below.base else []) +
-                       (["deps"] if written else []) + ["app", "spec"], engine=False, **sources)
+                       torch_source=wheels.torch_source, rebuilt=[] if same else (["user"] if below.base else []) +
+                       (["deps"] if write else []) + ["app", "spec"], engine=False, **sources)
 
 
 def _on_previous(previous: Previous, user_key: str, label_keys: set) -> Below:
@@ -244,26 +254,42 @@ def _on_previous(previous: Previous, user_key: str, label_keys: set) -> Below:
                  user_key, python, compiler, None)
 
 
-def _on_base(settings: Settings, target: ImageRef, user_key: str, store, why: str, rep: Reporter) -> Below:
-    """The base image.base_image pins in the registry TARGET is in, and the user layer written here from its
-    /etc; NoEngineBuildError (or registry_base.BaseImageError) saying what does not allow it."""
-    ref = ImageRef.parse(settings.image.base_image, "image.base_image")
+def project_base(settings: Settings, registry: str, why: str) -> Optional[ImageRef]:
+    """This project's own base (debootstrap) in REGISTRY, where `base.publish` puts it, pinned by the digest the
+    registry gives; None where it has none."""
+    named = ImageRef.parse(f"{registry}/{base_repository(settings)}:{bootstrap_key(settings)[:16]}", "the project's base")
+    reg = RegistryClient(registry, named.repository, settings.registry.stall_timeout_s)
+    try:
+        found = reg.get_manifest(named.tag)
+    except RegistryError as e:
+        raise NoEngineBuildError(f"{why}, and this project's base {named.docker()} cannot be read: {str(e)[:300]}",
+                                 f"{named.docker()} cannot be read: {str(e)[:160]}") from None
+    finally:
+        reg.close()
+    return None if found is None else named.at(str(Digest.of(found[0])))
+
+
+def _on_base(settings: Settings, target: ImageRef, user_key: str, store, why: str, rep: Reporter, ref: ImageRef,
+             named: str) -> Below:
+    """The base REF (image.base_image, or the project's own: NAMED) in the registry TARGET is in, and the user
+    layer written here from its /etc; NoEngineBuildError (or registry_base.BaseImageError) saying what does
+    not allow it."""
     if ref.registry != target.registry:
         raise NoEngineBuildError(
             f"image.base_image {ref.docker()} is in {ref.registry}, and the image is pushed to {target.registry}: "
             "with no engine the push mounts the base's layers, within one registry; copy the base there (skopeo "
             f"copy docker://{ref.docker()} docker://{target.registry}/{ref.repository}) and name that copy")
-    base = registry_base.read_base(ref, settings.image.python, settings.registry.stall_timeout_s, rep)
+    base = registry_base.read_base(ref, settings.image.python, settings.registry.stall_timeout_s, rep, named)
     compiler = bytecode.identity(base.python.magic, base.python.cache_tag)
     if compiler is None:
         raise NoEngineBuildError(
-            f"{why}, and image.base_image {ref.docker()}'s Python {base.python.version} loads bytecode this "
+            f"{why}, and {named} {ref.docker()}'s Python {base.python.version} loads bytecode this "
             f"machine's Python ({sys.version.split()[0]}) does not write; run the build with Python "
             f"{base.python.minor}, or where an engine runs")
     try:
         layer = user_stage_layer(settings, base.etc)
     except UserLayerError as e:
-        raise NoEngineBuildError(f"image.base_image {ref.docker()}: {e}") from None
+        raise NoEngineBuildError(f"{named} {ref.docker()}: {e}") from None
     layers.keep(layer, store)
     config = layers.lower_of(json.loads(user_stage_config(settings, layers.lower_of(base.config), layer)))
     rep.step(f"user: {settings.image.user.name} ({settings.image.user.uid}:{settings.image.user.gid}) written on "
@@ -295,10 +321,11 @@ def _wheels(settings: Settings, variant: str, python: Python, previous: Optional
 
 def _read(pool: Path, files: list[str], minor: str, checked: dict[str, str]) -> tuple[dict[str, str], dict]:
     """(sha256, venv_plan.measure) of the pool's wheels FILES from their bytes, each checked as a wheel for the
-    image's Python. One just fetched was hashed as it arrived (CHECKED: its lock's sha256) and is not read
-    again (3.9 GiB for the example)."""
+    image's Python. One just fetched was hashed as it arrived (CHECKED: its lock's sha256), and one the pool
+    recorded as checked is as it was then (pool_page.recorded): neither is read again (3.9 GiB for the example)."""
     venv_layer.wheels_of([pool / f for f in files], minor)
-    return ({f: checked.get(f) or file_sha256(pool / f).hex for f in files},
+    known = {**pool_page.recorded(pool, files), **checked}
+    return ({f: known.get(f) or file_sha256(pool / f).hex for f in files},
             {f: venv_plan.measure(pool / f) for f in files})
 
 
@@ -335,9 +362,9 @@ def _plan(previous: Optional[Previous], wheels: _Wheels, python: Python, compile
 
 
 def _dependency_layers(planned: list, write: list, previous: Optional[Previous], wheels: _Wheels, python: Python, store,
-                       ref: str, user_ref: str, rep: Reporter) -> tuple[list, list]:
-    """(each planned layer's diff ID, its (diff ID, console scripts)): WRITE's written into the store, the
-    others the previous image's."""
+                       ref: str, user_ref: str, rep: Reporter) -> tuple[list, list, int]:
+    """(each planned layer's diff ID, its (diff ID, console scripts), how many were written): WRITE's written
+    into the store where the layer index has no tar of them, the others the previous image's."""
     pool = wheelhouse.pool_dir()
     recorded = previous.made_from.by_key() if previous is not None else {}
     venv_layer.check_conflicts([w for p in write for w in p.wheels], python, VENV)
@@ -357,7 +384,7 @@ def _dependency_layers(planned: list, write: list, previous: Optional[Previous],
             fact = recorded[p.key]
             ids.append(Digest(fact.diff_id))
             scripts.append((ids[-1], [(n, t.encode("utf-8", "surrogateescape")) for n, t in fact.scripts]))
-    return ids, scripts
+    return ids, scripts, assembly.stats["written"] + assembly.stats["rewritten"]
 
 
 def _pin_of(wheel_file: str) -> tuple[str, str]:

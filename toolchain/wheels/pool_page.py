@@ -74,6 +74,12 @@ def record(pool: Path, checked: dict[str, str]) -> None:
     _write(pool, known)
 
 
+def recorded(pool: Path, names: list[str]) -> dict[str, str]:
+    """The sha256 recorded for each of NAMES whose file is as it was when its bytes were checked."""
+    known = _read(pool)
+    return {n: known[n][0] for n in names if n in known and known[n][1:] == _stat(pool / n)}
+
+
 def page(pool: Path, dest: Path) -> Path:
     """DEST written as the flat index page of the pool's wheels, each link with its sha256 (those with no
     record of their present stat are hashed now, and recorded)."""
