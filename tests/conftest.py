@@ -306,15 +306,16 @@ def example_wheels(settings) -> list:
 
 @pytest.fixture(scope="session")
 def built(client, settings):
-    """cpu and gpu images built once per session, under the session's names: from nothing but the
-    engine's own layers (a build of the user's leaves no stage the session can reuse). Once per run:
-    a second worker that asks for them fails, naming the test (its group is not "engine")."""
+    """cpu and gpu images built once per session in the engine (`--load`: tests run both there), under the
+    session's names: from nothing but the engine's own layers (a build of the user's leaves no stage the
+    session can reuse). Once per run: a second worker that asks for them fails, naming the test (its group
+    is not "engine")."""
     try:
         (RUN_DIR / "session-images-built").touch(exist_ok=False)
     except FileExistsError:
         pytest.fail("another worker built the session's images: this test must be in the \"engine\" group "
                     "(tests/conftest.py _group), or the run builds 7 GiB twice", pytrace=False)
-    return pipeline.build(settings, str(SPEC), "cpu,gpu", Reporter())["images"]
+    return pipeline.build(settings, str(SPEC), "cpu,gpu", Reporter(), load=True)["images"]
 
 
 @pytest.fixture(scope="session")

@@ -214,12 +214,18 @@ def test_a_dependency_change_builds_and_pushes_with_no_engine_and_no_cache(clien
     assert again["push"]["bytes_uploaded"] == 0, again["push"]
 
 
+def _no_base(s):
+    """S under a repository name whose base no test puts in the registry (`pushed_base` puts the session's
+    there, where a first build finds it)."""
+    return s.model_copy(update={"image": s.image.model_copy(update={"repository": f"{SESSION}-no-base"})})
+
+
 def test_what_the_registry_cannot_give_is_one_line_and_nothing_is_written(client, pushed, settings, app_dir,
                                                                           tmp_path, no_engine):
     # no previous image: a variant whose repository the registry has never seen
     other = tmp_path / "other.json"
     other.write_text(json.dumps({**json.loads(SPEC.read_text()), "cpu_image": f"{SESSION}-never-pushed-cpu"}))
-    s = _project(tmp_path, app_dir, settings, "none")
+    s = _no_base(_project(tmp_path, app_dir, settings, "none"))
     with pytest.raises(NoEngineBuildError, match=rf"cannot reach the Docker engine .* the registry has no .*"
                                                  rf"{SESSION}-never-pushed-cpu:cpu-latest to build on") as e:
         pipeline.build(s, str(other), "cpu", Reporter())
@@ -227,7 +233,7 @@ def test_what_the_registry_cannot_give_is_one_line_and_nothing_is_written(client
 
     # another image user: the user stage the registry's image has is not this project's
     _session_image_as_previous(pushed["cpu"])
-    s = _project(tmp_path, app_dir, settings, "user")
+    s = _no_base(_project(tmp_path, app_dir, settings, "user"))
     s = s.model_copy(update={"image": s.image.model_copy(update={"user": s.image.user.model_copy(update={"uid": 4242})})})
     with pytest.raises(NoEngineBuildError, match="the base or the image's user changed since"):
         pipeline.build(s, str(SPEC), "cpu", Reporter())
@@ -378,8 +384,12 @@ def test_an_engine_without_the_projects_stages_builds_from_the_registry_and_load
     finally:
         _session_image_as_previous(pushed["cpu"])  # other tests start from the session's image
     # where the image is wanted in the engine, or the engine holds the project's stages, the engine builds
-    assert way.choose(s, load=True).registry_first is False
-    assert way.choose(settings, load=False).registry_first is False
+    assert way.choose(s, load=True, variant="cpu").registry_first is False
+    assert way.choose(settings, load=False, variant="cpu").registry_first is False
+    # the gpu image, which the engine here does not run, is made for the registry whatever the engine holds
+    gpu = way.choose(settings, load=False, variant="gpu")
+    assert gpu.registry_first and gpu.base_to_local and "does not run the gpu image" in gpu.why
+    assert way.choose(settings, load=True, variant="gpu").registry_first is False
 
 
 def test_load_where_no_engine_answers_is_one_line_and_nothing_is_written(settings, app_dir, tmp_path, no_engine):
@@ -425,3 +435,51 @@ def test_where_the_registry_cannot_give_the_build_an_engine_that_holds_nothing_o
                          "(registry/repository@sha256:...) to be used without one)"), line
     assert again["engine"] is True and client.images.list(name=f"{SESSION}-fallback-stages")
     assert client.images.get(again["local_ref"]).id == again["image_id"]
+
+
+def test_the_gpu_image_is_made_for_the_registry_on_the_projects_base_and_never_loaded(
+        client, built, pushed, settings, app_dir, tmp_path, monkeypatch):
+    """The engine here never runs the gpu image (the local target runs the cpu one): without --load, `build`
+    makes it from the registry, on this project's own base, which it puts in the local registry first where
+    that lacks it. Nothing of the project goes into the engine, and the layers are the engine's build's."""
+    import io
+    from toolchain.image.images import layer_store
+    monkeypatch.setenv("UV_CONSTRAINT", str(_session_versions(pushed["cpu"], tmp_path / "session-versions.txt")))
+    repo = f"{SESSION}-gpureg"
+    s = _project(tmp_path, app_dir, settings, "gpu-registry", added="")
+    # the gpu variant with the cpu one's torch: the session's cpu wheels, so no layer is written anew
+    s = s.model_copy(update={"image": s.image.model_copy(update={
+        "repository": repo, "torch": {**s.image.torch, "gpu": s.image.torch["cpu"]}})})
+    spec = tmp_path / "gpu-spec.json"
+    spec.write_text(json.dumps({**json.loads(SPEC.read_text()), "gpu_image": f"{repo}-gpu"}))
+    key = built["cpu"]["base_ref"].rsplit(":", 1)[1]
+    client.images.get(built["cpu"]["base_ref"]).tag(f"{repo}-base", key)  # the project's base, bootstrapped here
+
+    def project_images() -> set:  # every tag of the project in the engine, but its base's
+        return {t for i in client.images.list(all=True) for t in i.tags
+                if t.startswith(repo) and not t.startswith(f"{repo}-base:")}
+    try:
+        said = io.StringIO()
+        made = pipeline.build(s, str(spec), "gpu", Reporter(stream=said))["images"]["gpu"]
+        text = said.getvalue()
+        assert made["engine"] is False, text
+        assert f"pushed the base: {settings.registry.address}/{repo}-base@sha256:" in text, text
+        assert (f"build[gpu]: without the engine, on this project's base {settings.registry.address}/{repo}-base"
+                f"@sha256:") in text, text
+        assert made["base_ref"].startswith(f"{settings.registry.address}/{repo}-base@sha256:")
+        assert not project_images()
+
+        # the layers are the session's engine-built cpu image's (the same base, user, wheels and code), but
+        # the spec's (another gpu_image)
+        config = json.loads(layer_store(s.build_dir).read_config(made["image_id"]))
+        session = client.images.get(built["cpu"]["local_ref"]).attrs["RootFS"]["Layers"]
+        assert config["rootfs"]["diff_ids"][:-1] == session[:-1]
+
+        # again: the base is in the registry, so `build` writes nothing there, and the image is the same
+        said = io.StringIO()
+        again = pipeline.build(s, str(spec), "gpu", Reporter(stream=said))["images"]["gpu"]
+        assert "pushed the base" not in said.getvalue() and again["image_id"] == made["image_id"], said.getvalue()
+        assert not project_images()
+    finally:
+        for tag in project_images() | {f"{repo}-base:{key}"}:
+            client.images.remove(tag, force=True)

@@ -11,10 +11,10 @@ from deploy.job import PreflightError
 from deploy.targets.base import Applied, ApplyContext
 from runtime.imageref import ImageRef
 from runtime.spec import ClusterSpec, json_schema, load_spec, read_spec
-from toolchain.image.bootstrap import ensure_base
+from toolchain.image.bootstrap import base_repository, ensure_base
 from toolchain.config import Settings
 from toolchain.docker_client import engine
-from toolchain.errors import ConfigError, ToolchainError
+from toolchain.errors import ConfigError, RegistryError, ToolchainError
 from toolchain.image.images import build_all, layer_store, registry_address
 from toolchain.job_inputs import driver_command, given, now, out_dir, pick_run, ranks_fit, resolve_spec
 from toolchain.job_inputs import job_env as job_env_of
@@ -77,7 +77,7 @@ def push_base(settings: Settings, to: str | None, rep: Reporter) -> dict:
     builds on, pinned in image.base_image."""
     client = engine()
     base = ensure_base(client, settings, rep)
-    where = given(to, "--to") or f"{settings.registry.address}/{settings.image.repository}-base"
+    where = given(to, "--to") or f"{settings.registry.address}/{base_repository(settings)}"
     target = ImageRef.parse(where, "--to")
     if target.registry is None or target.tag or target.digest:
         raise ConfigError(f"--to: {where[:120]!r} is not registry/repository (e.g. registry.example.com/team/base); "
@@ -88,9 +88,11 @@ def push_base(settings: Settings, to: str | None, rep: Reporter) -> dict:
     tag = base.key[:16]
     res = push_image(client, "base", base.image_id, target, [tag], settings.registry.retries,
                      settings.registry.retry_backoff_s, rep, settings.registry.stall_timeout_s)
+    found = (f"a build with no engine for {target.registry} finds it there" if given(to, "--to") is None
+             and not settings.image.base_image else
+             f"a build with no engine builds on it with image.base_image = \"{res.repo_digest}\"")
     rep.step(f"pushed the base: {res.repo_digest} ({res.layers_pushed} layer(s) uploaded, "
-             f"{human_bytes(res.bytes_uploaded)}); a build with no engine builds on it with "
-             f"image.base_image = \"{res.repo_digest}\"")
+             f"{human_bytes(res.bytes_uploaded)}); {found}")
     return {"base": base.ref, "image_id": base.image_id, "base_image": str(res.repo_digest)}
 
 
@@ -106,13 +108,28 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
     variants = pick_variants(settings, variant)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
     loaded = read_spec(spec_file)
-    chosen = way.choose(settings, load)
+    ways = {v: way.choose(settings, load, v) for v in variants}
+    # the images made for the registry only come last: they take the dependency layers the engine's build of
+    # the others wrote beside its loads (one image's layers are most of another's)
+    built = _build_each(settings, [v for v in variants if not ways[v].base_to_local], ways, loaded, rep)
+    built += _build_each(settings, [v for v in variants if ways[v].base_to_local], ways, loaded, rep)
+    for b in built:
+        rep.step(f"built {b.variant}: {b.local_ref} (also {b.human_ref}); rebuilt: {', '.join(b.rebuilt) or 'nothing'}")
+    return {"spec": str(spec_file), "images": {b.variant: b.model_dump() for b in built}}
+
+
+def _build_each(settings: Settings, variants: list[str], ways: dict, loaded, rep: Reporter) -> list:
+    """VARIANTS built as WAYS say: from the registry first where they say so, the others (and those the registry
+    cannot give, with one line saying why) in the engine."""
     built, in_engine = [], []
     for v in variants:
+        chosen = ways[v]
         if not chosen.registry_first:
             in_engine.append(v)
             continue
         try:
+            if chosen.base_to_local:
+                _base_to_local(settings, registry_address(settings, loaded.model, v), rep)
             built.append(registry_build.build_variant(settings, v, loaded, chosen.why, rep))
         except (registry_build.NoEngineBuildError, BaseImageError) as e:
             if chosen.client is None:
@@ -123,10 +140,23 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
     if built:
         write_builds(settings.build_dir, built)
     if in_engine:
-        built += build_all(chosen.client, settings, in_engine, loaded, rep)
-    for b in built:
-        rep.step(f"built {b.variant}: {b.local_ref} (also {b.human_ref}); rebuilt: {', '.join(b.rebuilt) or 'nothing'}")
-    return {"spec": str(spec_file), "images": {b.variant: b.model_dump() for b in built}}
+        built += build_all(ways[in_engine[0]].client, settings, in_engine, loaded, rep)
+    return built
+
+
+def _base_to_local(settings: Settings, address: str, rep: Reporter) -> None:
+    """The project's own base (debootstrap) put in ADDRESS, where that is this tool's local registry and lacks
+    it, so that an image the engine here does not run is built without it (way.py). Elsewhere nothing is
+    written: the registry build says what is missing."""
+    if settings.image.base_image or not is_local(address):
+        return
+    local = settings.model_copy(update={"registry": settings.registry.model_copy(update={"address": address})})
+    try:
+        start_local(local, rep)
+    except RegistryError:
+        return  # the registry build's cause says the registry is not running
+    if registry_build.project_base(settings, address, f"the local registry {address}") is None:
+        push_base(local, None, rep)
 
 
 def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporter) -> dict:

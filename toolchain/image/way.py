@@ -8,10 +8,16 @@ The engine is used where the image is wanted in it, or where it holds the projec
     here, whose engine has the layers below a change; its next build loads only what changed, and the local
     target and `--sqsh` find the image there.
 Otherwise (a CI runner's fresh engine, a laptop whose engine never built the project) the build is made from
-the registry first: the previous push, or the base image.base_image pins there. Its layers are never loaded,
+the registry first: the previous push, or the base image.base_image pins there (with none set, the project's own
+base there: registry_build.project_base). Its layers are never loaded,
 so a dependency change costs its own layer, not the 7 GiB an engine would apply again; the local target and
 `--sqsh` pull the pushed image when they need it. Where the registry cannot give the build (nothing pushed yet,
 another Python, a base elsewhere), the engine builds it, and one line says why.
+The gpu image is never run by this machine's engine (the local target runs the cpu one and asks for no GPU),
+so without `--load` it is made for the registry whatever the engine holds, and its CUDA wheels (GiBs) are
+never applied by the engine; pipeline.build makes it after the others, whose layers it takes where they are
+the same wheels. Where that registry is this tool's local one and the project's base is its own
+(debootstrap), the base is put there first (`base_to_local`), as `base.publish` does.
 With no engine, the registry's way is the only one.
 """
 from __future__ import annotations
@@ -28,14 +34,18 @@ from toolchain.errors import ConfigError, ToolchainError
 from toolchain.image.images import stage_repository
 
 
+RUN_HERE = ("cpu",)  # the variants the local target runs in this machine's engine
+
+
 @dataclass(frozen=True)
 class Way:
     client: Optional[docker.DockerClient]  # the engine, where one answers
     registry_first: bool                   # build from the registry; where it cannot, in CLIENT (when there is one)
     why: str                               # why not in the engine (the registry build's errors start with it)
+    base_to_local: bool = False            # put the project's own base in the local registry first, where it lacks it
 
 
-def choose(settings: Settings, load: bool) -> Way:
+def choose(settings: Settings, load: bool, variant: str) -> Way:
     try:
         client = engine()
     except ToolchainError as e:
@@ -46,6 +56,8 @@ def choose(settings: Settings, load: bool) -> Way:
         return Way(None, True, str(e))
     if load or settings.image.profile == C.SKYPILOT_PROFILE:
         return Way(client, False, "")
+    if variant not in RUN_HERE:
+        return Way(client, True, f"the engine here does not run the {variant} image (`--load` builds it there)", True)
     stages = stage_repository(settings)
     if client.images.list(name=stages):
         return Way(client, False, "")
