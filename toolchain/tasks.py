@@ -120,9 +120,10 @@ ENV_HELP = ("KEY=VALUE: an environment variable for every process of the job, ov
     "variant": "Comma-separated variants to build: cpu, gpu (default: all in image.variants).",
     "profile": ("default, or skypilot: the image plus sudo for its user and the tools SkyPilot's pod setup "
                 "needs, one small layer on top (for --target skypilot; default: image.profile)."),
-    "load": ("Build in the local Docker engine, to run the image here with `docker run`. Without it the engine is "
-             "used where it already holds this project's stages; elsewhere (a CI runner) the build is made from "
-             "what the registry holds and the local target pulls it (docs/ci.md)."),
+    "load": ("Build in the local Docker engine, to run the image here with `docker run`. Without it the engine "
+             "builds the cpu image where it already holds this project's stages; the gpu image (the local target "
+             "does not run it), and any image elsewhere (a CI runner), is made from what the registry holds, and "
+             "the local target and --sqsh pull it when they need it (docs/ci.md)."),
     **COMMON,
 })
 def build(c, spec=None, variant=None, profile=None, load=False, quiet=False, json=False):
