@@ -69,8 +69,15 @@ def test_sqsh_matches_a_real_enroot_import(client, fixture_image, tmp_path):
     assert ours["listing"] == recorded["listing"]
 
 
+def _dangling_volumes(client) -> set:
+    return {v.id for v in client.volumes.list(filters={"dangling": True})}
+
+
 def test_rc_script_behaviour(client, small_image, tmp_path):
+    before = _dangling_volumes(client)
     res = sqsh.convert(client, small_image.tags[0], tmp_path)
+    # the container it exported is gone with the anonymous volume the image's VOLUME /data made
+    assert not _dangling_volumes(client) - before
     assert not res.cached and res.path.name.endswith(small_image.id.replace(":", "-") + ".sqsh")
     env = read_member(res.path, "etc/environment").splitlines()
     assert "GREETING=hello world" in env and any(l.startswith("PATH=") for l in env)

@@ -94,7 +94,7 @@ def start_nodes(client: docker.DockerClient, job: JobSpec, run_id: str, token: s
 def remove(client: docker.DockerClient, names: list[str], network: str) -> None:
     for name in names:
         try:
-            client.containers.get(name).remove(force=True)
+            client.containers.get(name).remove(force=True, v=True)  # and a VOLUME's anonymous volumes
         except docker.errors.NotFound:
             pass
     if not network:

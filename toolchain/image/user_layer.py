@@ -177,4 +177,4 @@ def etc_of_image(client, image_ref: str) -> BaseEtc:
                 raise UserLayerError(f"{image_ref}'s /etc is over {_MAX_ETC >> 20} MiB; is it a base image?")
         return read_etc(bytes(buf))
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # with the anonymous volumes a base's VOLUME made

@@ -169,7 +169,7 @@ def exported(client, image_id: str, working_dir: Optional[str] = None) -> Iterat
     try:
         yield container.export(chunk_size=4 << 20)
     finally:
-        container.remove(force=True)
+        container.remove(force=True, v=True)  # with the anonymous volumes an image's VOLUME made
 
 
 def _throttled(progress, every_s: float, what: str) -> Callable[[int], None]:
