@@ -384,12 +384,12 @@ def test_an_engine_without_the_projects_stages_builds_from_the_registry_and_load
     finally:
         _session_image_as_previous(pushed["cpu"])  # other tests start from the session's image
     # where the image is wanted in the engine, or the engine holds the project's stages, the engine builds
-    assert way.choose(s, load=True, variant="cpu").registry_first is False
-    assert way.choose(settings, load=False, variant="cpu").registry_first is False
+    assert way.choose(s, load=True, variants=["cpu"])["cpu"].registry_first is False
+    assert way.choose(settings, load=False, variants=["cpu"])["cpu"].registry_first is False
     # the gpu image, which the engine here does not run, is made for the registry whatever the engine holds
-    gpu = way.choose(settings, load=False, variant="gpu")
+    gpu = way.choose(settings, load=False, variants=["cpu", "gpu"])["gpu"]
     assert gpu.registry_first and gpu.base_to_local and "does not run the gpu image" in gpu.why
-    assert way.choose(settings, load=True, variant="gpu").registry_first is False
+    assert way.choose(settings, load=True, variants=["gpu"])["gpu"].registry_first is False
 
 
 def test_load_where_no_engine_answers_is_one_line_and_nothing_is_written(settings, app_dir, tmp_path, no_engine):

@@ -108,7 +108,7 @@ def build(settings: Settings, spec: str | None, variant: str | None, rep: Report
     variants = pick_variants(settings, variant)
     settings.build_dir.mkdir(parents=True, exist_ok=True)
     loaded = read_spec(spec_file)
-    ways = {v: way.choose(settings, load, v) for v in variants}
+    ways = way.choose(settings, load, variants)
     # the images made for the registry only come last: they take the dependency layers the engine's build of
     # the others wrote beside its loads (one image's layers are most of another's)
     built = _build_each(settings, [v for v in variants if not ways[v].base_to_local], ways, loaded, rep)

@@ -45,7 +45,8 @@ class Way:
     base_to_local: bool = False            # put the project's own base in the local registry first, where it lacks it
 
 
-def choose(settings: Settings, load: bool, variant: str) -> Way:
+def choose(settings: Settings, load: bool, variants: list[str]) -> dict[str, Way]:
+    """Each of VARIANTS' way, the engine reached (or found missing) once for all."""
     try:
         client = engine()
     except ToolchainError as e:
@@ -53,12 +54,12 @@ def choose(settings: Settings, load: bool, variant: str) -> Way:
             raise ConfigError(f"--load: the image goes into the Docker engine, and {e}") from None
         if settings.image.profile == C.SKYPILOT_PROFILE:
             raise ToolchainError(f"{e}; the skypilot profile's layers need one") from None
-        return Way(None, True, str(e))
+        return {v: Way(None, True, str(e)) for v in variants}
     if load or settings.image.profile == C.SKYPILOT_PROFILE:
-        return Way(client, False, "")
-    if variant not in RUN_HERE:
-        return Way(client, True, f"the engine here does not run the {variant} image (`--load` builds it there)", True)
+        return {v: Way(client, False, "") for v in variants}
     stages = stage_repository(settings)
-    if client.images.list(name=stages):
-        return Way(client, False, "")
-    return Way(client, True, f"the engine holds no stage of this project ({stages})")
+    here = Way(client, False, "") if client.images.list(name=stages) else \
+        Way(client, True, f"the engine holds no stage of this project ({stages})")
+    return {v: here if v in RUN_HERE else
+            Way(client, True, f"the engine here does not run the {v} image (`--load` builds it there)", True)
+            for v in variants}
