@@ -82,7 +82,8 @@ def installed(wheel, tmp_path_factory) -> Path:
     return venv / "bin" / "raytrain"
 
 
-def test_the_installed_tool_runs_a_user_s_project_end_to_end(installed, client, registry, settings, tmp_path):
+def test_the_installed_tool_runs_a_user_s_project_end_to_end(installed, client, registry, settings, built,
+                                                           tmp_path):
     user = tmp_path / f"{SESSION}-userproj"  # its images are the session's: removed with them (tests/conftest.py)
     user.mkdir()
     assert ROOT not in user.parents
@@ -108,8 +109,9 @@ def test_the_installed_tool_runs_a_user_s_project_end_to_end(installed, client, 
     assert summary["nodes"] == 2 and "ok" in summary["table"]
     assert Version(summary["hydra"]) >= Version("1.3"), summary  # the newest, not pip's wheels-only 0.11
     assert f"job {SESSION}-userproj finished with exit code 0" in out
-    # its stages are named as the session's (INVOKE_IMAGE_REPOSITORY), which the engine holds: built there, as a
-    # machine that builds and runs here does, with no line about where (toolchain/image/way.py)
+    # its stages are named as the session's (INVOKE_IMAGE_REPOSITORY), which the engine holds (`built`, also when
+    # this test runs alone): built there, as a machine that builds and runs here does, with no line about where
+    # (toolchain/image/way.py)
     assert "build[cpu]: in the engine" not in out and "build[cpu]: without the engine" not in out
     pushed = json.loads((user / "build" / "images.json").read_text())["cpu"]
     assert pushed["repo_digest"].startswith(f"{settings.registry.address}/{SESSION}-userproj-cpu@sha256:")
