@@ -1,6 +1,7 @@
-"""The pushed image pulled into the local engine, where a target runs it from there (the local target, `--sqsh`)
-and the engine lacks it: a build made from the registry never loads it (toolchain/image/way.py). Gigabytes,
-so its progress is said: a line at most every PROGRESS_EVERY_S seconds."""
+"""The pushed image in the local engine, where a target runs it from there (the local target, `--sqsh`) and the
+engine lacks it: a build made from the registry never loads it (toolchain/image/way.py). First from what this
+machine's build left (FromBuild: toolchain/publish/engine_load.py), then by a pull. A pull is gigabytes, so its
+progress is said: a line at most every PROGRESS_EVERY_S seconds."""
 from __future__ import annotations
 
 import time
@@ -11,6 +12,10 @@ import docker
 from runtime.errors import RaytrainError
 
 PROGRESS_EVERY_S = 10.0
+
+# puts the pushed image REF (registry/repository@sha256:...) in the engine from this machine's build, saying what
+# it does; False where the build left too little of it, or the load failed (said), so a pull is needed
+FromBuild = Callable[[docker.DockerClient, str, Callable[[str], None]], bool]
 
 
 class PullError(RaytrainError):
@@ -39,13 +44,30 @@ def pull(client, ref: str, progress: Optional[Callable[[str], None]] = None,
         f"{time.monotonic() - t0:.1f}s")
 
 
-def image(client, ref: str, progress: Optional[Callable[[str], None]] = None):
-    """The engine's image REF, pulled first where the engine lacks it."""
+def image(client, ref: str, progress: Optional[Callable[[str], None]] = None, from_build: Optional[FromBuild] = None):
+    """The engine's image REF; where the engine lacks it, loaded from this machine's build (FROM_BUILD), or pulled."""
     try:
         return client.images.get(ref)
     except docker.errors.ImageNotFound:
-        pull(client, ref, progress)
-        return client.images.get(ref)
+        pass
+    if from_build is not None and from_build(client, ref, progress or (lambda msg: None)):
+        try:
+            return client.images.get(ref)
+        except docker.errors.ImageNotFound:  # the reference could not be recorded; the pull records it
+            pass
+    pull(client, ref, progress)
+    return client.images.get(ref)
+
+
+def record(client, ref: str) -> Optional[str]:
+    """Make REF (registry/repository@sha256:...) resolve in this engine when it holds the image's config, as
+    the engine's own push would have: a pull by digest that finds the config here fetches the manifest and the
+    config and nothing else, and records the reference. None when done; otherwise the engine's answer."""
+    try:
+        client.images.pull(ref)
+    except docker.errors.APIError as e:
+        return str(e)
+    return None
 
 
 def _failed(ref: str, why) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,10 +21,14 @@ import pytest
 from packaging.utils import parse_wheel_filename
 
 from conftest import ROOT, SESSION, SPEC, make_settings, run_in
+from deploy import engine_pull
 from deploy.registry.client import RegistryClient, manifest
 from runtime.imageref import ImageRef
 from toolchain import cache, pipeline
 from toolchain.progress import Reporter
+from toolchain.publish.blobs import BlobCache
+from toolchain.publish.engine_load import FromBuild
+from toolchain.publish.push import BLOB_CACHE
 from toolchain.records import build_file
 from toolchain.image import provenance, registry_build
 from toolchain.image.registry_base import BaseImageError
@@ -479,6 +484,26 @@ def test_the_gpu_image_is_made_for_the_registry_on_the_projects_base_and_never_l
         said = io.StringIO()
         again = pipeline.build(s, str(spec), "gpu", Reporter(stream=said))["images"]["gpu"]
         assert "pushed the base" not in said.getvalue() and again["image_id"] == made["image_id"], said.getvalue()
+        assert not project_images()
+
+        # deployed here (the local target, --sqsh), it is loaded from this build, not pulled: the engine holds
+        # the session's cpu image, so only the spec's layer travels, and the pushed reference resolves
+        ref = pipeline.push(s, str(spec), "gpu", Reporter(stream=io.StringIO()))["images"]["gpu"]["repo_digest"]
+        lines: list[str] = []
+        image = engine_pull.image(client, ref, lines.append, FromBuild.of(s.build_dir))
+        assert image.id == made["image_id"] and ref in image.attrs["RepoDigests"], lines
+        assert re.fullmatch(re.escape(f"loading {ref} into the engine from this machine's build: 1 layer(s), ") +
+                            r"[0-9.]+ [KM]iB" + re.escape(f" (the engine holds the {len(session) - 1} below)"),
+                            lines[0]), lines
+        assert lines[1].startswith(f"loaded {ref} in ") and len(lines) == 2, lines  # no pull
+
+        # a build that left too little of it (the spec's layer neither as a tar nor as a blob) loads nothing
+        client.images.remove(image.id, force=True)
+        top = config["rootfs"]["diff_ids"][-1]
+        layer_store(s.build_dir).drop_tar(top)
+        BlobCache(s.build_dir / BLOB_CACHE).drop(top)
+        lines.clear()
+        assert FromBuild.of(s.build_dir)(client, ref, lines.append) is False and not lines
         assert not project_images()
     finally:
         for tag in project_images() | {f"{repo}-base:{key}"}:

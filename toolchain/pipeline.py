@@ -25,6 +25,7 @@ from toolchain.image.registry_base import BaseImageError
 from toolchain.records import (PushRecord, write_builds, RunRecord, add_launches, drop_launches, read_builds, read_launches,
                                read_pushes, restore_run, runs_before, write_push, write_run)
 from toolchain.progress import Reporter, human_bytes
+from toolchain.publish.engine_load import FromBuild
 from toolchain.publish.push import BLOB_CACHE, push_image
 from deploy.registry.address import is_local, scheme
 from toolchain.publish.local_registry import blob_storage, start_local
@@ -306,9 +307,10 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
     cluster = loaded.model
     d = settings.deploy
     target_name = given(target, "--target") or d.target
+    pushes = read_pushes(settings.build_dir)
     images = {v: ImageInfo(ref=r.ref, spec_sha256=r.spec_sha256, spec_file=r.spec_file, user=r.user,
                            registry_scheme=r.registry_scheme, profile=r.profile)
-              for v, r in read_pushes(settings.build_dir).items()}
+              for v, r in pushes.items()}
     job_name = d.name if given(name, "--name") is None else name
     run_id = pick_run(settings, job_name, resume)
     driver = driver_command(settings, command, torchrun, nproc_per_node, max_restarts)
@@ -347,7 +349,7 @@ def deploy(settings: Settings, spec: str | None, target: str | None, *, rep: Rep
         write_run(settings.build_dir, job.name, RunRecord(run_id=run_id, target=req.target.name,
                                                           image=str(job.image or ""), started=now()))
     ctx = ApplyContext(out_dir=out_to, engine=engine, progress=rep.step, env=env,
-                       layer_store=layer_store(settings.build_dir),
+                       layer_store=layer_store(settings.build_dir), from_build=FromBuild.of(settings.build_dir, pushes),
                        launching=lambda names: add_launches(settings.build_dir, req.target.name, job.name, names))
     try:
         applied = req.target.apply(artifacts, job, cluster, req.options, ctx)

@@ -18,6 +18,7 @@ from typing import Annotated, Any, Callable, ClassVar, Optional, Protocol, runti
 from pydantic import BaseModel, ConfigDict, Field, SerializeAsAny, ValidationError
 
 from deploy import hint
+from deploy.engine_pull import FromBuild
 from deploy.handles import ClusterStatus, Handle
 from deploy.layer_store import LayerStore
 from deploy.artifacts import write_all
@@ -110,6 +111,7 @@ class ApplyContext:
     progress: Callable[[str], None]
     env: Optional[dict] = None                # environment for scheduler CLIs (sbatch, kubectl, sky)
     layer_store: Optional[LayerStore] = None  # the build's assembled layers (an incremental .sqsh uses them)
+    from_build: Optional[FromBuild] = None    # puts a pushed image the engine lacks there from this machine's build
     # told the names of what is about to be launched and outlives the command (SkyPilot's clusters),
     # before it is: `destroy` removes exactly what was recorded (build/launched.json)
     launching: Callable[[list[str]], None] = lambda names: None

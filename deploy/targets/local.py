@@ -358,7 +358,7 @@ class Local(Target):
 
     def _materialise(self, client, job: JobSpec, ctx: ApplyContext) -> None:
         """The image here and the fileroot's directory made, before any container starts."""
-        engine_pull.image(client, job.image.docker(), ctx.progress)
+        engine_pull.image(client, job.image.docker(), ctx.progress, ctx.from_build)
         for m in job.mounts:
             if m.target == job.fileroot and not Path(m.source).exists():
                 Path(m.source).mkdir(parents=True)

@@ -31,6 +31,7 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import docker
 
+from deploy import engine_pull
 from deploy.layer_store import LayerStore
 from runtime.digest import Digest
 from toolchain import cache as user_cache
@@ -469,13 +470,11 @@ def _held_elsewhere(address: str, images: Sequence[ImageRef], stall_s: float,
 
 
 def _tell_the_engine(client: docker.DockerClient, target: str, digest: str, rep: Reporter) -> None:
-    """Make `target@digest` resolve in this engine, as its own push would have: a pull by digest that
-    finds the image's config already here fetches the manifest and config and nothing else, and records
-    the reference. The local target, `--sqsh` and anything else that names the pushed digest here need it."""
-    try:
-        client.images.pull(f"{target}@{digest}")
-    except docker.errors.APIError as e:
-        rep.warn(f"the engine could not resolve {target}@{digest} after the push ({e}); a deploy here by that "
+    """Make `target@digest` resolve in this engine (engine_pull.record): the local target, `--sqsh` and
+    anything else that names the pushed digest here need it."""
+    failed = engine_pull.record(client, f"{target}@{digest}")
+    if failed is not None:
+        rep.warn(f"the engine could not resolve {target}@{digest} after the push ({failed}); a deploy here by that "
                  "digest will pull it (`docker pull` it to see why)")
 
 

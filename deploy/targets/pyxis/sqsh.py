@@ -35,7 +35,8 @@ class SquashResult:
 
 def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
             options: Sequence[str] = ENROOT_DEFAULT_OPTIONS, progress=None,
-            layer_store: LayerStore | Path | None = None, spare: bool = True) -> SquashResult:
+            layer_store: LayerStore | Path | None = None, spare: bool = True,
+            from_build: Optional[engine_pull.FromBuild] = None) -> SquashResult:
     """The image (any local reference) as OUT_DIR/<repo>+<digest>.sqsh; reused when it exists.
 
     `client`: a Docker client, or a function that returns one, called only when the file must be made:
@@ -44,7 +45,9 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
     With `layer_store` (where the build keeps the layers it assembled), the layers below those are
     squashed once and cached, and the rest is appended (enroot_incremental.py); where that cannot be
     done honestly, a full conversion runs and `note` says why. `spare`: after an incremental
-    conversion, copy the cached part for the next one in the background (enroot_incremental.prepare_spare)."""
+    conversion, copy the cached part for the next one in the background (enroot_incremental.prepare_spare).
+    `from_build`: where the engine lacks the pushed image, it is loaded from this machine's build before a pull
+    is tried (deploy/engine_pull.py)."""
     t0 = time.monotonic()
     if digest and (Path(out_dir) / sqsh_name(image, digest)).exists():  # a cached file needs no engine
         return SquashResult(Path(out_dir) / sqsh_name(image, digest), True, time.monotonic() - t0, how="cached")
@@ -55,8 +58,8 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
             raise DeployError(f"making {sqsh_name(image, digest) if digest else 'the .sqsh'} needs the Docker engine, "
                               f"and {e}. Run this deploy where the engine is reachable (the file is then cached "
                               f"in {out_dir}), or copy a made .sqsh there") from None
-    try:  # the pushed image, pulled where the engine lacks it (one built from the registry: toolchain/image/way.py)
-        img = engine_pull.image(client, image, progress) if digest else client.images.get(image)
+    try:  # the pushed image, loaded or pulled where the engine lacks it (one built from the registry: toolchain/image/way.py)
+        img = engine_pull.image(client, image, progress, from_build) if digest else client.images.get(image)
     except engine_pull.PullError:
         raise
     except docker.errors.ImageNotFound:  # a local name the engine lacks: nothing to pull it by
