@@ -161,7 +161,7 @@ made: list[str] = []  # the old way's images, removed at the end whatever happen
 
 def old_way(client, settings, user_ref: str, reg: Registry, repo: str, tag: str, scratch: Path, rep: Reporter) -> dict:
     """The wheel set as one layer (the layout before per-wheel layers), loaded and pushed; its figures."""
-    py = client.containers.run(read_builds(settings.build_dir)["cpu"].base_ref,
+    py = client.containers.run(read_builds(settings.build_dir)["cpu"].base_ref.docker(),
                                ["python3", "-c", venv_layer.Python.PROBE], remove=True).decode()
     python = venv_layer.Python.parse(py, "base")
     wh = ensure_wheelhouse(settings, "cpu", python.minor, Reporter(quiet=True))
@@ -242,7 +242,7 @@ def main() -> int:
         settings.project.requirements = requirements_for(None, scratch)
         spec = scratch_spec(scratch)
         new = new_way(settings, spec, "before", rep)  # the project's stages, reused: its final image and push only
-        user_ref = read_builds(settings.build_dir)["cpu"].user_ref
+        user_ref = read_builds(settings.build_dir)["cpu"].user_ref.docker()
         old = old_way(client, settings, user_ref, reg, "bench-old", "before", scratch, rep)
         repo_new = read_builds(settings.build_dir)["cpu"].local_ref.name
         before_new = manifest_layers(reg, repo_new, "cpu-latest")

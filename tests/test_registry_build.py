@@ -182,6 +182,7 @@ def test_a_dependency_change_builds_and_pushes_with_no_engine_and_no_cache(clien
     built, res = ran["built"], ran["push"]
     assert ran["uid"] == RUNNER_UID
     assert built["engine"] is False and built["rebuilt"] == ["deps", "app", "spec"]
+    assert built["base_ref"] == pushed["cpu"]["repo_digest"]  # the image cpu-latest named, pinned
     pool = runner_dir / "cache" / cache.WHEELS
     downloaded = {f.name: f.stat().st_size for f in pool.glob("*.whl")}
     assert any(n.startswith("six-1.17.0-") for n in downloaded), downloaded

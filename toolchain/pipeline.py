@@ -196,10 +196,9 @@ def push(settings: Settings, spec: str | None, variant: str | None, rep: Reporte
         repo, content_tag, human_tag = entry.local_ref.repository, entry.local_ref.tag, entry.human_ref.tag
         target = ImageRef.parse(f"{address}/{repo}", "push target")  # a registry address may carry a path
         # the layers not in the layer store come from `docker save` of the smallest stage that has them
-        below = [ref for ref in (entry.base_ref, entry.user_ref, entry.deps_ref) if ref and ref != "-"]
+        below = [ref.docker() for ref in entry.stages()]
         # built with no engine on a base in the registry: its layers are mounted from the base's repository
-        base = ImageRef.parse(entry.base_ref, "build.json's base_ref") if not entry.engine else None
-        held_from = [base] if base is not None and base.repository != target.repository else []
+        held_from = [entry.base_ref] if not entry.engine and entry.base_ref.repository != target.repository else []
         res = push_image(client if entry.engine else None, v, image_id, target, [content_tag, human_tag],
                          settings.registry.retries, settings.registry.retry_backoff_s, rep,
                          settings.registry.stall_timeout_s, layer_store=store,

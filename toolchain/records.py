@@ -12,9 +12,10 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError, field_validator
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, PlainSerializer, ValidationError,
+                      field_validator, model_validator)
 
 from runtime import strict_json
 from runtime.contract import JOB_NAME_RE
@@ -81,6 +82,25 @@ def _pinned_or_none(value: str) -> str:
 
 PinnedRef = Annotated[ImageRef, BeforeValidator(_pinned_ref), PlainSerializer(ImageRef.docker, return_type=str)]
 
+
+def _stage_ref(value: object) -> Optional[ImageRef]:
+    """An image a build stands on, parsed once: a local one (repository:tag), or the registry's (pinned by
+    digest); None where there is none (null, or "" and "-" as older files wrote it)."""
+    if value is None or value in ("", "-"):
+        return None
+    if isinstance(value, ImageRef):
+        return value
+    if not isinstance(value, str):
+        raise ValueError("an image reference is text (repository:tag, or registry/repository@sha256:...)")
+    try:
+        return ImageRef.parse(value, "a stage of the build")
+    except ImageRefError as e:
+        raise ValueError(str(e)) from None
+
+
+StageRef = Annotated[Optional[ImageRef], BeforeValidator(_stage_ref),
+                     PlainSerializer(lambda r: None if r is None else r.docker(), return_type=Optional[str])]
+
 # values `status` prints: checked when read, so a damaged file prints no escape sequence or stray line
 RanImage = Annotated[str, AfterValidator(_pinned_or_none)]
 STARTED = r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}Z$"  # toolchain/job_inputs.py `now`
@@ -96,10 +116,11 @@ class BuildRecord(_Record):
     human_ref: TaggedRef
     image_id: str
     spec_sha256: str = Field(..., pattern=SHA256)
-    base_ref: str
-    user_ref: str = ""          # the user stage: where the push reads the base and user layers
-    deps_ref: str
-    app_ref: str
+    # the images below it, bottom first: where a push reads layers the layer store lacks (`stages`)
+    base_ref: StageRef = None   # the base: a local image, or (built with no engine) the registry's, pinned
+    user_ref: StageRef = None   # the user stage (an engine's build)
+    deps_ref: StageRef = None
+    app_ref: StageRef = None
     torch_source: str
     rebuilt: list[str] = Field(default_factory=list)
     # what the layers were made from, so a held cluster can tell a code change (run ships it) from a
@@ -110,6 +131,17 @@ class BuildRecord(_Record):
     # False: built with no engine (toolchain/image/registry_build.py): the image is its config and new layers in
     # the layer store, the rest in the registry it is pushed to; nothing of it is in a local engine
     engine: bool = True
+
+    @model_validator(mode="after")
+    def _registry_base_pinned(self) -> "BuildRecord":
+        if not self.engine and (self.base_ref is None or not self.base_ref.pinned):
+            raise ValueError("base_ref: a build with no engine records the image it stood on in the registry, "
+                             "pinned by digest (registry/repository@sha256:...)")
+        return self
+
+    def stages(self) -> list[ImageRef]:
+        """The images below it that this build recorded, bottom first."""
+        return [r for r in (self.base_ref, self.user_ref, self.deps_ref) if r is not None]
 
 
 class PushRecord(_Record):

@@ -73,7 +73,8 @@ class NoEngineBuildError(ToolchainError):
 
 @dataclass(frozen=True)
 class Previous:
-    ref: ImageRef                      # registry/repository:tag
+    ref: ImageRef                      # registry/repository:tag, as asked for
+    pinned: ImageRef                   # the image that tag named when it was read: registry/repository@sha256:...
     config: dict
     image_id: Digest                   # its config's digest
     held: dict[Digest, HeldBlob]       # its layers' blobs, by diff ID
@@ -113,7 +114,7 @@ def read_previous(reg: RegistryClient, ref: ImageRef, why: str) -> Optional[Prev
         raise NoEngineBuildError(f"{why}, and the image to build on, {where}, cannot be used: {str(e)[:300]}; build "
                                  "and push once where a Docker engine runs",
                                  f"{where} cannot be built on: {str(e)[:160]}") from None
-    return Previous(ref, config, image_id, held, made_from)
+    return Previous(ref, ref.at(Digest.of(manifest)), config, image_id, held, made_from)
 
 
 def _base_key(settings: Settings, why: str) -> str:
@@ -234,7 +235,7 @@ def build_variant(settings: Settings, variant: str, loaded: LoadedSpec, why: str
     same = previous is not None and previous.image_id == image_id  # nothing changed since the previous push
     return BuildRecord(variant=variant, local_ref=f"{repo}:{variant}-{key[:16]}", human_ref=f"{repo}:{human}",
                        image_id=image_id, spec_sha256=loaded.sha256,
-                       base_ref=(below.base or previous.ref).docker(), user_ref="", deps_ref="-", app_ref="-",
+                       base_ref=below.base or previous.pinned,
                        torch_source=wheels.torch_source, rebuilt=[] if same else (["user"] if below.base else []) +
                        (["deps"] if write else []) + ["app", "spec"], engine=False, **sources)
 
