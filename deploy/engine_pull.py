@@ -31,17 +31,15 @@ def pull(client, ref: str, progress: Optional[Callable[[str], None]] = None,
     """Pull REF (registry/repository@sha256:...) into the engine, saying how much of its layers has come."""
     say = progress or (lambda msg: None)
     say(f"pulling {ref} into the engine (it holds no image of that digest)")
-    got: dict[str, dict[str, tuple[int, int]]] = {"Downloading": {}, "Extracting": {}}  # per layer: (done, size)
-    t0 = last = time.monotonic()
+    seen = _Progress(say, every_s)
     try:
         for event in client.api.pull(ref, stream=True, decode=True):
             if "error" in event:
                 raise PullError(_failed(ref, event["error"]))
-            last = _count(event, got, say, t0, last, every_s)
+            seen.take(event)
     except docker.errors.APIError as e:  # refused before any layer (no such manifest, no login)
         raise PullError(_failed(ref, e.explanation or e)) from None
-    say(f"pulled {ref}: {_mib(sum(c for c, _ in got['Downloading'].values()))} of layers downloaded in "
-        f"{time.monotonic() - t0:.1f}s")
+    say(f"pulled {ref}: {_mib(seen.done('Downloading'))} of layers downloaded in {time.monotonic() - seen.t0:.1f}s")
 
 
 def image(client, ref: str, progress: Optional[Callable[[str], None]] = None, from_build: Optional[FromBuild] = None):
@@ -75,21 +73,31 @@ def _failed(ref: str, why) -> str:
             "and holds its login (`docker login`)")
 
 
-def _count(event: dict, got: dict, say, t0: float, last: float, every_s: float) -> float:
-    """Take one of the engine's pull events into GOT (its layers' blobs downloaded, then extracted: the engine
-    applies each one, also one whose files it holds from a load); say both at most every EVERY_S. The time
-    last said."""
-    status, layer, detail = event.get("status"), event.get("id", ""), event.get("progressDetail") or {}
-    if status in got and "current" in detail:
-        got[status][layer] = (int(detail["current"]), int(detail.get("total") or 0))
-    for stage, complete in (("Downloading", ("Download complete", "Pull complete")), ("Extracting", ("Pull complete",))):
-        if status in complete and layer in got[stage]:
-            total = got[stage][layer][1]
-            got[stage][layer] = (total, total)
-    now = time.monotonic()
-    if not got["Downloading"] or now - last < every_s:
-        return last
-    down, ex = got["Downloading"].values(), got["Extracting"].values()
-    say(f"pulling: {_mib(sum(c for c, _ in down))} of {_mib(sum(t for _, t in down))} of layers downloaded, "
-        f"{_mib(sum(c for c, _ in ex))} extracted ({now - t0:.0f}s)")
-    return now
+class _Progress:
+    """A pull's events taken in: each layer's blob downloaded, then extracted (the engine applies each one, also
+    one whose files it holds from a load), per layer (done, size); both said at most every EVERY_S seconds."""
+
+    def __init__(self, say: Callable[[str], None], every_s: float):
+        self.say, self.every_s = say, every_s
+        self.got: dict[str, dict[str, tuple[int, int]]] = {"Downloading": {}, "Extracting": {}}
+        self.t0 = self.last = time.monotonic()
+
+    def done(self, stage: str) -> int:
+        return sum(c for c, _ in self.got[stage].values())
+
+    def take(self, event: dict) -> None:
+        status, layer, detail = event.get("status"), event.get("id", ""), event.get("progressDetail") or {}
+        if status in self.got and "current" in detail:
+            self.got[status][layer] = (int(detail["current"]), int(detail.get("total") or 0))
+        for stage, complete in (("Downloading", ("Download complete", "Pull complete")),
+                                ("Extracting", ("Pull complete",))):
+            if status in complete and layer in self.got[stage]:
+                total = self.got[stage][layer][1]
+                self.got[stage][layer] = (total, total)
+        now = time.monotonic()
+        if not self.got["Downloading"] or now - self.last < self.every_s:
+            return
+        self.last = now
+        size = sum(t for _, t in self.got["Downloading"].values())
+        self.say(f"pulling: {_mib(self.done('Downloading'))} of {_mib(size)} of layers downloaded, "
+                 f"{_mib(self.done('Extracting'))} extracted ({now - self.t0:.0f}s)")
