@@ -19,7 +19,9 @@ import os
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Iterable, Iterator, Optional, Union
+from typing import Callable, Iterable, Iterator, Optional, Union
+
+import docker
 
 from deploy.layer_store import LayerStore
 from runtime.contract import BIG_LAYER_BYTES
@@ -216,11 +218,13 @@ def load(client, new: list[AnyLayer], config: bytes, tag: str, store: LayerStore
 
 
 def load_images(client, new: list[AnyLayer], images: list[tuple[bytes, str]], store: LayerStore | Path | None = None,
-                progress=None) -> list[str]:
+                progress=None, applying: Optional[Callable[[dict], None]] = None) -> list[str]:
     """`load` of several images in one docker-archive: one request, and one unpacking by the engine,
     for a stage and the stage above it. IMAGES are (config, tag), bottom first: each image's layers
     are its config's diff IDs, and the engine takes the first image's before the next one's, so a
-    layer of NEW that the first brings is already there for the second. Returns the images' IDs."""
+    layer of NEW that the first brings is already there for the second. Returns the images' IDs.
+    `applying(event)` gets each of the engine's "Loading layer" events (its `id` and `progressDetail`): the
+    engine takes the whole archive first, then applies the layers, the long part."""
     store = LayerStore.of(store) if store is not None else None
     ids = [Digest.of(config) for config, _ in images]
     manifest = json.dumps([{"Config": f"{image_id.hex}.json", "RepoTags": [tag],
@@ -236,7 +240,11 @@ def load_images(client, new: list[AnyLayer], images: list[tuple[bytes, str]], st
             yield block
     tags = ", ".join(tag for _, tag in images)
     try:
-        client.images.load(counted())
+        for event in client.api.load_image(counted(), quiet=applying is None):
+            if "errorDetail" in event:
+                raise docker.errors.ImageLoadError((event["errorDetail"] or {}).get("message") or str(event))
+            if applying is not None and event.get("status") == "Loading layer":
+                applying(event)
     except Exception as e:  # the engine's message says which layer it missed
         raise BuildError("assembled", tags, f"the engine did not load the assembled image: {e}", []) from None
     for image_id, (config, tag) in zip(ids, images):

@@ -39,6 +39,7 @@ class FromBuild:
     pushed: dict[str, PushRecord]  # by the pushed reference, registry/repository@sha256:...
     store: LayerStore
     blobs: BlobCache
+    every_s: float = engine_pull.PROGRESS_EVERY_S  # a line at most this often while the layers go
 
     @classmethod
     def of(cls, build_dir: Path, pushes: Optional[dict[str, PushRecord]] = None) -> "FromBuild":
@@ -64,11 +65,29 @@ class FromBuild:
         files = [self._file(d) for d in diff_ids[held:]]
         if any(f is None for f in files):
             return False
+        total = sum(f.size for f in files)
         say(f"loading {ref} into the engine from this machine's build: {len(files)} layer(s), "
-            f"{human_bytes(sum(f.size for f in files))} (the engine holds the {held} below)")
-        t0 = time.monotonic()
-        try:
-            layers.load_images(client, files, [(config, record.local_ref.docker())])  # tagged as a build here tags it
+            f"{human_bytes(total)} (the engine holds the {held} below)")
+        t0 = last = time.monotonic()
+        sent, applied = [0], {}  # bytes of the archive sent; per layer the engine applies: done
+
+        def tick() -> None:  # the engine takes the archive, then applies its layers (the long part): said every few s
+            nonlocal last
+            if time.monotonic() - last >= self.every_s:
+                last = time.monotonic()
+                say(f"loading: {human_bytes(min(sent[0], total))} of {human_bytes(total)} sent, "
+                    f"{sum(applied.values())} of {len(files)} layer(s) applied ({last - t0:.0f}s)")
+
+        def taking(n: int) -> None:
+            sent[0] = n
+            tick()
+
+        def applying(event: dict) -> None:
+            detail = event.get("progressDetail") or {}
+            applied[event.get("id", "")] = bool(detail.get("total")) and detail.get("current", 0) >= detail["total"]
+            tick()
+        try:  # tagged as a build here tags it
+            layers.load_images(client, files, [(config, record.local_ref.docker())], progress=taking, applying=applying)
         except (BuildError, OSError) as e:  # a blob pruned meanwhile, a tar that is not its layer
             say(f"loading {ref} from this machine's build failed ({str(e)[:300]}); pulling it instead")
             return False
