@@ -94,7 +94,7 @@ class Pyxis(SlurmJobTarget):
             local: Path = artifacts.extra["sqsh_path"]
             res = convert_to_sqsh(ctx.engine, job.image.docker(), local.parent, digest=job.image.digest,
                                  progress=ctx.progress, layer_store=ctx.layer_store,
-                                  from_build=ctx.from_build)
+                                 from_build=ctx.from_build)
             ctx.progress(f"squashfs {'reused' if res.cached else f'written ({res.how})'}: {res.path} "
                          f"({res.seconds:.1f}s)")
             made = str(res.path)
