@@ -32,17 +32,22 @@ SHA256 = r"^[0-9a-f]{64}$"
 MAX_RECORDS = 16 << 20  # a build directory's record file (build/*.json): kilobytes in practice
 
 
-def _tagged(value: object) -> ImageRef:
-    """A local image's reference, parsed once (runtime/imageref.py): repository:tag, no digest."""
+def _ref(value: object, what: str, not_text: str) -> ImageRef:
+    """VALUE as a reference, parsed once (runtime/imageref.py): an ImageRef as it is, text parsed (WHAT names it
+    in the error); anything else refused with NOT_TEXT."""
     if isinstance(value, ImageRef):
-        ref = value
-    elif isinstance(value, str):
-        try:
-            ref = ImageRef.parse(value, "image")
-        except ImageRefError as e:
-            raise ValueError(str(e)) from None
-    else:
-        raise ValueError("an image reference is text (repository:tag)")
+        return value
+    if not isinstance(value, str):
+        raise ValueError(not_text)
+    try:
+        return ImageRef.parse(value, what)
+    except ImageRefError as e:
+        raise ValueError(str(e)) from None
+
+
+def _tagged(value: object) -> ImageRef:
+    """A local image's reference: repository:tag, no digest."""
+    ref = _ref(value, "image", "an image reference is text (repository:tag)")
     if ref.tag is None or ref.digest is not None:
         raise ValueError(f"{ref.docker()[:120]!r}: a built image is named repository:tag")
     return ref
@@ -53,16 +58,8 @@ TaggedRef = Annotated[ImageRef, BeforeValidator(_tagged), PlainSerializer(ImageR
 
 
 def _pinned_ref(value: object, what: str = "repo_digest") -> ImageRef:
-    """A reference pinned by digest (registry/repository@sha256:...), parsed once; WHAT names it in the error."""
-    if isinstance(value, ImageRef):
-        ref = value
-    elif isinstance(value, str):
-        try:
-            ref = ImageRef.parse(value, what)
-        except ImageRefError as e:
-            raise ValueError(str(e)) from None
-    else:
-        raise ValueError(f"{what}: an image reference is text (registry/repository@sha256:...)")
+    """A reference pinned by digest (registry/repository@sha256:...); WHAT names it in the error."""
+    ref = _ref(value, what, f"{what}: an image reference is text (registry/repository@sha256:...)")
     try:
         return ref.require_pinned()
     except ImageRefError as e:
@@ -84,18 +81,12 @@ PinnedRef = Annotated[ImageRef, BeforeValidator(_pinned_ref), PlainSerializer(Im
 
 
 def _stage_ref(value: object) -> Optional[ImageRef]:
-    """An image a build stands on, parsed once: a local one (repository:tag), or the registry's (pinned by
-    digest); None where there is none (null, or "" and "-" as older files wrote it)."""
+    """An image a build stands on: a local one (repository:tag), or the registry's (pinned by digest); None
+    where there is none (null, or "" and "-" as older files wrote it)."""
     if value is None or value in ("", "-"):
         return None
-    if isinstance(value, ImageRef):
-        return value
-    if not isinstance(value, str):
-        raise ValueError("an image reference is text (repository:tag, or registry/repository@sha256:...)")
-    try:
-        return ImageRef.parse(value, "a stage of the build")
-    except ImageRefError as e:
-        raise ValueError(str(e)) from None
+    return _ref(value, "a stage of the build",
+                "an image reference is text (repository:tag, or registry/repository@sha256:...)")
 
 
 StageRef = Annotated[Optional[ImageRef], BeforeValidator(_stage_ref),
