@@ -122,8 +122,9 @@ ENV_HELP = ("KEY=VALUE: an environment variable for every process of the job, ov
                 "needs, one small layer on top (for --target skypilot; default: image.profile)."),
     "load": ("Build in the local Docker engine, to run the image here with `docker run`. Without it the engine "
              "builds the cpu image where it already holds this project's stages; the gpu image (the local target "
-             "does not run it), and any image elsewhere (a CI runner), is made from what the registry holds, and "
-             "the local target and --sqsh pull it when they need it (docs/ci.md)."),
+             "does not run it), and any image elsewhere (a CI runner), is made from what the registry holds; the local "
+             "target and --sqsh then load it from this machine's build (only the layers the engine lacks), or pull "
+             "it where the build left too little (docs/ci.md)."),
     **COMMON,
 })
 def build(c, spec=None, variant=None, profile=None, load=False, quiet=False, json=False):

@@ -11,7 +11,8 @@ Otherwise (a CI runner's fresh engine, a laptop whose engine never built the pro
 the registry first: the previous push, or the base image.base_image pins there (with none set, the project's own
 base there: registry_build.project_base). Its layers are never loaded,
 so a dependency change costs its own layer, not the 7 GiB an engine would apply again; the local target and
-`--sqsh` pull the pushed image when they need it. Where the registry cannot give the build (nothing pushed yet,
+`--sqsh` put the pushed image in the engine when they need it (loaded from this machine's build, only the layers
+the engine lacks, or pulled: deploy/engine_pull.py). Where the registry cannot give the build (nothing pushed yet,
 another Python, a base elsewhere), the engine builds it, and one line says why.
 The gpu image is never run by this machine's engine (the local target runs the cpu one and asks for no GPU),
 so without `--load` it is made for the registry whatever the engine holds, and its CUDA wheels (GiBs) are

@@ -69,17 +69,18 @@ class FromBuild:
         say(f"loading {ref} into the engine from this machine's build: {len(files)} layer(s), "
             f"{human_bytes(total)} (the engine holds the {held} below)")
         t0 = last = time.monotonic()
-        sent, applied = [0], {}  # bytes of the archive sent; per layer the engine applies: done
+        sent, applied = 0, {}  # bytes of the archive sent; per layer the engine applies: done
 
         def tick() -> None:  # the engine takes the archive, then applies its layers (the long part): said every few s
             nonlocal last
             if time.monotonic() - last >= self.every_s:
                 last = time.monotonic()
-                say(f"loading: {human_bytes(min(sent[0], total))} of {human_bytes(total)} sent, "
+                say(f"loading: {human_bytes(min(sent, total))} of {human_bytes(total)} sent, "
                     f"{sum(applied.values())} of {len(files)} layer(s) applied ({last - t0:.0f}s)")
 
         def taking(n: int) -> None:
-            sent[0] = n
+            nonlocal sent
+            sent = n
             tick()
 
         def applying(event: dict) -> None:
