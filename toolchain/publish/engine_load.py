@@ -63,7 +63,10 @@ class FromBuild:
         diff_ids = json.loads(config)["rootfs"]["diff_ids"]
         held = held_prefix(engine_chains(client), diff_ids)
         files = [self._file(d) for d in diff_ids[held:]]
-        if any(f is None for f in files):
+        lacking = sum(f is None for f in files)
+        if lacking:
+            say(f"this machine's build lacks {lacking} of the {len(files)} layer(s) the engine needs for {ref} "
+                "(taken from the registry, never written here): it is pulled")
             return False
         total = sum(f.size for f in files)
         say(f"loading {ref} into the engine from this machine's build: {len(files)} layer(s), "

@@ -26,8 +26,8 @@ from deploy.targets.pyxis.enroot import ENROOT_DEFAULT_OPTIONS, make_rootfs, mks
 class SquashResult:
     path: Path
     cached: bool
-    seconds: float
-    export_seconds: float = 0.0
+    seconds: float                # the whole call: a load or pull of the image into the engine included
+    export_seconds: float = 0.0   # the image extracted (a full conversion) or its lower layers cached
     squash_seconds: float = 0.0
     how: str = "full"      # "full", "incremental" (deploy/targets/pyxis/enroot_incremental.py) or "cached"
     note: str = ""         # why an incremental conversion fell back to a full one
@@ -86,13 +86,14 @@ def convert(client, image: str, out_dir: Path, *, digest: Optional[str] = None,
         partial = work / "image.sqsh"
         if progress:
             progress(f"converting {image} ({img.attrs.get('Size', 0) / 2**30:.2f} GiB, {' '.join(options)}) -> {out.name}")
+        t_export = time.monotonic()  # after the engine got the image (a load or a pull: said on their own)
         make_rootfs(client, img.id, img.attrs.get("Config") or {}, work / "rootfs", progress)
         t1 = time.monotonic()
         if progress:
-            progress(f"extracted in {t1 - t0:.1f}s; mksquashfs")
+            progress(f"extracted in {t1 - t_export:.1f}s; mksquashfs")
         mksquashfs(work / "rootfs", partial, options)
         t2 = time.monotonic()
         os.replace(partial, out)  # same filesystem: the .sqsh appears whole or not at all
-        return SquashResult(out, False, time.monotonic() - t0, t1 - t0, t2 - t1, note=note)
+        return SquashResult(out, False, time.monotonic() - t0, t1 - t_export, t2 - t1, note=note)
     finally:
         shutil.rmtree(work, ignore_errors=True)
