@@ -39,6 +39,9 @@ class Probe:
     def sleep(self, seconds):
         time.sleep(seconds)
 
+    def exit(self, code):
+        os._exit(code)
+
 
 def on(node_id: str):
     # max_concurrency=2 as a group's WorkerHost: a worker inside a long call still answers a ping
@@ -85,3 +88,30 @@ def test_the_detector_finds_the_lost_rank_its_node_and_log_from_a_view_alone(two
     assert (rank, silent) == (1, False)
     assert detector.node_alive(1, answered)  # its spare answered: the node works, only the worker is gone
     assert detector.log_tail(None) == "" and GroupView(workers=(), slots=()).processes == ()
+
+
+@pytest.mark.cluster  # starts real Ray nodes
+def test_a_worker_whose_process_ended_leaves_its_node_up_though_a_probe_there_cannot_answer(two_nodes, monkeypatch):
+    """A worker that exits (its memory_limit, a crash) on a node with nothing else of the group: Ray's raylet
+    says the process died, so the node is up, even where a probe could not answer in time (a loaded node,
+    made certain here by a window of 0 s). Taking the node for lost would move its placement group and
+    lose the worker's last lines."""
+    import runtime.workers.failures as failures
+    nodes = {n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+    ids = sorted(nodes)
+    workers = [on(node) for node in ids]
+    pids = ray.get([w.say.remote(f"rank {r} here") for r, w in enumerate(workers)])
+    slots = tuple(BundleSlot(None, 0, r, 0, nodes[node], 1, None, node) for r, node in enumerate(ids))
+    view = GroupView(workers=tuple(workers), slots=slots,
+                     processes=tuple(WorkerProcess(pid=p, node_id=n, node=nodes[n]) for p, n in zip(pids, ids)))
+    detector = FailureDetector(lambda: view)
+    monkeypatch.setattr(failures, "NODE_PING_S", 0.0)
+    assert not detector.node_alive(1)  # the probe alone would take the node for lost
+
+    refs = [workers[0].sleep.remote(0), workers[1].exit.remote(137)]
+    with pytest.raises(ray.exceptions.RayActorError) as err:
+        ray.get(refs, timeout=60)
+    failure = detector.locate(refs, [0, 1], err.value)
+    assert failure.rank == 1 and not failure.node_lost
+    assert failure.cause.startswith("actor died: ") and failure.cause.endswith("(its process ended)")
+    assert "rank 1 here" in detector.log_tail(1)

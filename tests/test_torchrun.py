@@ -60,6 +60,24 @@ def test_ranks_per_node_defaults_to_the_gpus_and_refuses_more():
         script_ranks.ranks_per_node(gpu, 5)
 
 
+def test_the_rank_that_failed_first_is_the_one_whose_peers_lost_it_even_if_they_were_reaped_before_it():
+    """As seen on the real Slurm under load: rank 5 exits with 3, its peer rank 3 fails on the closed
+    connection and is reaped on its node before rank 5 is: the job ends with rank 5's code."""
+    node = script_ranks.Node(0, "a", "x", 0)
+    lost = ("RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer "
+            "[10.0.0.3]:28004",)
+    peer = script_ranks.Failure(3, node, 1, script_ranks.Ended(1, ("Traceback (most recent call last):", *lost),
+                                                               False, at=100.0))
+    cause = script_ranks.Failure(5, node, 1, script_ranks.Ended(3, ("rank 5 fails on purpose",), False, at=100.4))
+    later = script_ranks.Failure(4, node, 0, script_ranks.Ended(2, ("ValueError: bad batch",), False, at=101.0))
+    assert script_ranks.first_failure([peer, cause, later]).rank == 5
+    assert script_ranks.first_failure([peer, later]).rank == 4  # a rank that failed on its own, later
+    assert script_ranks.first_failure([peer]).rank == 3 and script_ranks.first_failure([]) is None
+    nccl = script_ranks.Ended(1, ("torch.distributed.DistBackendError: NCCL error: remote process exited or "
+                                  "there was a network error, NCCL version 2.21.5",), False, at=99.0)
+    assert script_ranks.followed_a_peer(nccl) and not script_ranks.followed_a_peer(cause.ended)
+
+
 @pytest.fixture
 def project(tmp_path):
     """A project with the probe in its code (deploy's pre-flight, no image needed for these refusals)."""

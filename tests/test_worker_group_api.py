@@ -67,12 +67,26 @@ def test_gpu_ids_placement_logic():
             gpu_assignment([2, 2], bad)
 
 
-def test_memory_limit_is_enforced_on_a_cluster_without_reservations(two_nodes):
+@pytest.fixture
+def clusters(two_nodes):
+    """RayVirtualCluster(...) for a test, each shut down after it, passed or failed: the module's Ray
+    cluster outlives the test, and a cluster left alive would hold its name for the next."""
+    made = []
+
+    def make(*args, **kwargs):
+        made.append(RayVirtualCluster(*args, **kwargs))
+        return made[-1]
+    yield make
+    for c in made:
+        c.shutdown()
+
+
+def test_memory_limit_is_enforced_on_a_cluster_without_reservations(clusters):
     """The seed's memory_limit on a cluster made as the seed makes it (no memory reserved): accepted,
     a worker within it runs, one over it is stopped and the error names the rank, limit and peak."""
     from helpers.workers import Plain
     from runtime.workers.failures import WorkerFailureError
-    plain = RayVirtualCluster([1, 1])
+    plain = clusters([1, 1])
     g = RayWorkerGroup(plain, Plain, backend=None, memory_limit="1GB")
     assert g.run_all_workers_single_data("hold", 64, 0.2) == [64, 64]
     with pytest.raises(WorkerFailureError, match=r"memory_limit exceeded: rank 1 .* MiB RSS \(peak\), over its "
@@ -80,18 +94,30 @@ def test_memory_limit_is_enforced_on_a_cluster_without_reservations(two_nodes):
         g.run_work_items("hold", [8, 1536])  # item 1 to worker 1
     assert err.value.rank == 1
     g.shutdown()
-    plain.shutdown()
 
 
-def test_reserved_memory_limit(two_nodes):
+def test_reserved_memory_limit(clusters):
     from helpers.workers import EnvReporter
-    reserved = RayVirtualCluster([1, 1], memory_per_bundle="1GiB")
+    reserved = clusters([1, 1], memory_per_bundle="1GiB")
     with pytest.raises(ValueError, match="memory_limit 8.00 GiB cannot be met.*memory_per_bundle"):
         RayWorkerGroup(reserved, EnvReporter, memory_limit="8GB")
     g = RayWorkerGroup(reserved, EnvReporter, memory_limit="1GiB")
     assert len(g.run_all_workers_single_data("env")) == 2
     g.shutdown()
-    reserved.shutdown()
+
+
+def test_a_second_cluster_of_a_name_in_use_is_refused_and_takes_nothing(clusters):
+    from ray.util.placement_group import placement_group_table
+    first = clusters([1, 1], name="policy")
+    before = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+    with pytest.raises(ValueError, match=r"name: 'policy' is taken in this Ray cluster .*policy-node0.*"
+                                         r"shutdown\(\) first, or give this one another name="):
+        RayVirtualCluster([1, 1], name="policy")
+    assert {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"} == before
+    assert first.world_size() == 2 and len(first.get_placement_groups()) == 2
+    first.shutdown()
+    again = clusters([1, 1], name="policy")  # the name is free once its cluster is shut down
+    assert again.world_size() == 2
 
 
 def test_a_worker_dying_in_run_work_items_is_reported_as_its_own_rank(vc):

@@ -27,6 +27,9 @@ LOST_GRACE_S = 1.0
 # process started
 NODE_PROBE_S = 0.5
 NODE_PING_S = 3.0
+# how long reading a failed worker's log on its node (up: else it is not asked) may take; a task there may
+# first need a worker process started, seconds on a loaded node
+LOG_TAIL_S = 20.0
 
 
 class WorkerFailureError(RaytrainError, RuntimeError):  # RuntimeError: what user code caught before
@@ -42,6 +45,14 @@ class WorkerGroupRestarted(WorkerFailureError):
 # Ray's note on any worker that exits unexpectedly lists the OOM killer and dying nodes among "common
 # causes": the text from here on names no cause of this death
 _RAY_GENERIC_NOTE = "Some common causes include"
+# Ray's word that the node's raylet saw the actor's process end (an exit, a crash, its OOM kill): that
+# node was up to say so. A lost node's actors end as unavailable (their connection closed) instead.
+_RAY_PROCESS_DIED = "because its worker process has died"
+
+
+def process_died(err: BaseException) -> bool:
+    """Whether Ray says the actor behind ERR died as a process, seen by its node's raylet (the node is up)."""
+    return isinstance(err, ray.exceptions.ActorDiedError) and _RAY_PROCESS_DIED in str(err)
 
 
 def dead_among(actors: list, node_of: Callable[[int], Optional[str]], timeout_s: float) -> list[int]:
@@ -141,10 +152,11 @@ class FailureDetector:
         it is the user's own error (every worker still answers)."""
         seen = time.time()
         view = self.view()
+        node_up = False
         if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
                             ray.exceptions.WorkerCrashedError)):
-            rank, cause = self.find_failure(refs, err, ranks, view)
-            answered = None  # Ray named the dead worker; node_alive asks its node
+            rank, cause, node_up = self.find_failure(refs, err, ranks, view)
+            answered = None  # Ray named the dead worker; node_alive asks its node unless its raylet spoke
         else:
             # A collective (all-reduce) fails on the survivors, "connection reset by peer", before Ray
             # reports the lost worker: that is a worker failure, not an error in the user's code.
@@ -154,7 +166,8 @@ class FailureDetector:
             how = "stopped answering" if silent else "died"
             cause = f"{how} while the others were in a collective ({str(err).splitlines()[0][:160]})"
         found = time.time()
-        node_lost = rank is not None and not self.node_alive(rank, answered, view)
+        # a probe of a loaded node can miss its window; the raylet's own word that the process ended cannot
+        node_lost = rank is not None and not node_up and not self.node_alive(rank, answered, view)
         detect = {"failure_seen_at": seen, "lost_rank_found_s": found - seen, "node_check_s": time.time() - found}
         return Failure(rank, cause, node_lost, detect)
 
@@ -239,23 +252,28 @@ class FailureDetector:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
         try:
             text = ray.get(read_worker_log.options(scheduling_strategy=NodeAffinitySchedulingStrategy(
-                proc.node_id, soft=False)).remote(pid=proc.pid, lines=lines), timeout=10)
+                proc.node_id, soft=False)).remote(pid=proc.pid, lines=lines), timeout=LOG_TAIL_S)
+        except ray.exceptions.GetTimeoutError:
+            return f"\n  (no log tail: node {proc.node} did not send it within {LOG_TAIL_S:.0f} s)"
         except Exception:
             return f"\n  (no log tail: node {proc.node} is gone)"
         return f"\n  last log lines of rank {rank}:\n    " + "\n    ".join(text.splitlines()) if text else ""
 
     def find_failure(self, refs: list, err: Exception, ranks: list[int],
-                     view: Optional[GroupView] = None) -> tuple[Optional[int], str]:
+                     view: Optional[GroupView] = None) -> tuple[Optional[int], str, bool]:
+        """(the rank whose call failed, why, whether Ray says its process died: its node is up)."""
         ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
         for i, ref in enumerate(refs):
             if ref in ready:
                 try:
                     ray.get(ref, timeout=0)
                 except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
-                    return ranks[i], f"actor died: {str(e).splitlines()[0]}"
+                    exited = process_died(e)
+                    said = str(e).splitlines()[0] + (" (its process ended)" if exited else "")
+                    return ranks[i], f"actor died: {said}", exited
                 except Exception:
                     continue
         if isinstance(err, ray.exceptions.GetTimeoutError) and not_ready:
             timeout_s = (view or self.view()).call_timeout_s
-            return ranks[refs.index(not_ready[0])], f"no answer within {timeout_s}s (stuck)"
-        return None, str(err).splitlines()[0]
+            return ranks[refs.index(not_ready[0])], f"no answer within {timeout_s}s (stuck)", False
+        return None, str(err).splitlines()[0], False

@@ -282,6 +282,22 @@ class Failure:
     ended: Ended
 
 
+# what a rank's last lines say when a peer left first (gloo, NCCL, a plain socket): that rank's failure
+# follows another's, and its process can be reaped before the one that caused it
+_PEER_LOST = ("connection closed by peer", "connection reset by peer", "broken pipe",
+              "remote process exited", "ncclremoteerror")
+
+
+def followed_a_peer(ended: Ended) -> bool:
+    return any(words in line.lower() for line in ended.tail for words in _PEER_LOST)
+
+
+def first_failure(failed: list[Failure]) -> Optional[Failure]:
+    """The failure that ends the job, as the one torchrun names: the first to fail by when it ended (not by
+    when the driver heard), among those whose lines do not show a peer lost before them."""
+    return min(failed, key=lambda f: (followed_a_peer(f.ended), f.ended.at)) if failed else None
+
+
 def script_argv(target: list[str], cwd: str) -> list[str]:
     """`python` ARGV of the target (`script.py ARGS` or `-m module ARGS`); a script must be in the code."""
     if not target:
@@ -356,9 +372,7 @@ def _attempts(hosts: list, places: list, argv: list[str], omp: Optional[str], nn
                         for h in hosts:
                             h.tell("stop", restart)
                     failed.append(Failure(i, node, local, ended))
-        # the first to fail by when it ended, not by when the driver heard: a rank whose peer left may fail
-        # on the lost connection a moment later, and its word can arrive first
-        failure = min(failed, key=lambda f: f.ended.at) if failed else None
+        failure = first_failure(failed)
         output_flush.flush(actors, timeout_s=10)  # the ranks' lines before what this says of them
         if failure is None:
             say(f"all {world} ranks exited with 0")

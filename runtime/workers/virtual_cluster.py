@@ -114,8 +114,21 @@ class RayVirtualCluster:
         if self._pgs:
             return
         counts, bundle, name = self._counts, self._bundle, self._name
-        pgs = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK", name=f"{name}-node{i}")
-               for i, n in enumerate(counts) if n > 0]
+        pgs = []
+        for i, n in enumerate(counts):
+            if n == 0:
+                continue
+            try:
+                pgs.append(placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK",
+                                           name=f"{name}-node{i}"))
+            except ray.exceptions.RaySystemError as e:
+                for pg in pgs:
+                    remove_placement_group(pg)
+                if "already exists" not in str(e):
+                    raise
+                raise InputError(f"name: {name!r} is taken in this Ray cluster (a placement group {name}-node{i} "
+                                 "exists: another RayVirtualCluster of that name was not shut down); call its "
+                                 "shutdown() first, or give this one another name=") from None
         try:
             ray.get([pg.ready() for pg in pgs], timeout=self._ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
