@@ -115,3 +115,5 @@ def test_a_worker_whose_process_ended_leaves_its_node_up_though_a_probe_there_ca
     assert failure.rank == 1 and not failure.node_lost
     assert failure.cause.startswith("actor died: ") and failure.cause.endswith("(its process ended)")
     assert "rank 1 here" in detector.log_tail(1)
+    # a collective's error (a peer's connection reset) is traced by asking every worker: the same word
+    assert detector.lost_worker(5) == (1, False, {ids[1]}) and detector.node_alive(1, {ids[1]})

@@ -180,7 +180,8 @@ class FailureDetector:
         when every worker answers: the error was the user's. Calls run beside a busy method
         (max_concurrency=2), so a busy worker still answers. One spare per node is asked too, so
         the same window tells which nodes still work; when Ray names a dead worker before the window
-        is over, the nodes are None (not all asked yet: node_alive asks them itself)."""
+        is over, the nodes are that worker's alone where its raylet said the process ended, else None
+        (not all asked yet: node_alive asks them itself)."""
         view = view or self.view()
         refs = [w.__ray_ready__.remote() for w in view.workers]
         nodes = {ref: sl.node_id for ref, sl in zip(refs, view.slots)}
@@ -195,9 +196,9 @@ class FailureDetector:
             for ref in ready:
                 try:
                     ray.get(ref, timeout=0)
-                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError):
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
                     if ref in refs:  # the others' answers are not all in: a silent spare proves nothing yet
-                        return refs.index(ref), False, None
+                        return refs.index(ref), False, ({nodes[ref]} if process_died(e) else None)
                     continue
                 alive_nodes.add(nodes[ref])
                 if ref in refs:
