@@ -51,8 +51,10 @@ _RAY_PROCESS_DIED = "because its worker process has died"
 
 
 def process_died(err: BaseException) -> bool:
-    """Whether Ray says the actor behind ERR died as a process, seen by its node's raylet (the node is up)."""
-    return isinstance(err, ray.exceptions.ActorDiedError) and _RAY_PROCESS_DIED in str(err)
+    """Whether Ray says the actor behind ERR died as a process, seen by its node's raylet (the node is up);
+    not where its node is being drained (`preempted`): that node is going."""
+    return (isinstance(err, ray.exceptions.ActorDiedError) and not getattr(err, "preempted", False)
+            and _RAY_PROCESS_DIED in str(err))
 
 
 def dead_among(actors: list, node_of: Callable[[int], Optional[str]], timeout_s: float) -> list[int]:
