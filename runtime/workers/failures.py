@@ -154,11 +154,9 @@ class FailureDetector:
         it is the user's own error (every worker still answers)."""
         seen = time.time()
         view = self.view()
-        node_up = False
         if isinstance(err, (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError,
                             ray.exceptions.WorkerCrashedError)):
-            rank, cause, node_up = self.find_failure(refs, err, ranks, view)
-            answered = None  # Ray named the dead worker; node_alive asks its node unless its raylet spoke
+            rank, cause, answered = self.find_failure(refs, err, ranks, view)
         else:
             # A collective (all-reduce) fails on the survivors, "connection reset by peer", before Ray
             # reports the lost worker: that is a worker failure, not an error in the user's code.
@@ -168,8 +166,7 @@ class FailureDetector:
             how = "stopped answering" if silent else "died"
             cause = f"{how} while the others were in a collective ({str(err).splitlines()[0][:160]})"
         found = time.time()
-        # a probe of a loaded node can miss its window; the raylet's own word that the process ended cannot
-        node_lost = rank is not None and not node_up and not self.node_alive(rank, answered, view)
+        node_lost = rank is not None and not self.node_alive(rank, answered, view)
         detect = {"failure_seen_at": seen, "lost_rank_found_s": found - seen, "node_check_s": time.time() - found}
         return Failure(rank, cause, node_lost, detect)
 
@@ -212,9 +209,11 @@ class FailureDetector:
         return None, False, alive_nodes
 
     def node_alive(self, rank: int, alive_nodes: Optional[set] = None, view: Optional[GroupView] = None) -> bool:
-        """Whether the node of `rank` still works: Ray has not declared it dead, and something there
-        answers: another rank or a spare (asked by lost_worker, or here within NODE_PROBE_S), or
-        else a small task within NODE_PING_S (it may need a worker process started)."""
+        """Whether the node of `rank` still works: it is in ALIVE_NODES (something there answered, or its
+        raylet said the worker's process ended: a probe of a loaded node can miss its window, that word
+        cannot), or Ray has not declared it dead and something there answers: another rank or a spare
+        (here within NODE_PROBE_S), or else a small task within NODE_PING_S (it may need a worker process
+        started)."""
         view = view or self.view()
         node_id = view.slots[rank].node_id
         if alive_nodes and node_id in alive_nodes:
@@ -263,8 +262,10 @@ class FailureDetector:
         return f"\n  last log lines of rank {rank}:\n    " + "\n    ".join(text.splitlines()) if text else ""
 
     def find_failure(self, refs: list, err: Exception, ranks: list[int],
-                     view: Optional[GroupView] = None) -> tuple[Optional[int], str, bool]:
-        """(the rank whose call failed, why, whether Ray says its process died: its node is up)."""
+                     view: Optional[GroupView] = None) -> tuple[Optional[int], str, Optional[set]]:
+        """(the rank whose call failed, why, the nodes known to work as lost_worker gives them: that rank's
+        where its raylet said the process ended, else None, for node_alive to ask)."""
+        view = view or self.view()
         ready, not_ready = ray.wait(refs, num_returns=len(refs), timeout=0)
         for i, ref in enumerate(refs):
             if ref in ready:
@@ -273,10 +274,9 @@ class FailureDetector:
                 except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
                     exited = process_died(e)
                     said = str(e).splitlines()[0] + (" (its process ended)" if exited else "")
-                    return ranks[i], f"actor died: {said}", exited
+                    return ranks[i], f"actor died: {said}", ({view.slots[ranks[i]].node_id} if exited else None)
                 except Exception:
                     continue
         if isinstance(err, ray.exceptions.GetTimeoutError) and not_ready:
-            timeout_s = (view or self.view()).call_timeout_s
-            return ranks[refs.index(not_ready[0])], f"no answer within {timeout_s}s (stuck)", False
-        return None, str(err).splitlines()[0], False
+            return ranks[refs.index(not_ready[0])], f"no answer within {view.call_timeout_s}s (stuck)", None
+        return None, str(err).splitlines()[0], None

@@ -122,8 +122,7 @@ class RayVirtualCluster:
                 pgs.append(placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK",
                                            name=f"{name}-node{i}"))
             except ray.exceptions.RaySystemError as e:
-                for pg in pgs:
-                    remove_placement_group(pg)
+                _remove_all(pgs)
                 if "already exists" not in str(e):
                     raise
                 raise InputError(f"name: {name!r} is taken in this Ray cluster (a placement group {name}-node{i} "
@@ -132,8 +131,7 @@ class RayVirtualCluster:
         try:
             ray.get([pg.ready() for pg in pgs], timeout=self._ready_timeout_s)
         except ray.exceptions.GetTimeoutError:
-            for pg in pgs:
-                remove_placement_group(pg)
+            _remove_all(pgs)
             raise RuntimeError(
                 f"placement groups {counts} (each bundle {bundle}) were not placed within "
                 f"{self._ready_timeout_s:.0f}s; the cluster has {ray.cluster_resources()}") from None
